@@ -1,0 +1,53 @@
+"""Environment variables of the plugin, parsed in one place with errors that name the fix.
+
+Modelled on vllm-spyre's ``envs.py``: a dict of parsers, read through module ``__getattr__``, so
+``envs.VLLM_FP4_MOE_PLUGIN`` always reflects the current environment (tests set and unset it).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    VLLM_FP4_MOE_PLUGIN: bool = False
+    VLLM_FP4_MOE_PLUGIN_CHECK: str = "warn"
+
+
+def _choice(name: str, allowed: dict[str, Any], default: str) -> Callable[[], Any]:
+    def parse() -> Any:
+        raw = os.environ.get(name)
+        if raw is None:
+            return allowed[default]
+        value = raw.strip().lower()
+        if value not in allowed:
+            shown = ", ".join(repr(k) for k in allowed)
+            raise ValueError(
+                f"{name}={raw!r} is not a valid value; allowed values are {shown} "
+                f"(unset means {default!r})."
+            )
+        return allowed[value]
+
+    return parse
+
+
+environment_variables: dict[str, Callable[[], Any]] = {
+    # Opt-in switch. "1" installs the fixes in every vLLM process; unset or "0" leaves vLLM
+    # untouched. Any other value is an error, so a typo never silently serves wrong answers.
+    "VLLM_FP4_MOE_PLUGIN": _choice("VLLM_FP4_MOE_PLUGIN", {"0": False, "1": True}, "0"),
+    # Load-time consistency check of each MoE layer's quant config against its prepare/finalize:
+    # "off" skips it, "warn" logs a summary, "strict" raises on the first inconsistent layer.
+    "VLLM_FP4_MOE_PLUGIN_CHECK": _choice(
+        "VLLM_FP4_MOE_PLUGIN_CHECK", {"off": "off", "warn": "warn", "strict": "strict"}, "warn"
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in environment_variables:
+        return environment_variables[name]()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return list(environment_variables)

@@ -1,0 +1,98 @@
+"""The patch ledger: every vLLM 0.11.0 symbol this plugin replaces, and why.
+
+Each entry says why it exists, how it works, which upstream change fixes the same thing, and
+when to delete it (the vllm-ascend ledger format). ``docs/PATCHES.md`` is generated from this
+list (``python -m vllm_fp4_moe_plugin.patches``) and a test keeps the two in sync.
+"""
+
+from __future__ import annotations
+
+from vllm_fp4_moe_plugin.patches.patching import ModulePatch, applied_targets
+
+_MO = "vllm.model_executor.layers.quantization.modelopt"
+_CT = "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe"
+_FX = "vllm.model_executor.layers.fused_moe.flashinfer_cutlass_moe"
+
+
+def _build_modelopt(original):
+    from vllm_fp4_moe_plugin.patches.nvfp4_moe_methods import build_modelopt_method
+    return build_modelopt_method(original)
+
+
+def _build_compressed_tensors(original):
+    from vllm_fp4_moe_plugin.patches.nvfp4_moe_methods import build_compressed_tensors_method
+    return build_compressed_tensors_method(original)
+
+
+def _build_direct_call(original):
+    from vllm_fp4_moe_plugin.patches.flashinfer_cutlass import flashinfer_cutlass_moe_fp4
+    return flashinfer_cutlass_moe_fp4
+
+
+LEDGER: tuple[ModulePatch, ...] = (
+    ModulePatch(
+        module=_MO, attr="ModelOptNvFp4FusedMoE", build=_build_modelopt,
+        why=("Its quant config gives the FlashInfer CUTLASS prepare step a per-expert GEMM1 "
+             "activation-scale vector, of which fp4_quantize reads only element 0, while GEMM1 "
+             "is dequantized per expert: wrong results whenever experts' input scales differ "
+             "(gsm8k 0.01 for DeepSeek-R1-0528-FP4-v2 at TP=4+EP). The TRT-LLM backend has the "
+             "same flaw."),
+        how=("Subclass with the same name, rebound where ModelOptNvFp4Config.get_quant_method "
+             "looks it up (modelopt.py:823). Overrides process_weights_after_loading (validate "
+             "scales; per-expert scales for TP-like layouts, one EP-group-wide scalar with rebuilt "
+             "g1_alphas for DP; one scalar for TRT-LLM), get_fused_moe_quant_config, "
+             "maybe_make_prepare_finalize (bf16 passthrough when not DP), select_gemm_impl and "
+             "create_weights (layout guards). Marlin and vLLM CUTLASS paths call the originals."),
+        upstream=("vllm-project/vllm#27223 (TP passthrough) and #26135 (global input scale for "
+                  "DP), both first released in vLLM 0.11.1."),
+        remove_when=("The installed vLLM has the 0.11.1 MoE design (compat probe "
+                     "'tp_fix_present' and 'modelopt_dp_fix_present'); the plugin then does not "
+                     "install this patch."),
+    ),
+    ModulePatch(
+        module=_CT, attr="CompressedTensorsW4A4MoeMethod", build=_build_compressed_tensors,
+        why=("Same defect as ModelOpt: per-expert w13_input_scale_quant pre-quantized with "
+             "element 0 in every FlashInfer CUTLASS layout."),
+        how=("Subclass with the same name, rebound where CompressedTensorsMoEMethod."
+             "get_moe_method looks it up (compressed_tensors_moe.py:134); same overrides as the "
+             "ModelOpt entry."),
+        upstream=("TP layouts: vllm-project/vllm#27223 (0.11.1). DP layouts: no upstream fix "
+                  "through vLLM 0.12.0 (CT keeps per-expert vectors, see design note §7)."),
+        remove_when=("Never on 0.11.0. On later releases only the DP part remains needed; see "
+                     "the support matrix."),
+    ),
+    ModulePatch(
+        module=_FX, attr="flashinfer_cutlass_moe_fp4", build=_build_direct_call,
+        why=("The direct path (single GPU, PP with TP=1: EP group of one, so no modular kernel "
+             "is built) pre-quantizes with element 0 too, and its FlashInferExperts sizes the "
+             "output (M, 2H) for bf16 input."),
+        how=("Module attribute rebound; both NVFP4 methods import it from this module at call "
+             "time (modelopt.py:1559, compressed_tensors_moe.py:448). The replacement builds the "
+             "passthrough prepare and the output-shape-fixed experts."),
+        upstream="vllm-project/vllm#27223 (direct call passes use_dp=False), vLLM 0.11.1.",
+        remove_when="Same probe as the ModelOpt entry (tp_fix_present).",
+    ),
+)
+
+
+def apply_all() -> list[str]:
+    """Apply every ledger patch; returns the targets newly replaced (empty if already done)."""
+    return [p.target for p in LEDGER if p.apply()]
+
+
+def revert_all() -> list[str]:
+    return [p.target for p in reversed(LEDGER) if p.revert()]
+
+
+def render_ledger_markdown() -> str:
+    lines = ["# Patch ledger", "",
+             "Generated from `vllm_fp4_moe_plugin/patches/__init__.py` by "
+             "`python -m vllm_fp4_moe_plugin.patches`; a test keeps it in sync.", ""]
+    for p in LEDGER:
+        lines += [f"## `{p.target}`", "", f"- **Why:** {p.why}", f"- **How:** {p.how}",
+                  f"- **Upstream:** {p.upstream}", f"- **Remove when:** {p.remove_when}", ""]
+    return "\n".join(lines)
+
+
+__all__ = ["LEDGER", "ModulePatch", "apply_all", "applied_targets", "revert_all",
+           "render_ledger_markdown"]

@@ -1,0 +1,183 @@
+"""Subclasses of vLLM 0.11.0's two NVFP4 MoE quant methods whose quant config tells the truth.
+
+``ModelOptNvFp4FusedMoE`` (modelopt.py:1040) and ``CompressedTensorsW4A4MoeMethod``
+(compressed_tensors_moe.py:152) compute per-expert GEMM1 scales, then hand them to a prepare
+step that quantizes every token with expert 0's scale. The subclasses keep the class names
+(vLLM 0.11.1+ checks the ModelOpt name, layer.py:968 there) and change only the FlashInfer
+paths; Marlin and vLLM's own CUTLASS path fall through to the stock methods untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.nn import Parameter
+
+from vllm_fp4_moe_plugin import scales
+from vllm_fp4_moe_plugin.log import get_logger
+from vllm_fp4_moe_plugin.patches import flashinfer_cutlass
+
+logger = get_logger("methods")
+
+# Checkpoint tensors validated before vLLM inverts them (an inverted 0 becomes inf silently).
+_RAW_SCALES = {
+    "modelopt": {"input": ("w13_input_scale", "w2_input_scale"),
+                 "weight": ("w13_weight_scale_2", "w2_weight_scale_2")},
+    "compressed-tensors": {"input": ("w13_input_global_scale", "w2_input_global_scale"),
+                           "weight": ("w13_weight_global_scale", "w2_weight_global_scale")},
+}
+
+
+class UnsupportedLayoutError(ValueError):
+    """A parallel layout the FlashInfer NVFP4 MoE kernels cannot compute correctly."""
+
+
+def _layer_name(layer: torch.nn.Module) -> str:
+    return getattr(layer, "layer_name", "") or type(layer).__name__
+
+
+def check_flashinfer_layout(layer: torch.nn.Module) -> None:
+    """Refuse expert placements FlashInfer 0.3.1 would silently mis-route.
+
+    The kernel assumes rank r owns the contiguous experts ``[E_local*r, E_local*(r+1))``
+    (fi cutlass_fused_moe_kernels.cuh:1936-1938), checks ``num_experts % ep_size == 0``
+    (flashinfer_cutlass_fused_moe_sm100_ops.cu:301-302), and vLLM 0.11.0 has no NVFP4 EPLB.
+    """
+    name = _layer_name(layer)
+    if getattr(layer, "enable_eplb", False):
+        raise UnsupportedLayoutError(
+            f"{name}: EPLB (--enable-eplb) is not supported with NVFP4 FlashInfer MoE in vLLM "
+            "0.11.0; disable EPLB.")
+    ep_size = getattr(layer, "ep_size", 1)
+    if ep_size <= 1:
+        return
+    num_experts = layer.global_num_experts
+    if num_experts % ep_size:
+        raise UnsupportedLayoutError(
+            f"{name}: {num_experts} experts cannot be split evenly over an EP size of {ep_size}; "
+            "FlashInfer's NVFP4 MoE kernel needs num_experts % (DP*TP) == 0. Change the "
+            "DP/TP sizes or disable expert parallelism.")
+    expert_map = getattr(layer, "expert_map", None)
+    if expert_map is not None:
+        local = layer.local_num_experts
+        start = layer.ep_rank * local
+        expected = torch.full_like(expert_map, -1)
+        expected[start:start + local] = torch.arange(local, dtype=expert_map.dtype,
+                                                     device=expert_map.device)
+        if not torch.equal(expert_map, expected):
+            raise UnsupportedLayoutError(
+                f"{name}: EP rank {layer.ep_rank} does not own a contiguous block of experts "
+                "(expert placement 'round_robin'?). FlashInfer's NVFP4 MoE kernel requires "
+                "--expert-placement-strategy linear.")
+
+
+class ConsistentNvFp4MoEMixin:
+    """Shared overrides; ``_fp4_moe_format`` selects the checkpoint tensor names."""
+
+    _fp4_moe_format: str = ""
+
+    # -- which path is in use -------------------------------------------------------------
+    def _fp4_uses_trtllm(self) -> bool:
+        from vllm.model_executor.layers.quantization.utils.flashinfer_utils import (
+            FlashinferMoeBackend)
+        return (self.allow_flashinfer
+                and getattr(self, "flashinfer_moe_backend", None)
+                == FlashinferMoeBackend.TENSORRT_LLM)
+
+    def _fp4_uses_cutlass(self) -> bool:
+        return bool(self.allow_flashinfer) and not self.use_marlin and not self._fp4_uses_trtllm()
+
+    # -- load time ------------------------------------------------------------------------
+    def create_weights(self, layer: torch.nn.Module, *args: Any, **kwargs: Any):
+        if self.allow_flashinfer:
+            check_flashinfer_layout(layer)
+        return super().create_weights(layer, *args, **kwargs)
+
+    def _fp4_validate_checkpoint_scales(self, layer: torch.nn.Module) -> None:
+        names = _RAW_SCALES[self._fp4_moe_format]
+        to_check = list(names["weight"])
+        if not self.use_marlin:  # Marlin never reads activation scales
+            to_check += names["input"]
+        for attr in to_check:
+            scales.check_positive_finite(getattr(layer, attr), layer=_layer_name(layer),
+                                         name=attr)
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        self._fp4_validate_checkpoint_scales(layer)
+        super().process_weights_after_loading(layer)
+        if self._fp4_uses_cutlass():
+            self._fp4_set_cutlass_scales(layer)
+        elif self._fp4_uses_trtllm():
+            self._fp4_set_trtllm_scales(layer)
+
+    def _fp4_set_cutlass_scales(self, layer: torch.nn.Module) -> None:
+        if self.moe.moe_parallel_config.dp_size > 1:
+            from vllm.distributed import get_ep_group
+
+            g_star = scales.agree_min_scale(layer.w13_input_scale_quant,
+                                            get_ep_group().cpu_group)
+            chosen = scales.shared_scalar_scales(g_star, layer.w13_weight_scale_2)
+            logger.debug("%s: DP dispatch, one GEMM1 activation scale %.6g for all experts",
+                         _layer_name(layer), float(g_star))
+        else:
+            chosen = scales.per_expert_scales(layer.w13_input_scale_quant, layer.g1_alphas)
+        layer.fp4_moe_plugin_gemm1 = chosen
+
+    def _fp4_set_trtllm_scales(self, layer: torch.nn.Module) -> None:
+        """TRT-LLM ("latency") backend: make the one scale ``fp4_quantize`` reads the truth.
+
+        ``apply`` calls ``fp4_quantize(x, w13_input_scale_quant)`` (modelopt.py:1445-1449), which
+        reads element 0, while ``g1_alphas`` / ``g1_scale_c`` are per expert. There is no
+        prepare/finalize on this path: the rank that computes quantizes, so the min over local
+        experts is enough. Every element is set to it, and both GEMM1 output scales rebuilt.
+        """
+        vec = layer.w13_input_scale_quant.data
+        g = vec.float().min()
+        ws2 = layer.w13_weight_scale_2.data.float()
+        g1_alphas = (ws2 / g).to(torch.float32)
+        layer.w13_input_scale_quant = Parameter(torch.full_like(vec, g), requires_grad=False)
+        layer.g1_alphas = Parameter(g1_alphas, requires_grad=False)
+        layer.g1_scale_c = Parameter(
+            (layer.w2_input_scale_quant.data.float() * g1_alphas).to(torch.float32),
+            requires_grad=False)
+
+    # -- what the kernel is told ----------------------------------------------------------
+    def get_fused_moe_quant_config(self, layer: torch.nn.Module):
+        config = super().get_fused_moe_quant_config(layer)
+        chosen = getattr(layer, "fp4_moe_plugin_gemm1", None)
+        if config is None or not self._fp4_uses_cutlass() or chosen is None:
+            return config
+        from vllm.model_executor.layers.fused_moe.config import nvfp4_moe_quant_config
+
+        return nvfp4_moe_quant_config(
+            g1_alphas=chosen.g1_alphas, a1_gscale=chosen.a1_gscale,
+            g2_alphas=layer.g2_alphas, a2_gscale=layer.w2_input_scale_quant,
+            w1_scale=layer.w13_weight_scale, w2_scale=layer.w2_weight_scale)
+
+    def maybe_make_prepare_finalize(self):
+        if not self._fp4_uses_cutlass():
+            return super().maybe_make_prepare_finalize()
+        return flashinfer_cutlass.make_prepare_finalize(self.moe)
+
+    def select_gemm_impl(self, prepare_finalize, layer: torch.nn.Module):
+        if not self._fp4_uses_cutlass():
+            return super().select_gemm_impl(prepare_finalize, layer)
+        assert self.moe_quant_config is not None
+        return flashinfer_cutlass.make_experts(self.moe, self.moe_quant_config)
+
+
+def _subclass(original: type, fmt: str) -> type:
+    cls = type(original.__name__, (ConsistentNvFp4MoEMixin, original),
+               {"_fp4_moe_format": fmt, "__doc__": original.__doc__,
+                "__module__": __name__,
+                "fp4_moe_plugin_original": original})
+    return cls
+
+
+def build_modelopt_method(original: type) -> type:
+    return _subclass(original, "modelopt")
+
+
+def build_compressed_tensors_method(original: type) -> type:
+    return _subclass(original, "compressed-tensors")

@@ -1,0 +1,41 @@
+"""Shared fixtures: log capture through vLLM's non-propagating logger, a fresh plugin state."""
+
+import logging
+import os
+
+import pytest
+
+# Keep CPU tests deterministic and quiet; spawned workers inherit these.
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")
+os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+
+
+@pytest.fixture
+def caplog_plugin(caplog):
+    """caplog that sees ``vllm.*`` records: vLLM sets propagate=False on its logger."""
+    import vllm.logger  # noqa: F401  (configures the "vllm" logger)
+
+    vllm_logger = logging.getLogger("vllm")
+    old = vllm_logger.propagate
+    vllm_logger.propagate = True
+    caplog.set_level(logging.DEBUG, logger="vllm.fp4_moe_plugin")
+    try:
+        yield caplog
+    finally:
+        vllm_logger.propagate = old
+
+
+@pytest.fixture
+def fresh_plugin(monkeypatch):
+    """The plugin module with no decision made and no patch applied, before and after."""
+    import vllm_fp4_moe_plugin as plugin
+
+    monkeypatch.delenv("VLLM_FP4_MOE_PLUGIN", raising=False)
+    plugin._reset_for_tests()
+    yield plugin
+    plugin._reset_for_tests()
+
+
+def plugin_records(caplog, level=logging.INFO):
+    return [r for r in caplog.records
+            if r.name.startswith("vllm.fp4_moe_plugin") and r.levelno >= level]

@@ -1,0 +1,43 @@
+import pytest
+
+from vllm_fp4_moe_plugin import envs
+
+pytestmark = pytest.mark.cpu
+
+
+@pytest.mark.parametrize("value,expected", [(None, False), ("0", False), ("1", True),
+                                            (" 1 ", True)])
+def test_switch_values(monkeypatch, value, expected):
+    if value is None:
+        monkeypatch.delenv("VLLM_FP4_MOE_PLUGIN", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN", value)
+    assert envs.VLLM_FP4_MOE_PLUGIN is expected
+
+
+@pytest.mark.parametrize("value", ["true", "yes", "2", "", "on"])
+def test_switch_rejects_everything_else(monkeypatch, value):
+    monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN", value)
+    with pytest.raises(ValueError) as err:
+        envs.VLLM_FP4_MOE_PLUGIN
+    msg = str(err.value)
+    assert "VLLM_FP4_MOE_PLUGIN" in msg and "'0'" in msg and "'1'" in msg
+
+
+@pytest.mark.parametrize("value", ["off", "warn", "strict", "STRICT"])
+def test_check_mode_values(monkeypatch, value):
+    monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN_CHECK", value)
+    assert envs.VLLM_FP4_MOE_PLUGIN_CHECK == value.lower()
+
+
+def test_check_mode_default_and_error(monkeypatch):
+    monkeypatch.delenv("VLLM_FP4_MOE_PLUGIN_CHECK", raising=False)
+    assert envs.VLLM_FP4_MOE_PLUGIN_CHECK == "warn"
+    monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN_CHECK", "loud")
+    with pytest.raises(ValueError, match="VLLM_FP4_MOE_PLUGIN_CHECK='loud'.*'strict'"):
+        envs.VLLM_FP4_MOE_PLUGIN_CHECK
+
+
+def test_unknown_attribute():
+    with pytest.raises(AttributeError):
+        envs.NOT_A_VARIABLE

@@ -1,0 +1,46 @@
+"""The patch primitive, on throwaway modules (ArcticInference tests/test_patching.py style)."""
+
+import sys
+import types
+
+import pytest
+
+from vllm_fp4_moe_plugin.patches.patching import ModulePatch, PatchConflictError
+
+pytestmark = pytest.mark.cpu
+
+
+@pytest.fixture
+def target_module():
+    mod = types.ModuleType("fp4_moe_throwaway_target")
+    mod.Thing = type("Thing", (), {"x": 1})
+    sys.modules[mod.__name__] = mod
+    yield mod
+    del sys.modules[mod.__name__]
+
+
+def _patch(build=lambda orig: type(orig.__name__, (orig,), {"x": 2})):
+    return ModulePatch(module="fp4_moe_throwaway_target", attr="Thing", build=build,
+                       why="w", how="h", upstream="u", remove_when="r")
+
+
+def test_apply_is_idempotent_and_revertible(target_module):
+    original = target_module.Thing
+    patch = _patch()
+    assert patch.apply() is True
+    replaced = target_module.Thing
+    assert replaced is not original and issubclass(replaced, original)
+    assert replaced.__name__ == "Thing" and replaced.x == 2
+    assert patch.apply() is False and target_module.Thing is replaced
+    assert patch.original() is original
+    assert patch.revert() is True and target_module.Thing is original
+    assert patch.revert() is False
+
+
+def test_refuses_to_stack_on_a_foreign_replacement(target_module):
+    patch = _patch()
+    patch.apply()
+    target_module.Thing = type("Thing", (), {})  # someone else patched after us
+    with pytest.raises(PatchConflictError, match="fp4_moe_throwaway_target.Thing"):
+        patch.apply()
+    patch.revert()

@@ -1,0 +1,129 @@
+"""register(): opt-in, idempotent, one INFO line, inactive on a vLLM that is not the 0.11.0 design."""
+
+import importlib
+import logging
+
+import pytest
+
+from tests.conftest import plugin_records
+
+pytestmark = pytest.mark.cpu
+
+MO = "vllm.model_executor.layers.quantization.modelopt"
+CT = "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe"
+FX = "vllm.model_executor.layers.fused_moe.flashinfer_cutlass_moe"
+SYMBOLS = [(MO, "ModelOptNvFp4FusedMoE"), (CT, "CompressedTensorsW4A4MoeMethod"),
+           (FX, "flashinfer_cutlass_moe_fp4")]
+
+
+def _current():
+    return {f"{m}.{a}": getattr(importlib.import_module(m), a) for m, a in SYMBOLS}
+
+
+@pytest.mark.parametrize("value", [None, "0"])
+def test_unset_or_zero_leaves_vllm_untouched(fresh_plugin, monkeypatch, caplog_plugin, value):
+    before = _current()
+    if value is not None:
+        monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN", value)
+    fresh_plugin.register()
+    assert _current() == before
+    assert fresh_plugin.state()[0] == "inert"
+    assert plugin_records(caplog_plugin) == []
+
+
+def test_bad_value_fails_clearly_and_patches_nothing(fresh_plugin, monkeypatch):
+    before = _current()
+    monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN", "yes")
+    with pytest.raises(ValueError, match="VLLM_FP4_MOE_PLUGIN='yes'"):
+        fresh_plugin.register()
+    assert _current() == before
+
+
+def test_enabled_rebinds_same_names_and_logs_one_line(fresh_plugin, monkeypatch, caplog_plugin):
+    before = _current()
+    monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN", "1")
+    fresh_plugin.register()
+    after = _current()
+    assert fresh_plugin.state()[0] == "active"
+    for target, original in before.items():
+        assert after[target] is not original, target
+    for name in ("ModelOptNvFp4FusedMoE", "CompressedTensorsW4A4MoeMethod"):
+        new = next(v for k, v in after.items() if k.endswith(name))
+        old = next(v for k, v in before.items() if k.endswith(name))
+        assert new.__name__ == name and issubclass(new, old)
+    lines = plugin_records(caplog_plugin)
+    assert len(lines) == 1 and lines[0].levelno == logging.INFO
+    for target in before:
+        assert target in lines[0].getMessage()
+
+
+def test_register_twice_is_a_no_op(fresh_plugin, monkeypatch, caplog_plugin):
+    monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN", "1")
+    fresh_plugin.register()
+    first = _current()
+    fresh_plugin.register()
+    assert _current() == first
+    assert len(plugin_records(caplog_plugin)) == 1
+
+
+def test_other_moe_design_stays_inactive(fresh_plugin, monkeypatch, caplog_plugin):
+    """A vLLM with 0.11.1's modular-kernel design (maybe_init_modular_kernel) is left alone."""
+    from vllm.model_executor.layers.fused_moe.layer import FusedMoE
+
+    monkeypatch.setattr(FusedMoE, "maybe_init_modular_kernel", lambda self: None, raising=False)
+    before = _current()
+    monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN", "1")
+    fresh_plugin.register()
+    assert _current() == before
+    state, reason = fresh_plugin.state()
+    assert state == "inactive" and "0.11.0 design" in reason
+    lines = plugin_records(caplog_plugin)
+    assert len(lines) == 1 and "inactive" in lines[0].getMessage()
+
+
+def test_upstream_tp_fix_present_stays_inactive(fresh_plugin, monkeypatch):
+    """FlashInferExperts(use_dp=...) means #27223 landed: the 0.11.0 patches would fight it."""
+    from vllm.model_executor.layers.fused_moe.flashinfer_cutlass_moe import FlashInferExperts
+
+    def init(self, out_dtype, quant_config, ep_rank=0, ep_size=1, tp_rank=0, tp_size=1,
+             use_dp=False):
+        raise AssertionError("not called")
+
+    monkeypatch.setattr(FlashInferExperts, "__init__", init)
+    before = _current()
+    monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN", "1")
+    fresh_plugin.register()
+    assert _current() == before
+    assert fresh_plugin.state()[0] == "inactive"
+
+
+def test_probe_never_raises(monkeypatch):
+    from vllm_fp4_moe_plugin import compat
+
+    def boom():
+        raise RuntimeError("surprise")
+
+    monkeypatch.setattr(compat, "_probe", boom)
+    result = compat.probe()
+    assert not result.install and "surprise" in result.reason
+
+
+def test_entry_point_is_discovered_by_vllm(fresh_plugin, monkeypatch):
+    """vLLM's own loader finds `fp4_moe` (installed package metadata) and calls register()."""
+    import vllm.plugins as vllm_plugins
+
+    monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN", "1")
+    monkeypatch.setenv("VLLM_PLUGINS", "fp4_moe")
+    monkeypatch.setattr(vllm_plugins, "plugins_loaded", False)
+    vllm_plugins.load_general_plugins()
+    assert fresh_plugin.state()[0] == "active"
+
+
+def test_restrictive_vllm_plugins_list_skips_us(fresh_plugin, monkeypatch):
+    import vllm.plugins as vllm_plugins
+
+    monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN", "1")
+    monkeypatch.setenv("VLLM_PLUGINS", "some_other_plugin")
+    monkeypatch.setattr(vllm_plugins, "plugins_loaded", False)
+    vllm_plugins.load_general_plugins()
+    assert fresh_plugin.state()[0] is None

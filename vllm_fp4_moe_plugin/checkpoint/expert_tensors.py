@@ -1,0 +1,60 @@
+"""One MoE layer's experts as the checkpoint tensors vLLM 0.11.0 loads, in either format.
+
+The same numbers serve both formats; only names and the direction of the global scales differ
+(shared/design/nvfp4-formats.md §1.3, §2, §3.5):
+
+============================  ==========================  =================================
+quantity                      ModelOpt (``modelopt``)      compressed-tensors
+============================  ==========================  =================================
+packed codes                  ``<proj>.weight``            ``<proj>.weight_packed``
+block scales (linear, e4m3)   ``<proj>.weight_scale``      ``<proj>.weight_scale``
+weight per-tensor             ``weight_scale_2 = 1/gs_w``  ``weight_global_scale = gs_w``
+activation per-tensor         ``input_scale = 1/gs_a``     ``input_global_scale = gs_a``
+============================  ==========================  =================================
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_fp4_moe_plugin.nvfp4 import QuantizedExperts
+
+FORMATS = ("modelopt", "compressed-tensors")
+# HF projection names -> vLLM FusedMoE shard ids (layer.py make_expert_params_mapping).
+PROJECTIONS = (("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2"))
+
+
+def _check_format(fmt: str) -> None:
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown checkpoint format {fmt!r}; expected one of {FORMATS}")
+
+
+def expert_tensors(experts: QuantizedExperts, fmt: str, prefix: str) -> dict[str, torch.Tensor]:
+    """``{checkpoint_name: tensor}`` for every expert of one layer, e.g. ``prefix.3.up_proj.weight``."""
+    _check_format(fmt)
+    ct = fmt == "compressed-tensors"
+    out: dict[str, torch.Tensor] = {}
+    for e in range(experts.num_experts):
+        per_proj = {
+            "gate_proj": (experts.w1[e], experts.w1_sf[e], experts.w13_weight_gs[e],
+                          experts.w13_input_gs[e]),
+            "up_proj": (experts.w3[e], experts.w3_sf[e], experts.w13_weight_gs[e],
+                        experts.w13_input_gs[e]),
+            "down_proj": (experts.w2[e], experts.w2_sf[e], experts.w2_weight_gs[e],
+                          experts.w2_input_gs[e]),
+        }
+        for proj, (packed, sf, wgs, igs) in per_proj.items():
+            base = f"{prefix}.{e}.{proj}"
+            wgs = wgs.float().reshape(())
+            igs = igs.float().reshape(())
+            if ct:
+                out[f"{base}.weight_packed"] = packed.contiguous()
+                out[f"{base}.weight_scale"] = sf.contiguous()
+                out[f"{base}.weight_global_scale"] = wgs.reshape(1)
+                out[f"{base}.input_global_scale"] = igs.reshape(1)
+            else:
+                out[f"{base}.weight"] = packed.contiguous()
+                out[f"{base}.weight_scale"] = sf.contiguous()
+                out[f"{base}.weight_scale_2"] = 1.0 / wgs
+                out[f"{base}.input_scale"] = 1.0 / igs
+    return out

@@ -1,0 +1,192 @@
+"""Run one NVFP4 MoE layer in every parallel layout, in real multi-process gloo groups.
+
+Each layout spawns ``world`` fresh processes that initialize vLLM's own distributed groups
+(``init_distributed_environment`` + ``initialize_model_parallel``; DP through
+``ParallelConfig(data_parallel_size=...)`` exactly as an engine core does), build the layer
+with the stock quant methods and again with the plugin's, and send their outputs back.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import traceback
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+LAYOUT_NAMES = ("single", "pp", "tp", "tp_ep", "dp_ep_allgather", "dp_ep_all2allv", "dp")
+
+
+@dataclass(frozen=True)
+class Layout:
+    name: str
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    ep: bool = False
+    all2all: str = "allgather_reducescatter"
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def dispatches_quantized(self) -> bool:
+        """DP layouts quantize on the sender, before the destination expert is known."""
+        return self.dp > 1
+
+
+LAYOUTS: dict[str, Layout] = {
+    "single": Layout("single"),
+    "pp": Layout("pp", pp=2),
+    "tp": Layout("tp", tp=2),
+    "tp_ep": Layout("tp_ep", tp=2, ep=True),
+    "dp_ep_allgather": Layout("dp_ep_allgather", dp=2, ep=True),
+    "dp_ep_all2allv": Layout("dp_ep_all2allv", dp=2, ep=True, all2all="flashinfer_all2allv"),
+    "dp": Layout("dp", dp=2),
+}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One synthetic MoE layer and its inputs; every process regenerates it from the seeds."""
+
+    num_experts: int = 8
+    hidden: int = 256
+    intermediate: int = 256
+    top_k: int = 2
+    tokens: int = 32
+    seed: int = 0
+    input_scale_spread: float = 4.0
+
+    def experts(self):
+        from vllm_fp4_moe_plugin.nvfp4 import random_experts
+
+        return random_experts(self.num_experts, self.hidden, self.intermediate, seed=self.seed,
+                              input_scale_spread=self.input_scale_spread)
+
+    def inputs(self, dp_rank: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hidden states (with a few outlier rows) and router logits for one DP rank."""
+        g = torch.Generator().manual_seed(self.seed * 1000 + 17 + dp_rank)
+        x = torch.randn(self.tokens, self.hidden, generator=g)
+        x[:: max(1, self.tokens // 4)] *= 8.0
+        logits = torch.randn(self.tokens, self.num_experts, generator=g)
+        return x.to(torch.bfloat16), logits.to(torch.bfloat16)
+
+
+@dataclass
+class RankOutput:
+    rank: int
+    dp_rank: int
+    outputs: dict[str, torch.Tensor] = field(default_factory=dict)  # "fmt/mode" -> [T, H]
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, layout: Layout, scenario: Scenario, formats: tuple[str, ...],
+            modes: tuple[str, ...], ports: list[int], queue) -> None:
+    try:
+        queue.put(_run_rank(rank, layout, scenario, formats, modes, ports))
+    except BaseException:  # report, never hang the parent
+        queue.put(RuntimeError(f"rank {rank} of layout {layout.name} failed:\n"
+                               f"{traceback.format_exc()}"))
+
+
+def _run_rank(rank, layout: Layout, scenario: Scenario, formats, modes, ports) -> RankOutput:
+    os.environ["VLLM_ALL2ALL_BACKEND"] = layout.all2all
+    torch.set_num_threads(1)
+    from vllm.config import DeviceConfig, ParallelConfig, VllmConfig, set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+
+    from vllm_fp4_moe_plugin import patches
+    from vllm_fp4_moe_plugin.simulation import moe_layer
+    from vllm_fp4_moe_plugin.simulation.blackwell import simulated_blackwell
+
+    dp_rank = rank if layout.dp > 1 else 0
+    rank_in_dp = 0 if layout.dp > 1 else rank
+    parallel = ParallelConfig(
+        tensor_parallel_size=layout.tp, pipeline_parallel_size=layout.pp,
+        data_parallel_size=layout.dp, data_parallel_rank=dp_rank,
+        enable_expert_parallel=layout.ep, data_parallel_master_ip="127.0.0.1")
+    parallel._data_parallel_master_port_list = list(ports[1:])
+    cfg = VllmConfig(device_config=DeviceConfig(device="cpu"), parallel_config=parallel)
+    result = RankOutput(rank=rank, dp_rank=dp_rank)
+    with set_current_vllm_config(cfg), simulated_blackwell():
+        init_distributed_environment(world_size=layout.tp * layout.pp, rank=rank_in_dp,
+                                     distributed_init_method=f"tcp://127.0.0.1:{ports[0]}",
+                                     local_rank=rank_in_dp, backend="gloo")
+        initialize_model_parallel(layout.tp, layout.pp)
+        experts = scenario.experts()
+        x, logits = scenario.inputs(dp_rank)
+        across_dp = torch.tensor([scenario.tokens] * layout.dp) if layout.dp > 1 else None
+        index = 0
+        for fmt in formats:
+            for mode in modes:
+                if mode == "plugin":
+                    patches.apply_all()
+                else:
+                    patches.revert_all()
+                built = moe_layer.build_layer(experts, fmt, top_k=scenario.top_k, index=index)
+                index += 1
+                moe_layer.prepare_modular_kernel(built.layer)
+                out = moe_layer.forward(built.layer, x, logits, vllm_config=cfg,
+                                        num_tokens_across_dp=across_dp)
+                key = f"{fmt}/{mode}"
+                result.outputs[key] = out.float()
+                result.info[key] = describe_layer(built.layer)
+        patches.revert_all()
+    return result
+
+
+def describe_layer(layer) -> dict[str, Any]:
+    """Which classes run this layer and what GEMM1 scale they were given (for rows and tests)."""
+    qm = layer.quant_method
+    fe = getattr(qm, "fused_experts", None)
+    cfg = getattr(qm, "moe_quant_config", None)
+    a1 = getattr(cfg, "a1_gscale", None)
+    return {
+        "quant_method": f"{type(qm).__module__}.{type(qm).__name__}",
+        "prepare_finalize": type(fe.prepare_finalize).__name__ if fe is not None else "direct",
+        "experts": type(fe.fused_experts).__name__ if fe is not None else "direct",
+        "a1_gscale_shape": list(a1.shape) if a1 is not None else None,
+        "ep_rank": layer.ep_rank, "ep_size": layer.ep_size,
+        "tp_rank": layer.tp_rank, "tp_size": layer.tp_size,
+    }
+
+
+def run_layout(layout: Layout, scenario: Scenario, formats=("modelopt", "compressed-tensors"),
+               modes=("stock", "plugin"), timeout_s: float = 600.0) -> list[RankOutput]:
+    """Spawn ``layout.world`` processes and return their outputs, ordered by rank."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    ports = [_free_port() for _ in range(4)]
+    procs = [ctx.Process(target=_worker,
+                         args=(r, layout, scenario, tuple(formats), tuple(modes), ports, queue))
+             for r in range(layout.world)]
+    for p in procs:
+        p.start()
+    results: list[RankOutput] = []
+    try:
+        for _ in procs:
+            item = queue.get(timeout=timeout_s)
+            if isinstance(item, BaseException):
+                raise item
+            results.append(item)
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    return sorted(results, key=lambda r: r.rank)
+
+
+def layout_as_dict(layout: Layout) -> dict[str, Any]:
+    return asdict(layout)

@@ -1,0 +1,111 @@
+"""Build, load and run one real vLLM 0.11.0 ``FusedMoE`` NVFP4 layer on CPU.
+
+Everything is vLLM's own: the quant config classes, ``FusedMoE``, its weight loader fed with
+checkpoint-named tensors through ``make_expert_params_mapping`` (exactly as a model's
+``load_weights`` does), ``process_weights_after_loading``, ``prepare_communication_buffer_for_
+model`` (which builds the modular kernel when DP x TP > 1) and ``forward_impl``. Only the
+hardware is simulated (:mod:`.blackwell`), and routing is vLLM's ``custom_routing_function``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from vllm_fp4_moe_plugin.checkpoint.expert_tensors import expert_tensors
+from vllm_fp4_moe_plugin.nvfp4 import QuantizedExperts
+from vllm_fp4_moe_plugin.simulation.blackwell import cpu_topk_softmax_routing
+
+MLP_PREFIX = "model.layers.{index}.mlp"
+
+COMPRESSED_TENSORS_NVFP4 = {
+    "quant_method": "compressed-tensors",
+    "format": "nvfp4-pack-quantized",
+    "quantization_status": "compressed",
+    "config_groups": {"group_0": {
+        "targets": ["Linear"],
+        "weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group",
+                    "group_size": 16, "symmetric": True, "dynamic": False},
+        "input_activations": {"num_bits": 4, "type": "float", "strategy": "tensor_group",
+                              "group_size": 16, "symmetric": True, "dynamic": "local"},
+    }},
+    "ignore": ["lm_head"],
+    "kv_cache_scheme": None,
+}
+
+
+def make_quant_config(fmt: str):
+    """vLLM's own quant config object for a tiny NVFP4 checkpoint of ``fmt``."""
+    if fmt == "modelopt":
+        from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4Config
+
+        return ModelOptNvFp4Config(is_checkpoint_nvfp4_serialized=True,
+                                   kv_cache_quant_algo=None, exclude_modules=[], group_size=16)
+    if fmt == "compressed-tensors":
+        from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import (
+            CompressedTensorsConfig)
+
+        return CompressedTensorsConfig.from_config(COMPRESSED_TENSORS_NVFP4)
+    raise ValueError(f"unknown checkpoint format {fmt!r}")
+
+
+@dataclass
+class BuiltLayer:
+    layer: torch.nn.Module
+    prefix: str
+    loaded: int  # checkpoint tensors that reached a parameter
+
+
+def build_layer(experts: QuantizedExperts, fmt: str, *, top_k: int, index: int,
+                dtype: torch.dtype = torch.bfloat16) -> BuiltLayer:
+    """Construct a ``FusedMoE`` under the *current* vLLM config and load ``experts`` into it.
+
+    Must be called inside ``set_current_vllm_config`` with distributed groups initialized; the
+    layer shards itself (TP/EP) from those groups, as in a real worker.
+    """
+    from vllm.model_executor.layers.fused_moe.layer import FusedMoE
+
+    mlp = MLP_PREFIX.format(index=index)
+    layer = FusedMoE(
+        num_experts=experts.num_experts, top_k=top_k, hidden_size=experts.hidden,
+        intermediate_size=experts.intermediate, params_dtype=dtype, reduce_results=True,
+        renormalize=True, quant_config=make_quant_config(fmt), prefix=f"{mlp}.experts",
+        custom_routing_function=cpu_topk_softmax_routing)
+    params = dict(layer.named_parameters())
+    mapping = FusedMoE.make_expert_params_mapping("gate_proj", "down_proj", "up_proj",
+                                                  experts.num_experts)
+    loaded = 0
+    for name, tensor in expert_tensors(experts, fmt, f"{mlp}.experts").items():
+        for param_name, weight_name, expert_id, shard_id in mapping:
+            if weight_name not in name:
+                continue
+            vllm_name = name.replace(weight_name, param_name)
+            param = params[vllm_name[len(mlp) + len(".experts."):]]
+            ok = param.weight_loader(param, tensor, vllm_name, shard_id=shard_id,
+                                     expert_id=expert_id, return_success=True)
+            loaded += int(bool(ok))
+            break
+        else:
+            raise KeyError(f"checkpoint tensor {name} matched no FusedMoE parameter")
+    layer.quant_method.process_weights_after_loading(layer)
+    return BuiltLayer(layer=layer, prefix=f"{mlp}.experts", loaded=loaded)
+
+
+def prepare_modular_kernel(layer: torch.nn.Module) -> None:
+    """What ``GPUModelRunner.load_model`` does after loading (gpu_model_runner.py:2656)."""
+    from vllm.distributed.parallel_state import prepare_communication_buffer_for_model
+
+    prepare_communication_buffer_for_model(layer)
+
+
+def forward(layer: torch.nn.Module, hidden_states: torch.Tensor, router_logits: torch.Tensor,
+            *, vllm_config, num_tokens_across_dp: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """One MoE forward through ``FusedMoE.forward_impl`` (the path the model's custom op takes)."""
+    from vllm.forward_context import set_forward_context
+
+    with set_forward_context({}, vllm_config, num_tokens=hidden_states.shape[0],
+                             num_tokens_across_dp=num_tokens_across_dp):
+        out = layer.forward_impl(hidden_states, router_logits)
+    return out.clone()

@@ -8,6 +8,8 @@ with the stock quant methods and again with the plugin's, and send their outputs
 
 from __future__ import annotations
 
+import importlib
+import io
 import multiprocessing as mp
 import os
 import socket
@@ -56,7 +58,9 @@ class Scenario:
 
     num_experts: int = 8
     hidden: int = 256
-    intermediate: int = 256
+    # 512 so that TP=2 leaves 256 per rank: vLLM 0.11.0 asserts I_per_partition/16 % 16 == 0
+    # on the CUTLASS path (modelopt.py:1384), i.e. the SM100 kernels' 256 alignment.
+    intermediate: int = 512
     top_k: int = 2
     tokens: int = 32
     seed: int = 0
@@ -91,25 +95,37 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, layout: Layout, scenario: Scenario, formats: tuple[str, ...],
-            modes: tuple[str, ...], ports: list[int], queue) -> None:
+@dataclass
+class RankContext:
+    """What a job running inside one simulated rank gets: vLLM groups are initialized."""
+
+    rank: int
+    dp_rank: int
+    layout: Layout
+    vllm_config: Any
+
+
+def _worker(rank: int, layout: Layout, job: str, args: tuple, ports: list[int], queue) -> None:
     try:
-        queue.put(_run_rank(rank, layout, scenario, formats, modes, ports))
+        # Bytes, not tensors: torch would share storage by fd, which dies with this process.
+        buf = io.BytesIO()
+        torch.save(_run_job(rank, layout, job, args, ports), buf)
+        queue.put(buf.getvalue())
     except BaseException:  # report, never hang the parent
-        queue.put(RuntimeError(f"rank {rank} of layout {layout.name} failed:\n"
+        queue.put(RuntimeError(f"rank {rank} of layout {layout.name} failed in {job}:\n"
                                f"{traceback.format_exc()}"))
 
 
-def _run_rank(rank, layout: Layout, scenario: Scenario, formats, modes, ports) -> RankOutput:
+def _run_job(rank: int, layout: Layout, job: str, args: tuple, ports: list[int]):
     os.environ["VLLM_ALL2ALL_BACKEND"] = layout.all2all
     torch.set_num_threads(1)
     from vllm.config import DeviceConfig, ParallelConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
 
-    from vllm_fp4_moe_plugin import patches
-    from vllm_fp4_moe_plugin.simulation import moe_layer
     from vllm_fp4_moe_plugin.simulation.blackwell import simulated_blackwell
 
+    module, _, func = job.partition(":")
+    fn = getattr(importlib.import_module(module), func)
     dp_rank = rank if layout.dp > 1 else 0
     rank_in_dp = 0 if layout.dp > 1 else rank
     parallel = ParallelConfig(
@@ -118,16 +134,53 @@ def _run_rank(rank, layout: Layout, scenario: Scenario, formats, modes, ports) -
         enable_expert_parallel=layout.ep, data_parallel_master_ip="127.0.0.1")
     parallel._data_parallel_master_port_list = list(ports[1:])
     cfg = VllmConfig(device_config=DeviceConfig(device="cpu"), parallel_config=parallel)
-    result = RankOutput(rank=rank, dp_rank=dp_rank)
     with set_current_vllm_config(cfg), simulated_blackwell():
         init_distributed_environment(world_size=layout.tp * layout.pp, rank=rank_in_dp,
                                      distributed_init_method=f"tcp://127.0.0.1:{ports[0]}",
                                      local_rank=rank_in_dp, backend="gloo")
         initialize_model_parallel(layout.tp, layout.pp)
-        experts = scenario.experts()
-        x, logits = scenario.inputs(dp_rank)
-        across_dp = torch.tensor([scenario.tokens] * layout.dp) if layout.dp > 1 else None
-        index = 0
+        return fn(RankContext(rank=rank, dp_rank=dp_rank, layout=layout, vllm_config=cfg),
+                  *args)
+
+
+def spawn(layout: Layout, job: str, *args, timeout_s: float = 600.0) -> list:
+    """Run ``job`` ("module:function", called as ``f(RankContext, *args)``) in every rank of
+    ``layout``, each a fresh spawned process in real gloo groups; results ordered by rank."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    ports = [_free_port() for _ in range(4)]
+    procs = [ctx.Process(target=_worker, args=(r, layout, job, args, ports, queue))
+             for r in range(layout.world)]
+    for p in procs:
+        p.start()
+    results = []
+    try:
+        for _ in procs:
+            item = queue.get(timeout=timeout_s)
+            if isinstance(item, BaseException):
+                raise item
+            results.append(torch.load(io.BytesIO(item), weights_only=False))
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    return results
+
+
+def stock_and_plugin_outputs(ctx: RankContext, scenario: Scenario, formats: tuple[str, ...],
+                             modes: tuple[str, ...]) -> RankOutput:
+    """Job: build the layer once per format x mode (stock / plugin) and run the same tokens."""
+    from vllm_fp4_moe_plugin import patches
+    from vllm_fp4_moe_plugin.simulation import moe_layer
+
+    result = RankOutput(rank=ctx.rank, dp_rank=ctx.dp_rank)
+    experts = scenario.experts()
+    x, logits = scenario.inputs(ctx.dp_rank)
+    dp = ctx.layout.dp
+    across_dp = torch.tensor([scenario.tokens] * dp) if dp > 1 else None
+    index = 0
+    try:
         for fmt in formats:
             for mode in modes:
                 if mode == "plugin":
@@ -137,11 +190,12 @@ def _run_rank(rank, layout: Layout, scenario: Scenario, formats, modes, ports) -
                 built = moe_layer.build_layer(experts, fmt, top_k=scenario.top_k, index=index)
                 index += 1
                 moe_layer.prepare_modular_kernel(built.layer)
-                out = moe_layer.forward(built.layer, x, logits, vllm_config=cfg,
+                out = moe_layer.forward(built.layer, x, logits, vllm_config=ctx.vllm_config,
                                         num_tokens_across_dp=across_dp)
                 key = f"{fmt}/{mode}"
                 result.outputs[key] = out.float()
                 result.info[key] = describe_layer(built.layer)
+    finally:
         patches.revert_all()
     return result
 
@@ -163,29 +217,10 @@ def describe_layer(layer) -> dict[str, Any]:
 
 
 def run_layout(layout: Layout, scenario: Scenario, formats=("modelopt", "compressed-tensors"),
-               modes=("stock", "plugin"), timeout_s: float = 600.0) -> list[RankOutput]:
-    """Spawn ``layout.world`` processes and return their outputs, ordered by rank."""
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    ports = [_free_port() for _ in range(4)]
-    procs = [ctx.Process(target=_worker,
-                         args=(r, layout, scenario, tuple(formats), tuple(modes), ports, queue))
-             for r in range(layout.world)]
-    for p in procs:
-        p.start()
-    results: list[RankOutput] = []
-    try:
-        for _ in procs:
-            item = queue.get(timeout=timeout_s)
-            if isinstance(item, BaseException):
-                raise item
-            results.append(item)
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    return sorted(results, key=lambda r: r.rank)
+               modes=("stock", "plugin")) -> list[RankOutput]:
+    """Stock and plugin outputs of every rank of ``layout`` on the scenario's tokens."""
+    return sorted(spawn(layout, f"{__name__}:stock_and_plugin_outputs", scenario, tuple(formats),
+                        tuple(modes)), key=lambda r: r.rank)
 
 
 def layout_as_dict(layout: Layout) -> dict[str, Any]:

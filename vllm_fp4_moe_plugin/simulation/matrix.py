@@ -66,7 +66,9 @@ def references(scenario: Scenario, dp_rank: int, shared_scalar: bool):
     weights, ids = cpu_topk_softmax_routing(x, logits, scenario.top_k, True)
     gs = experts.w13_input_gs.float()
     a1 = gs.min().reshape(()) if shared_scalar else gs
-    ideal = moe_reference_nvfp4(x, experts, weights, ids, a1_gs=a1)
+    # bf16 where the kernel stores GEMM outputs and the SwiGLU result (fused_moe_emulator.py).
+    ideal = moe_reference_nvfp4(x, experts, weights, ids, a1_gs=a1,
+                                intermediate_dtype=torch.bfloat16)
     fp32 = moe_reference_fp32(x, experts, weights, ids)
     return ideal, fp32
 

@@ -30,6 +30,7 @@ class Layout:
     dp: int = 1
     ep: bool = False
     all2all: str = "allgather_reducescatter"
+    placement: str = "linear"  # vLLM's --expert-placement-strategy
 
     @property
     def world(self) -> int:
@@ -110,7 +111,7 @@ def _worker(rank: int, layout: Layout, job: str, args: tuple, ports: list[int], 
         # Bytes, not tensors: torch would share storage by fd, which dies with this process.
         buf = io.BytesIO()
         torch.save(_run_job(rank, layout, job, args, ports), buf)
-        queue.put(buf.getvalue())
+        queue.put((rank, buf.getvalue()))
     except BaseException:  # report, never hang the parent
         queue.put(RuntimeError(f"rank {rank} of layout {layout.name} failed in {job}:\n"
                                f"{traceback.format_exc()}"))
@@ -131,7 +132,8 @@ def _run_job(rank: int, layout: Layout, job: str, args: tuple, ports: list[int])
     parallel = ParallelConfig(
         tensor_parallel_size=layout.tp, pipeline_parallel_size=layout.pp,
         data_parallel_size=layout.dp, data_parallel_rank=dp_rank,
-        enable_expert_parallel=layout.ep, data_parallel_master_ip="127.0.0.1")
+        enable_expert_parallel=layout.ep, data_parallel_master_ip="127.0.0.1",
+        expert_placement_strategy=layout.placement)
     parallel._data_parallel_master_port_list = list(ports[1:])
     cfg = VllmConfig(device_config=DeviceConfig(device="cpu"), parallel_config=parallel)
     with set_current_vllm_config(cfg), simulated_blackwell():
@@ -153,19 +155,20 @@ def spawn(layout: Layout, job: str, *args, timeout_s: float = 600.0) -> list:
              for r in range(layout.world)]
     for p in procs:
         p.start()
-    results = []
+    results: dict[int, Any] = {}
     try:
         for _ in procs:
             item = queue.get(timeout=timeout_s)
             if isinstance(item, BaseException):
                 raise item
-            results.append(torch.load(io.BytesIO(item), weights_only=False))
+            rank, payload = item
+            results[rank] = torch.load(io.BytesIO(payload), weights_only=False)
     finally:
         for p in procs:
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
-    return results
+    return [results[r] for r in sorted(results)]
 
 
 def stock_and_plugin_outputs(ctx: RankContext, scenario: Scenario, formats: tuple[str, ...],
@@ -211,6 +214,7 @@ def describe_layer(layer) -> dict[str, Any]:
         "prepare_finalize": type(fe.prepare_finalize).__name__ if fe is not None else "direct",
         "experts": type(fe.fused_experts).__name__ if fe is not None else "direct",
         "a1_gscale_shape": list(a1.shape) if a1 is not None else None,
+        "a1_gscale": a1.detach().float().reshape(-1).tolist() if a1 is not None else None,
         "ep_rank": layer.ep_rank, "ep_size": layer.ep_size,
         "tp_rank": layer.tp_rank, "tp_size": layer.tp_size,
     }
@@ -219,8 +223,8 @@ def describe_layer(layer) -> dict[str, Any]:
 def run_layout(layout: Layout, scenario: Scenario, formats=("modelopt", "compressed-tensors"),
                modes=("stock", "plugin")) -> list[RankOutput]:
     """Stock and plugin outputs of every rank of ``layout`` on the scenario's tokens."""
-    return sorted(spawn(layout, f"{__name__}:stock_and_plugin_outputs", scenario, tuple(formats),
-                        tuple(modes)), key=lambda r: r.rank)
+    return spawn(layout, f"{__name__}:stock_and_plugin_outputs", scenario, tuple(formats),
+                 tuple(modes))
 
 
 def layout_as_dict(layout: Layout) -> dict[str, Any]:

@@ -59,11 +59,15 @@ class BuiltLayer:
 
 
 def build_layer(experts: QuantizedExperts, fmt: str, *, top_k: int, index: int,
-                dtype: torch.dtype = torch.bfloat16) -> BuiltLayer:
+                dtype: torch.dtype = torch.bfloat16, overrides: Optional[dict] = None,
+                process: bool = True, **layer_kwargs) -> BuiltLayer:
     """Construct a ``FusedMoE`` under the *current* vLLM config and load ``experts`` into it.
 
     Must be called inside ``set_current_vllm_config`` with distributed groups initialized; the
-    layer shards itself (TP/EP) from those groups, as in a real worker.
+    layer shards itself (TP/EP) from those groups, as in a real worker. ``overrides`` replaces
+    checkpoint tensors by name (tests use it to plant bad scales); ``layer_kwargs`` go to
+    ``FusedMoE`` (e.g. grouped top-k); ``process=False`` stops before
+    ``process_weights_after_loading``.
     """
     from vllm.model_executor.layers.fused_moe.layer import FusedMoE
 
@@ -72,12 +76,17 @@ def build_layer(experts: QuantizedExperts, fmt: str, *, top_k: int, index: int,
         num_experts=experts.num_experts, top_k=top_k, hidden_size=experts.hidden,
         intermediate_size=experts.intermediate, params_dtype=dtype, reduce_results=True,
         renormalize=True, quant_config=make_quant_config(fmt), prefix=f"{mlp}.experts",
-        custom_routing_function=cpu_topk_softmax_routing)
+        custom_routing_function=cpu_topk_softmax_routing, **layer_kwargs)
     params = dict(layer.named_parameters())
     mapping = FusedMoE.make_expert_params_mapping("gate_proj", "down_proj", "up_proj",
                                                   experts.num_experts)
     loaded = 0
-    for name, tensor in expert_tensors(experts, fmt, f"{mlp}.experts").items():
+    tensors = expert_tensors(experts, fmt, f"{mlp}.experts")
+    for name, tensor in (overrides or {}).items():
+        if name not in tensors:
+            raise KeyError(f"override {name} is not a checkpoint tensor of this layer")
+        tensors[name] = tensor
+    for name, tensor in tensors.items():
         for param_name, weight_name, expert_id, shard_id in mapping:
             if weight_name not in name:
                 continue
@@ -89,7 +98,8 @@ def build_layer(experts: QuantizedExperts, fmt: str, *, top_k: int, index: int,
             break
         else:
             raise KeyError(f"checkpoint tensor {name} matched no FusedMoE parameter")
-    layer.quant_method.process_weights_after_loading(layer)
+    if process:
+        layer.quant_method.process_weights_after_loading(layer)
     return BuiltLayer(layer=layer, prefix=f"{mlp}.experts", loaded=loaded)
 
 

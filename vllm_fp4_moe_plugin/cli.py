@@ -19,6 +19,9 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     scenario = Scenario(seed=args.seed, input_scale_spread=args.spread, tokens=args.tokens)
     rows = run_matrix(layouts, scenario, formats=tuple(args.format or
                                                         ("modelopt", "compressed-tensors")))
+    if args.save_json:
+        with open(args.save_json, "w") as f:
+            json.dump([r.as_dict() for r in rows], f, indent=2)
     if args.json:
         print(json.dumps([r.as_dict() for r in rows], indent=2))
     else:
@@ -38,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     m = sub.add_parser("matrix", help="stock vs plugin in every layout, on real vLLM code (CPU)")
     m.add_argument("--json", action="store_true", help="print the rows as a JSON list")
+    m.add_argument("--save-json", metavar="PATH", help="also write the rows as JSON to PATH")
     m.add_argument("--layout", action="append", help="only this layout (repeatable)")
     m.add_argument("--format", action="append", choices=("modelopt", "compressed-tensors"))
     m.add_argument("--seed", type=int, default=0)

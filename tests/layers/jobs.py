@@ -184,4 +184,6 @@ def placement_guards(ctx) -> dict:
             out[f"round_robin/{fmt}/{mode}"] = _error_of(build_grouped)
             out[f"uneven/{fmt}/{mode}"] = _error_of(
                 lambda: _build(experts7, fmt, plugin=mode == "plugin"))
+            out[f"eplb/{fmt}/{mode}"] = _error_of(
+                lambda: _build(experts8, fmt, plugin=mode == "plugin", enable_eplb=True))
     return out

@@ -97,6 +97,16 @@ def test_uneven_experts_refused(placement, fmt):
         assert msg.startswith("UnsupportedLayoutError") and "7 experts" in msg
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_eplb_refused(placement, fmt):
+    """vLLM 0.11.0 itself refuses EPLB for NVFP4 in FusedMoE.__init__, before our guard runs;
+    the plugin must not weaken that."""
+    for rank in placement:
+        for mode in ("stock", "plugin"):
+            msg = rank[f"eplb/{fmt}/{mode}"]
+            assert msg is not None and "EPLB" in msg, (mode, msg)
+
+
 def test_uniform_scales_control():
     """With equal input scales stock is already right: the error it shows elsewhere is the bug,
     not an artefact of the emulator or the references."""

@@ -13,9 +13,10 @@ import io
 import multiprocessing as mp
 import os
 import socket
+import tempfile
 import traceback
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -106,7 +107,12 @@ class RankContext:
     vllm_config: Any
 
 
-def _worker(rank: int, layout: Layout, job: str, args: tuple, ports: list[int], queue) -> None:
+def _worker(rank: int, layout: Layout, job: str, args: tuple, ports: list[int], queue,
+            log_path: Optional[str]) -> None:
+    if log_path:  # vLLM and gloo print a lot per rank; keep it out of the caller's output
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
     try:
         # Bytes, not tensors: torch would share storage by fd, which dies with this process.
         buf = io.BytesIO()
@@ -145,13 +151,20 @@ def _run_job(rank: int, layout: Layout, job: str, args: tuple, ports: list[int])
                   *args)
 
 
-def spawn(layout: Layout, job: str, *args, timeout_s: float = 600.0) -> list:
+def spawn(layout: Layout, job: str, *args, timeout_s: float = 600.0,
+          quiet: bool = True) -> list:
     """Run ``job`` ("module:function", called as ``f(RankContext, *args)``) in every rank of
-    ``layout``, each a fresh spawned process in real gloo groups; results ordered by rank."""
+    ``layout``, each a fresh spawned process in real gloo groups; results ordered by rank.
+
+    With ``quiet`` each rank's output goes to a log file, whose tail is attached to the error
+    if a rank fails."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     ports = [_free_port() for _ in range(4)]
-    procs = [ctx.Process(target=_worker, args=(r, layout, job, args, ports, queue))
+    log_dir = tempfile.mkdtemp(prefix=f"fp4moe-{layout.name}-") if quiet else None
+    logs = [os.path.join(log_dir, f"rank{r}.log") if log_dir else None
+            for r in range(layout.world)]
+    procs = [ctx.Process(target=_worker, args=(r, layout, job, args, ports, queue, logs[r]))
              for r in range(layout.world)]
     for p in procs:
         p.start()
@@ -160,7 +173,7 @@ def spawn(layout: Layout, job: str, *args, timeout_s: float = 600.0) -> list:
         for _ in procs:
             item = queue.get(timeout=timeout_s)
             if isinstance(item, BaseException):
-                raise item
+                raise RuntimeError(f"{item}\n{_log_tails(logs)}") from None
             rank, payload = item
             results[rank] = torch.load(io.BytesIO(payload), weights_only=False)
     finally:
@@ -169,6 +182,16 @@ def spawn(layout: Layout, job: str, *args, timeout_s: float = 600.0) -> list:
             if p.is_alive():
                 p.kill()
     return [results[r] for r in sorted(results)]
+
+
+def _log_tails(logs: list, lines: int = 30) -> str:
+    out = []
+    for path in logs:
+        if path and os.path.exists(path):
+            with open(path, errors="replace") as f:
+                tail = f.readlines()[-lines:]
+            out.append(f"--- last {len(tail)} lines of {path} ---\n" + "".join(tail))
+    return "\n".join(out)
 
 
 def stock_and_plugin_outputs(ctx: RankContext, scenario: Scenario, formats: tuple[str, ...],

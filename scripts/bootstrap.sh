@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Create .venv in the repository root and install the pinned world (constraints.txt) plus this
+# package (editable, with its console script). Re-running is cheap: it reinstalls only when
+# constraints.txt, setup.cfg or pyproject.toml changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "[bootstrap] creating .venv with $($PYTHON --version)"
+  "$PYTHON" -m venv .venv
+fi
+stamp=.venv/.vllm-fp4-moe-plugin-installed
+want=$(cat constraints.txt setup.cfg pyproject.toml | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
+  echo "[bootstrap] installing vLLM 0.11.0, torch 2.8.0, FlashInfer 0.3.1 and this plugin" \
+       "(first time: ~5-10 min, ~11 GB)"
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -c constraints.txt -e ".[test]"
+  echo "$want" > "$stamp"
+fi

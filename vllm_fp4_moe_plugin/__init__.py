@@ -1,16 +1,26 @@
 """vllm-fp4-moe-plugin: correct NVFP4 MoE activation scales on vLLM 0.11.0.
 
 vLLM calls :func:`register` in every process it starts (API server, engine cores, workers) via
-the ``vllm.general_plugins`` entry point ``fp4_moe``. It is cheap when disabled, idempotent, and
-never raises for an environment it does not support; it raises only for an explicit
-misconfiguration (a bad ``VLLM_FP4_MOE_PLUGIN`` value).
+the ``vllm.general_plugins`` entry point ``fp4_moe``. It is cheap (no vLLM import of its own),
+idempotent, and never raises for an environment it does not support; it raises only for an
+explicit misconfiguration (a bad ``VLLM_FP4_MOE_PLUGIN`` value).
+
+The probe and the patches run when vLLM first imports its NVFP4 MoE quantization modules
+(immediately if it already has): see :mod:`vllm_fp4_moe_plugin.import_hook`.
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
-# None until register() has decided; then "inert", "inactive" or "active".
+# Modules whose first import triggers probe + patch; vLLM imports them while verifying a
+# ModelConfig's quantization method, before any quant method is constructed.
+TRIGGER_MODULES = (
+    "vllm.model_executor.layers.quantization.modelopt",
+    "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe",
+)
+
+# None until register() runs; then "inert", "pending", "inactive" or "active".
 _state: str | None = None
 _reason: str = ""
 
@@ -21,21 +31,28 @@ def register() -> None:
     if _state is not None:
         return
     from vllm_fp4_moe_plugin import envs
-    from vllm_fp4_moe_plugin.log import get_logger
 
-    logger = get_logger()
     if not envs.VLLM_FP4_MOE_PLUGIN:  # raises ValueError on a bad value: fail loudly
         _state, _reason = "inert", "VLLM_FP4_MOE_PLUGIN is not 1"
         return
-    from vllm_fp4_moe_plugin import compat
+    from vllm_fp4_moe_plugin import import_hook
 
+    _state, _reason = "pending", "waiting for vLLM to import its NVFP4 MoE modules"
+    import_hook.run_after_first_import(TRIGGER_MODULES, _install)
+
+
+def _install() -> None:
+    """Probe the installed vLLM and apply the patches; one INFO line either way."""
+    global _state, _reason
+    from vllm_fp4_moe_plugin import compat, patches
+    from vllm_fp4_moe_plugin.log import get_logger
+
+    logger = get_logger()
     result = compat.probe()
     if not result.install:
         _state, _reason = "inactive", result.reason
         logger.info("vllm-fp4-moe-plugin inactive: %s.", result.reason)
         return
-    from vllm_fp4_moe_plugin import patches
-
     replaced = patches.apply_all()
     _state, _reason = "active", result.reason
     logger.info("vllm-fp4-moe-plugin active: replaced %s.",
@@ -48,9 +65,10 @@ def state() -> tuple[str | None, str]:
 
 
 def _reset_for_tests() -> None:
-    """Undo register(): revert patches and forget the decision."""
+    """Undo register(): revert patches, drop a pending import hook, forget the decision."""
     global _state, _reason
-    from vllm_fp4_moe_plugin import patches
+    from vllm_fp4_moe_plugin import import_hook, patches
 
+    import_hook.remove()
     patches.revert_all()
     _state, _reason = None, ""

@@ -1,0 +1,86 @@
+"""Run a callback right after vLLM first imports one of a few modules.
+
+Why: probing and patching need vLLM's MoE modules, whose first import costs seconds (triton,
+FlashInfer, ...). ``register()`` runs in every vLLM process before those are needed, so doing
+the work there would make it slow. vLLM imports the quantization modules itself (every
+``ModelConfig`` verifies its quantization method, config/model.py:879-930), and only after that
+looks up the classes we replace, so patching at that moment is both cheap and in time.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import sys
+from typing import Callable, Iterable
+
+
+class _CallbackLoader(importlib.abc.Loader):
+    def __init__(self, inner, done: Callable[[], None]) -> None:
+        self._inner = inner
+        self._done = done
+
+    def create_module(self, spec):
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._inner.exec_module(module)
+        self._done()
+
+    def __getattr__(self, name):  # get_source, is_package, ... for tools that ask
+        return getattr(self._inner, name)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    def __init__(self, modules: Iterable[str], callback: Callable[[], None]) -> None:
+        self.modules = frozenset(modules)
+        self.callback = callback
+        self.fired = False
+
+    def find_spec(self, fullname, path, target=None):
+        if self.fired or fullname not in self.modules:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None:
+            spec.loader = _CallbackLoader(spec.loader, self.fire)
+        return spec
+
+    def fire(self) -> None:
+        if self.fired:
+            return
+        self.fired = True
+        remove()
+        self.callback()
+
+
+_hook: _AfterImport | None = None
+
+
+def run_after_first_import(modules: Iterable[str], callback: Callable[[], None]) -> None:
+    """Call ``callback`` once: now if any of ``modules`` is imported, else right after the
+    first of them finishes importing."""
+    global _hook
+    modules = tuple(modules)
+    if any(m in sys.modules for m in modules):
+        callback()
+        return
+    remove()
+    _hook = _AfterImport(modules, callback)
+    sys.meta_path.insert(0, _hook)
+
+
+def remove() -> None:
+    global _hook
+    if _hook is not None and _hook in sys.meta_path:
+        sys.meta_path.remove(_hook)
+    _hook = None
+
+
+def pending() -> bool:
+    return _hook is not None and not _hook.fired

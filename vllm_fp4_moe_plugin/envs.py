@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     VLLM_FP4_MOE_PLUGIN: bool = False
-    VLLM_FP4_MOE_PLUGIN_CHECK: str = "warn"
 
 
 def _choice(name: str, allowed: dict[str, Any], default: str) -> Callable[[], Any]:
@@ -35,11 +34,6 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # Opt-in switch. "1" installs the fixes in every vLLM process; unset or "0" leaves vLLM
     # untouched. Any other value is an error, so a typo never silently serves wrong answers.
     "VLLM_FP4_MOE_PLUGIN": _choice("VLLM_FP4_MOE_PLUGIN", {"0": False, "1": True}, "0"),
-    # Load-time consistency check of each MoE layer's quant config against its prepare/finalize:
-    # "off" skips it, "warn" logs a summary, "strict" raises on the first inconsistent layer.
-    "VLLM_FP4_MOE_PLUGIN_CHECK": _choice(
-        "VLLM_FP4_MOE_PLUGIN_CHECK", {"off": "off", "warn": "warn", "strict": "strict"}, "warn"
-    ),
 }
 
 

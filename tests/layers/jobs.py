@@ -99,6 +99,17 @@ def _quant_config_fields(layer):
             ("a1_gscale", "a2_gscale", "g1_alphas", "g2_alphas", "w1_scale", "w2_scale")}
 
 
+def _stock_vs_plugin_state(experts, fmt) -> dict:
+    res = {}
+    for mode in ("stock", "plugin"):
+        b = _build(experts, fmt, plugin=mode == "plugin")
+        qm = b.layer.quant_method
+        res[mode] = {"state": _state(b.layer), "config": _quant_config_fields(b.layer),
+                     "allow_flashinfer": qm.allow_flashinfer, "use_marlin": qm.use_marlin,
+                     "prepare_finalize": type(qm.maybe_make_prepare_finalize()).__name__}
+    return res
+
+
 def other_backends(ctx) -> dict:
     """vLLM's own CUTLASS path, Marlin, and the TRT-LLM backend: stock vs plugin state."""
     import vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe as ct
@@ -110,14 +121,7 @@ def other_backends(ctx) -> dict:
     # vLLM CUTLASS (FlashInfer MoE off): SM100 is reported, VLLM_USE_FLASHINFER_MOE_FP4=0.
     os.environ["VLLM_USE_FLASHINFER_MOE_FP4"] = "0"
     for fmt in FORMATS:
-        res = {}
-        for mode in ("stock", "plugin"):
-            b = _build(experts, fmt, plugin=mode == "plugin")
-            qm = b.layer.quant_method
-            res[mode] = {"state": _state(b.layer), "config": _quant_config_fields(b.layer),
-                         "allow_flashinfer": qm.allow_flashinfer, "use_marlin": qm.use_marlin,
-                         "prepare_finalize": type(qm.maybe_make_prepare_finalize()).__name__}
-        out[f"vllm_cutlass/{fmt}"] = res
+        out[f"vllm_cutlass/{fmt}"] = _stock_vs_plugin_state(experts, fmt)
     # Marlin: a GPU without FP4 CUTLASS. Its CUDA-only weight repack is replaced by a no-op:
     # the point is what our subclass does around it, which must be nothing.
     saved = (support.cutlass_fp4_supported, support.is_fp4_marlin_supported,
@@ -127,14 +131,7 @@ def other_backends(ctx) -> dict:
     mo.prepare_moe_fp4_layer_for_marlin = ct.prepare_moe_fp4_layer_for_marlin = lambda layer: None
     try:
         for fmt in FORMATS:
-            res = {}
-            for mode in ("stock", "plugin"):
-                b = _build(experts, fmt, plugin=mode == "plugin")
-                qm = b.layer.quant_method
-                res[mode] = {"state": _state(b.layer), "config": _quant_config_fields(b.layer),
-                             "use_marlin": qm.use_marlin,
-                             "prepare_finalize": type(qm.maybe_make_prepare_finalize()).__name__}
-            out[f"marlin/{fmt}"] = res
+            out[f"marlin/{fmt}"] = _stock_vs_plugin_state(experts, fmt)
     finally:
         (support.cutlass_fp4_supported, support.is_fp4_marlin_supported,
          mo.prepare_moe_fp4_layer_for_marlin, ct.prepare_moe_fp4_layer_for_marlin) = saved

@@ -162,13 +162,22 @@ _ACTIVE = 0
 
 
 @contextlib.contextmanager
-def simulated_blackwell(*, backend: str = "throughput") -> Iterator[None]:
+def simulated_blackwell(*, backend: str = "throughput",
+                        kernel: str = "emulator") -> Iterator[None]:
     """Run vLLM 0.11.0's FlashInfer NVFP4 MoE code on CPU, with the emulator as the kernel.
 
     ``backend`` is vLLM's ``VLLM_FLASHINFER_MOE_BACKEND`` ("throughput" = CUTLASS,
     "latency" = TRT-LLM). ``VLLM_USE_FLASHINFER_MOE_FP4=1`` is set for the duration, since that
-    is how a Blackwell user selects the FlashInfer path.
+    is how a Blackwell user selects the FlashInfer path. ``kernel="reference"`` replaces the
+    MoE kernel by the ideal-NVFP4 oracle (:mod:`.reference_kernel`), for end-to-end references.
     """
+    if kernel not in ("emulator", "reference"):
+        raise ValueError(f"kernel must be 'emulator' or 'reference', not {kernel!r}")
+    if kernel == "reference":
+        from vllm_fp4_moe_plugin.simulation.reference_kernel import reference_cutlass_fused_moe
+        moe_kernel = reference_cutlass_fused_moe
+    else:
+        moe_kernel = nvfp4.cutlass_fused_moe
     global _ACTIVE
     import flashinfer
     from vllm.distributed.device_communicators.base_device_communicator import (
@@ -187,7 +196,7 @@ def simulated_blackwell(*, backend: str = "throughput") -> Iterator[None]:
         p.set(f"{q}.utils.flashinfer_fp4_moe", "is_flashinfer_fp4_cutlass_moe_available",
               _fi_cutlass_moe_available)
         p.set("vllm.model_executor.layers.fused_moe.flashinfer_cutlass_moe",
-              "flashinfer_cutlass_fused_moe", nvfp4.cutlass_fused_moe)
+              "flashinfer_cutlass_fused_moe", moe_kernel)
         p.set("vllm.model_executor.layers.fused_moe.utils", "fp4_quantize", nvfp4.fp4_quantize)
         p.set(flashinfer, "fp4_quantize", nvfp4.fp4_quantize)
         p.set(_PF, "nvfp4_block_scale_interleave", nvfp4.block_scale_interleave)

@@ -1,0 +1,65 @@
+"""A stand-in for ``cutlass_fused_moe`` that computes the *ideal* NVFP4 answer.
+
+Used for the engine end-to-end reference: the same engine, the same weights, but every MoE
+layer computes the plain loop-over-experts oracle (:func:`nvfp4.moe_reference_nvfp4`) from the
+tensors vLLM hands the kernel, instead of going through the emulator's kernel model. It
+rebuilds checkpoint-semantics experts from the kernel arguments (``[w3; w1]`` rows, swizzled
+block scales, ``ws2_e = g1_alpha_e * a1_gs_e``), which is only possible when the activation
+scales are per expert and the input is bf16 -- i.e. the plugin's TP-like path.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from vllm_fp4_moe_plugin.nvfp4 import QuantizedExperts, moe_reference_nvfp4, unswizzle_128x4
+
+
+def _per_expert(t: torch.Tensor, n: int) -> torch.Tensor:
+    t = t.float().reshape(-1)
+    return t.expand(n).contiguous() if t.numel() == 1 else t
+
+
+def experts_from_kernel_args(fc1, fc2, quant_scales) -> QuantizedExperts:
+    a1_gs, w1_sf, g1_alpha, a2_gs, w2_sf, g2_alpha = quant_scales
+    w13 = fc1.view(torch.uint8)
+    w2 = fc2.view(torch.uint8)
+    e, two_i, h_half = w13.shape
+    inter, hidden = two_i // 2, w2.shape[1]
+    sf13 = unswizzle_128x4(w1_sf.view(torch.float8_e4m3fn), two_i, hidden // 16)
+    sf2 = unswizzle_128x4(w2_sf.view(torch.float8_e4m3fn), hidden, inter // 16)
+    a1 = _per_expert(a1_gs, e)
+    a2 = _per_expert(a2_gs, e)
+    return QuantizedExperts(
+        w1=w13[:, inter:], w1_sf=sf13[:, inter:], w3=w13[:, :inter], w3_sf=sf13[:, :inter],
+        w2=w2, w2_sf=sf2,
+        w13_weight_gs=1.0 / (g1_alpha.float() * a1), w2_weight_gs=1.0 / (g2_alpha.float() * a2),
+        w13_input_gs=a1, w2_input_gs=a2)
+
+
+def reference_cutlass_fused_moe(input: torch.Tensor, token_selected_experts: torch.Tensor,
+                                token_final_scales: torch.Tensor, fc1_expert_weights,
+                                fc2_expert_weights, output_dtype: torch.dtype, quant_scales,
+                                input_sf: Optional[torch.Tensor] = None, ep_size: int = 1,
+                                ep_rank: int = 0, output: Optional[torch.Tensor] = None,
+                                **_ignored):
+    """Same call contract as the emulator (returns ``[output]``), ideal NVFP4 numerics."""
+    if input_sf is not None or input.dtype == torch.uint8:
+        raise RuntimeError("the reference kernel needs bf16 input: run it with the plugin on")
+    experts = experts_from_kernel_args(fc1_expert_weights, fc2_expert_weights, quant_scales)
+    local = experts.num_experts
+    ids = token_selected_experts.long() - ep_rank * local
+    mine = (ids >= 0) & (ids < local)
+    weights = torch.where(mine, token_final_scales.float(), torch.zeros_like(token_final_scales))
+    ids = torch.where(mine, ids, torch.zeros_like(ids))
+    a1 = quant_scales[0].float()
+    out = moe_reference_nvfp4(input, experts, weights, ids,
+                              a1_gs=a1 if a1.dim() == 0 else experts.w13_input_gs,
+                              a2_gs=experts.w2_input_gs, intermediate_dtype=output_dtype)
+    out = out.to(output_dtype)
+    if output is not None:
+        output.copy_(out)
+        out = output
+    return [out]

@@ -2,6 +2,7 @@
 # Create .venv in the repository root and install the pinned world (constraints.txt) plus this
 # package (editable, with its console script). Re-running is cheap: it reinstalls only when
 # constraints.txt, setup.cfg or pyproject.toml changed.
+#   --with-engine   also build .venv-engine (vLLM 0.11.0's CPU build) for the engine tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -17,4 +18,7 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -c constraints.txt -e ".[test]"
   echo "$want" > "$stamp"
+fi
+if [ "${1:-}" = "--with-engine" ]; then
+  ./scripts/bootstrap-engine.sh
 fi

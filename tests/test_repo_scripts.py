@@ -26,6 +26,6 @@ def test_readme_opens_with_demo_and_test_commands():
     text = (ROOT / "README.md").read_text()
     head = text[: text.index("## ")] if "## " in text else text
     assert "./scripts/bootstrap.sh && .venv/bin/vllm-fp4-moe matrix" in head
-    assert "./scripts/bootstrap.sh && .venv/bin/python -m pytest" in head
+    assert "./scripts/bootstrap.sh --with-engine && .venv/bin/python -m pytest" in head
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "./scripts/bootstrap.sh" in ci and ".venv/bin/python -m pytest" in ci
+    assert "./scripts/bootstrap.sh --with-engine" in ci and ".venv/bin/python -m pytest" in ci

@@ -24,10 +24,13 @@ vLLM 0.11.0 symbol replaced                            why it has to be replaced
 ``reduce_scatterv``                                    versions over the real gloo device group
 ``torch.cuda.current_device``                          ``FusedMoE.__init__`` allocates DP staging
                                                        buffers on it when FlashInfer CUTLASS is on
+``fused_moe.vllm_topk_softmax``                        wraps the CUDA-only ``topk_softmax`` op; a
+                                                       torch twin (models built by an engine do
+                                                       not pass a ``custom_routing_function``)
 =====================================================  ===========================================
 
-Routing (``topk_softmax`` is a CUDA op) is not patched: callers pass vLLM's own
-``custom_routing_function`` (see :func:`cpu_topk_softmax_routing`).
+Layer-level callers may instead pass vLLM's own ``custom_routing_function``
+(:func:`cpu_topk_softmax_routing`).
 """
 
 from __future__ import annotations
@@ -142,6 +145,21 @@ def cpu_topk_softmax_routing(hidden_states: torch.Tensor, gating_output: torch.T
     return weights.to(torch.float32), ids.to(torch.int32)
 
 
+def _cpu_vllm_topk_softmax(topk_weights, topk_indices, token_expert_indices, gating_output,
+                           renormalize):
+    """torch twin of fused_moe.py:954-967 (``ops.topk_softmax`` + optional renormalization)."""
+    probs = torch.softmax(gating_output.float(), dim=-1)
+    weights, ids = probs.topk(topk_weights.shape[-1], dim=-1)
+    topk_weights.copy_(weights)
+    topk_indices.copy_(ids.to(topk_indices.dtype))
+    m, k = ids.shape
+    token_expert_indices.copy_(
+        (torch.arange(k, device=ids.device) * m).unsqueeze(0) + torch.arange(m).unsqueeze(1))
+    if renormalize:
+        topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
+    return topk_weights, topk_indices
+
+
 class _Patcher:
     def __init__(self) -> None:
         self._undo: list[tuple[Any, str, Any]] = []
@@ -208,6 +226,8 @@ def simulated_blackwell(*, backend: str = "throughput",
         p.set(DeviceCommunicatorBase, "all_gatherv", _cpu_all_gatherv)
         p.set(DeviceCommunicatorBase, "reduce_scatterv", _cpu_reduce_scatterv)
         p.set(torch.cuda, "current_device", lambda: torch.device("cpu"))
+        p.set("vllm.model_executor.layers.fused_moe.fused_moe", "vllm_topk_softmax",
+              _cpu_vllm_topk_softmax)
         _ACTIVE += 1
         yield
     finally:

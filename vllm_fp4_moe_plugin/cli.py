@@ -36,6 +36,42 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     return 0 if all(r.ok for r in rows) else 1
 
 
+def _cmd_make_checkpoint(args: argparse.Namespace) -> int:
+    from vllm_fp4_moe_plugin.checkpoint.writer import write_checkpoint
+
+    sizes = {}
+    for item in args.set or []:
+        key, _, value = item.partition("=")
+        if not _:
+            raise SystemExit(f"--set expects KEY=VALUE (a config.json key), got {item!r}")
+        sizes[key] = json.loads(value)
+    manifest = write_checkpoint(args.out, fmt=args.format, arch=args.arch, seed=args.seed,
+                                input_scale_spread=args.spread, overwrite=args.overwrite,
+                                shard_size_bytes=args.shard_size_bytes, **sizes)
+    if args.json:
+        print(json.dumps(manifest, indent=2, default=str))
+    else:
+        size = sum(manifest["files_bytes"].values()) / 1e6
+        print(f"wrote {manifest['arch']} / {manifest['format']} checkpoint to "
+              f"{manifest['out_dir']} ({size:.1f} MB, {len(manifest['layers'])} MoE layers, "
+              f"per-expert input scales spread {manifest['input_scale_spread']:g}x)")
+    return 0
+
+
+def _cmd_audit(args: argparse.Namespace) -> int:
+    from vllm_fp4_moe_plugin.checkpoint.audit import (CheckpointAuditError, audit_checkpoint,
+                                                      format_audit)
+
+    try:
+        report = audit_checkpoint(args.checkpoint, ep_size=args.ep_size,
+                                  expert_placement=args.expert_placement)
+    except CheckpointAuditError as err:
+        print(f"vllm-fp4-moe audit: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(report, indent=2) if args.json else format_audit(report))
+    return 1 if report["affected_layers"] else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vllm-fp4-moe", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -49,6 +85,30 @@ def build_parser() -> argparse.ArgumentParser:
                    help="max/min of the per-expert input scales (default 4)")
     m.add_argument("--tokens", type=int, default=32, help="tokens per rank")
     m.set_defaults(func=_cmd_matrix)
+
+    c = sub.add_parser("make-checkpoint", help="write a tiny deterministic NVFP4 MoE checkpoint")
+    c.add_argument("out", help="output directory")
+    c.add_argument("--format", default="modelopt", choices=("modelopt", "compressed-tensors"))
+    c.add_argument("--arch", default="qwen3_moe", choices=("qwen3_moe", "deepseek_v3"))
+    c.add_argument("--spread", type=float, default=4.0,
+                   help="max/min of the per-expert input scales of every MoE layer")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--shard-size-bytes", type=int, default=None,
+                   help="split into shards with model.safetensors.index.json")
+    c.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a config.json size key, e.g. --set moe_intermediate_size=512")
+    c.add_argument("--overwrite", action="store_true")
+    c.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    c.set_defaults(func=_cmd_make_checkpoint)
+
+    a = sub.add_parser("audit", help="would stock vLLM 0.11.0 compute this checkpoint wrongly? "
+                       "(reads scale tensors only; exit 1 if any layer is affected)")
+    a.add_argument("checkpoint", help="checkpoint directory")
+    a.add_argument("--json", action="store_true")
+    a.add_argument("--ep-size", type=int, default=2,
+                   help="EP size used to judge the TP+EP layout (default 2)")
+    a.add_argument("--expert-placement", default="linear", choices=("linear", "round_robin"))
+    a.set_defaults(func=_cmd_audit)
     return parser
 
 

@@ -1,4 +1,4 @@
-"""config.json / quantization dicts for the tiny NVFP4 MoE checkpoints (nvfp4-formats.md §1, §2, §5).
+"""config.json and quantization dicts of the tiny NVFP4 MoE checkpoints (nvfp4-formats.md §1-2, §5).
 
 Only the routed experts are NVFP4. Everything else stays bf16 through exclude/ignore lists, for
 two reasons: the bug under study lives in the MoE layers only, and vLLM 0.11.0 cannot even
@@ -139,7 +139,8 @@ def _dense_mlp_names(arch: str, cfg: dict) -> list[str]:
 
 
 def modelopt_exclude_modules(arch: str, cfg: dict) -> list[str]:
-    """``exclude_modules`` matched as vLLM 0.11.0 does (modelopt.py:790-808, quant_utils.py:265-304).
+    """``exclude_modules``, matched as vLLM 0.11.0 does (modelopt.py:790-808,
+    quant_utils.py:265-304).
 
     * ``model.layers.*.self_attn*`` becomes the regex ``model\\.layers\\..*\\.self_attn.*`` and is
       fullmatched against the *vLLM* prefix, so it also catches the fused ``fused_qkv_a_proj`` /

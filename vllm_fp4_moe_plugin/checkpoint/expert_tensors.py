@@ -58,3 +58,39 @@ def expert_tensors(experts: QuantizedExperts, fmt: str, prefix: str) -> dict[str
                 out[f"{base}.weight_scale_2"] = 1.0 / wgs
                 out[f"{base}.input_scale"] = 1.0 / igs
     return out
+
+
+# Per-tensor activation scale, by format: ModelOpt stores ``amax/2688``, compressed-tensors the
+# reciprocal ``2688/amax`` (nvfp4-formats.md §3.5).
+INPUT_SCALE_SUFFIX = {"modelopt": "input_scale", "compressed-tensors": "input_global_scale"}
+GEMM1_PROJECTIONS = ("gate_proj", "up_proj")
+
+
+def input_scale_name(fmt: str, prefix: str, expert: int, proj: str) -> str:
+    """Checkpoint name of one expert projection's activation scale, e.g.
+    ``model.layers.1.mlp.experts.3.up_proj.input_global_scale``."""
+    _check_format(fmt)
+    return f"{prefix}.{expert}.{proj}.{INPUT_SCALE_SUFFIX[fmt]}"
+
+
+def stored_input_scale_tensors(fmt: str, prefix: str, w13: torch.Tensor,
+                               w2: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``{name: tensor}`` for the activation scales of every expert, given as the values the
+    file stores (``input_scale`` for ModelOpt, ``input_global_scale`` for compressed-tensors).
+
+    Why next to :func:`expert_tensors`: that function derives ModelOpt's ``input_scale`` as
+    ``1 / gs`` in fp32, which can move a value by one ulp; a writer that promises exact ratios
+    between experts' stored scales overrides those entries with these. Gate and up share the
+    GEMM1 value (vLLM keeps one per expert, layer.py:1482-1497)."""
+    _check_format(fmt)
+    w13 = w13.detach().float().reshape(-1)
+    w2 = w2.detach().float().reshape(-1)
+    if w13.shape != w2.shape:
+        raise ValueError(f"{prefix}: {w13.numel()} GEMM1 but {w2.numel()} GEMM2 input scales")
+    shape = (1,) if fmt == "compressed-tensors" else ()
+    out: dict[str, torch.Tensor] = {}
+    for e in range(w13.numel()):
+        for proj in GEMM1_PROJECTIONS:
+            out[input_scale_name(fmt, prefix, e, proj)] = w13[e].clone().reshape(shape)
+        out[input_scale_name(fmt, prefix, e, "down_proj")] = w2[e].clone().reshape(shape)
+    return out

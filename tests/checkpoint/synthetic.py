@@ -1,0 +1,58 @@
+"""Scales-only checkpoints for the audit tests: config files plus the activation-scale tensors,
+and index entries for weight tensors that point to a shard that is never written (so any read
+of a weight tensor fails loudly)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from vllm_fp4_moe_plugin.simulation.moe_layer import COMPRESSED_TENSORS_NVFP4
+
+MISSING_WEIGHT_SHARD = "model-weights-not-written.safetensors"
+SCALE = {"modelopt": "input_scale", "compressed-tensors": "input_global_scale"}
+WEIGHT_LEAVES = {"modelopt": ("weight", "weight_scale", "weight_scale_2"),
+                 "compressed-tensors": ("weight_packed", "weight_scale", "weight_global_scale")}
+HF_QUANT_CONFIG = {"producer": {"name": "modelopt", "version": "0.23.0"},
+                   "quantization": {"quant_algo": "NVFP4", "group_size": 16,
+                                    "kv_cache_quant_algo": None, "exclude_modules": ["lm_head"]}}
+
+
+def write_config(root: Path, fmt: str, num_experts: int) -> None:
+    cfg = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+           "n_routed_experts": num_experts}
+    if fmt == "modelopt":
+        (root / "hf_quant_config.json").write_text(json.dumps(HF_QUANT_CONFIG))
+    else:
+        cfg["quantization_config"] = COMPRESSED_TENSORS_NVFP4
+    (root / "config.json").write_text(json.dumps(cfg))
+
+
+def write_scales_only(root: Path, fmt: str, layers: dict, *, num_shards: int = 1,
+                      drop: tuple = ()) -> dict:
+    """``layers``: ``{layer_prefix: (w13 [E], w2 [E])}`` stored values (gate = up = w13).
+    ``drop``: scale names to leave out. Returns ``{name: value}`` of the scales written."""
+    root.mkdir(parents=True, exist_ok=True)
+    num_experts = len(next(iter(layers.values()))[0])
+    write_config(root, fmt, num_experts)
+    scales: dict[str, float] = {}
+    weights: list[str] = []
+    for prefix, (w13, w2) in layers.items():
+        for e in range(len(w13)):
+            for proj, v in (("gate_proj", w13[e]), ("up_proj", w13[e]), ("down_proj", w2[e])):
+                scales[f"{prefix}.{e}.{proj}.{SCALE[fmt]}"] = float(np.float32(v))
+                weights += [f"{prefix}.{e}.{proj}.{leaf}" for leaf in WEIGHT_LEAVES[fmt]]
+    names = [n for n in scales if n not in drop]
+    weight_map = {w: MISSING_WEIGHT_SHARD for w in weights}
+    per = -(-len(names) // num_shards)
+    for k in range(num_shards):
+        shard = f"model-{k + 1:05d}-of-{num_shards:05d}.safetensors"
+        part = names[k * per:(k + 1) * per]
+        save_file({n: np.array(scales[n], dtype=np.float32) for n in part}, str(root / shard))
+        weight_map.update({n: shard for n in part})
+    (root / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map}))
+    return scales

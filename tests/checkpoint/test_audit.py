@@ -1,0 +1,301 @@
+"""The scale-only audit: exact numbers from written checkpoints, the affected verdict per layout,
+named errors, lazy reads only of scale tensors, and speed on a DeepSeek-R1-sized index."""
+
+import json
+import math
+import time
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from vllm_fp4_moe_plugin.checkpoint import audit as audit_module
+from vllm_fp4_moe_plugin.checkpoint import tensor_index
+from vllm_fp4_moe_plugin.checkpoint.audit import (LAYOUTS, CheckpointAuditError,
+                                                  audit_checkpoint, ep_slices, format_audit)
+from vllm_fp4_moe_plugin.checkpoint.writer import write_checkpoint
+
+from .conftest import ARCHS, FORMATS
+from .synthetic import MISSING_WEIGHT_SHARD, SCALE, write_scales_only
+
+pytestmark = pytest.mark.cpu
+
+LAYER = "model.layers.3.mlp.experts"
+NUM_EXPERTS = 8
+# DeepSeek-R1: layers 3..60 are MoE (first_k_dense_replace=3), 256 routed experts each.
+R1_LAYERS = range(3, 61)
+R1_EXPERTS = 256
+R1_SHARDS = 8
+R1_MAX_SECONDS = 10.0
+BAD_VALUES = {"nan": float("nan"), "inf": float("inf"), "zero": 0.0, "negative": -0.5}
+
+
+def _uniform(fmt, n=NUM_EXPERTS, w13=0.25, w2=16.0):
+    # Stored values: CT stores the reciprocal sense.
+    if fmt == "compressed-tensors":
+        w13, w2 = 1 / w13, 1 / w2
+    return [w13] * n, [w2] * n
+
+
+class _RecordingSafeOpen:
+    """Stands in for ``safetensors.safe_open``; records every tensor name read."""
+
+    def __init__(self, real):
+        self.real, self.read = real, []
+
+    def __call__(self, path, framework, device="cpu"):
+        recorder = self
+
+        class Handle:
+            def __enter__(self):
+                self.inner = recorder.real(path, framework=framework, device=device).__enter__()
+                return self
+
+            def __exit__(self, *exc):
+                return self.inner.__exit__(*exc)
+
+            def keys(self):
+                return self.inner.keys()
+
+            def get_tensor(self, name):
+                recorder.read.append(name)
+                return self.inner.get_tensor(name)
+
+            def get_slice(self, name):
+                recorder.read.append(name)
+                return self.inner.get_slice(name)
+
+        return Handle()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_audit_reports_exactly_the_written_scales(written, arch, fmt):
+    m = written[(arch, fmt)]
+    report = audit_checkpoint(m["out_dir"])
+    assert report["format"] == fmt
+    assert [entry["layer"] for entry in report["layers"]] == [e["layer"] for e in m["layers"]]
+    for got, want in zip(report["layers"], m["layers"]):
+        assert got["num_experts"] == want["num_experts"]
+        for key in ("w13_stored", "w2_stored", "w13_input_scale", "w2_input_scale"):
+            assert got[key] == want[key], key
+        assert got["w13_spread"] == got["w2_spread"] == m["input_scale_spread"] == 4.0
+        s = want["w13_input_scale"]
+        assert math.isclose(got["error_factor_max"], max(s) / s[0], rel_tol=1e-12)
+        assert math.isclose(got["error_factor_min"], min(s) / s[0], rel_tol=1e-12)
+        assert got["affected"] == {layout: True for layout in LAYOUTS}
+        assert got["gate_up_mismatch"] == []
+    assert report["affected_layers"] == len(m["layers"])
+    assert report["summary"].startswith("AFFECTED")
+    json.dumps(report)  # plain data, ready for --json
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_uniform_scales_are_not_affected(tmp_path, fmt):
+    m = write_checkpoint(tmp_path / "u", fmt=fmt, arch="qwen3_moe", input_scale_spread=1.0)
+    report = audit_checkpoint(m["out_dir"])
+    assert report["affected_layers"] == 0
+    for entry in report["layers"]:
+        assert entry["w13_spread"] == entry["w2_spread"] == 1.0
+        assert entry["error_factor_max"] == entry["error_factor_min"] == 1.0
+        assert not any(entry["affected"].values())
+    assert report["summary"].startswith("not affected")
+    assert "not affected" in format_audit(report)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("placement, tp_ep_affected", [("linear", False), ("round_robin", True)])
+def test_tp_ep_is_judged_per_rank_slice(tmp_path, fmt, placement, tp_ep_affected):
+    """Uniform within each linear EP slice (0-3 | 4-7) but not across: only TP+EP is fine."""
+    lo, w2 = _uniform(fmt, NUM_EXPERTS // 2)
+    hi, _ = _uniform(fmt, NUM_EXPERTS // 2, w13=0.5)
+    write_scales_only(tmp_path, fmt, {LAYER: (lo + hi, w2 + w2)})
+    (entry,) = audit_checkpoint(tmp_path, ep_size=2, expert_placement=placement)["layers"]
+    assert entry["affected"]["tp_ep"] is tp_ep_affected
+    assert all(entry["affected"][lay] for lay in LAYOUTS if lay != "tp_ep")
+    assert entry["w13_spread"] == 2.0
+
+
+@pytest.mark.parametrize("num_experts, ep_size, placement, want", [
+    (8, 2, "linear", [[0, 1, 2, 3], [4, 5, 6, 7]]),
+    (7, 3, "linear", [[0, 1, 2], [3, 4], [5, 6]]),
+    (7, 3, "round_robin", [[0, 3, 6], [1, 4], [2, 5]]),
+])
+def test_ep_slices_follow_vllm_expert_map(num_experts, ep_size, placement, want):
+    assert ep_slices(num_experts, ep_size, placement) == want
+
+
+def test_gate_up_mismatch_is_a_warning(tmp_path):
+    w13, w2 = _uniform("modelopt")
+    scales = write_scales_only(tmp_path, "modelopt", {LAYER: (w13, w2)}, drop=())
+    # Rewrite expert 2's up_proj scale to differ from gate_proj.
+    name = f"{LAYER}.2.up_proj.input_scale"
+    shard = tmp_path / "model-00001-of-00001.safetensors"
+    vals = {n: np.array(v if n != name else 0.375, dtype=np.float32) for n, v in scales.items()}
+    save_file(vals, str(shard))
+    report = audit_checkpoint(tmp_path)
+    (entry,) = report["layers"]
+    assert entry["gate_up_mismatch"] == [2]
+    assert entry["w13_stored"][2] == 0.375, "vLLM keeps max(gate, up)"
+    assert any("expert(s) [2]" in w for w in report["warnings"])
+
+
+def test_audit_reads_only_scale_tensors(written, monkeypatch):
+    m = written[("deepseek_v3", "compressed-tensors")]
+    recorder = _RecordingSafeOpen(audit_module.safe_open)
+    monkeypatch.setattr(audit_module, "safe_open", recorder)
+    monkeypatch.setattr(tensor_index, "safe_open", recorder)  # no index: headers are listed
+    report = audit_checkpoint(m["out_dir"])
+    assert recorder.read, "the audit went through safe_open"
+    assert all(n.endswith(".input_global_scale") for n in recorder.read), recorder.read[:5]
+    assert len(recorder.read) == len(set(recorder.read)) == report["num_scale_tensors_read"]
+    assert len(recorder.read) == sum(3 * entry["num_experts"] for entry in m["layers"])
+
+
+def test_sharded_written_checkpoint_audits_the_same(written, tmp_path):
+    m = write_checkpoint(tmp_path / "s", fmt="modelopt", arch="deepseek_v3",
+                         shard_size_bytes=3 * 1024 * 1024)
+    a = audit_checkpoint(m["out_dir"])
+    b = audit_checkpoint(written[("deepseek_v3", "modelopt")]["out_dir"])
+    assert a["layers"] == b["layers"]
+
+
+def test_r1_sized_index_audits_fast_and_never_reads_a_weight(tmp_path, monkeypatch):
+    """58 MoE layers x 256 experts x 3 projections of scales, in 8 shards; the index also lists
+    every weight / block-scale / weight-scale tensor in a shard file that does not exist."""
+    fmt = "modelopt"
+    layers = {}
+    for li in R1_LAYERS:
+        w13 = [0.125 * (1 + ((e * 7 + li) % 16) / 16) for e in range(R1_EXPERTS)]
+        layers[f"model.layers.{li}.mlp.experts"] = (w13, [16.0 + e for e in range(R1_EXPERTS)])
+    write_scales_only(tmp_path, fmt, layers, num_shards=R1_SHARDS)
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"]
+    assert sum(v == MISSING_WEIGHT_SHARD for v in index.values()) == 3 * len(index) // 4
+    assert not (tmp_path / MISSING_WEIGHT_SHARD).exists()
+    recorder = _RecordingSafeOpen(audit_module.safe_open)
+    monkeypatch.setattr(audit_module, "safe_open", recorder)
+
+    start = time.perf_counter()
+    report = audit_checkpoint(tmp_path)
+    elapsed = time.perf_counter() - start
+    print(f"\nR1-sized audit: {len(recorder.read)} scale tensors in {elapsed:.2f} s")
+
+    assert elapsed < R1_MAX_SECONDS
+    assert len(report["layers"]) == len(R1_LAYERS)
+    assert len(recorder.read) == len(R1_LAYERS) * R1_EXPERTS * 3
+    assert all(n.endswith(".input_scale") for n in recorder.read)
+    assert all(entry["w13_spread"] == 31 / 16 for entry in report["layers"])
+    assert report["affected_layers"] == len(R1_LAYERS)
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+def test_missing_directory_is_named(tmp_path):
+    with pytest.raises(CheckpointAuditError, match=r"nope does not exist"):
+        audit_checkpoint(tmp_path / "nope")
+
+
+def test_missing_config_is_named(tmp_path):
+    with pytest.raises(CheckpointAuditError, match=r"config\.json: missing config\.json"):
+        audit_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("fmt, file", [("compressed-tensors", "config.json"),
+                                       ("modelopt", "hf_quant_config.json")])
+def test_invalid_json_is_named(tmp_path, fmt, file):
+    write_scales_only(tmp_path, fmt, {LAYER: _uniform(fmt)})
+    (tmp_path / file).write_text('{"architectures": [,]}')
+    with pytest.raises(CheckpointAuditError, match=rf"{file}: invalid JSON .* line 1 column"):
+        audit_checkpoint(tmp_path)
+
+
+def test_unquantized_checkpoint_is_named(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_moe"}))
+    with pytest.raises(CheckpointAuditError, match="not a quantized checkpoint"):
+        audit_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("quant, file, match", [
+    ({"quant_method": "fp8"}, "config.json", "quant_method 'fp8' is not an NVFP4 format"),
+    ({"quant_method": "modelopt", "quant_algo": "FP8"}, "config.json", "'FP8' is not NVFP4"),
+    ({"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+        "targets": ["Linear"], "weights": {"num_bits": 8, "type": "float",
+                                           "strategy": "channel"}}}},
+     "config.json", "without an NVFP4 config group"),
+    ({"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+        "targets": ["Linear"], "weights": {"num_bits": 4, "type": "float", "group_size": 16,
+                                           "strategy": "tensor_group"}}}},
+     "config.json", "weight-only"),
+    ({"quantization": {"quant_algo": "NVFP4"}}, "hf_quant_config.json", "producer.name is None"),
+    ({"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "FP8"}},
+     "hf_quant_config.json", "quant_algo is 'FP8', not 'NVFP4'"),
+])
+def test_non_nvfp4_checkpoint_is_named(tmp_path, quant, file, match):
+    cfg = {"model_type": "deepseek_v3"}
+    if file == "config.json":
+        cfg["quantization_config"] = quant
+    else:
+        (tmp_path / file).write_text(json.dumps(quant))
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointAuditError, match=match) as info:
+        audit_checkpoint(tmp_path)
+    assert file in str(info.value)
+
+
+def test_modelopt_ignore_key_in_config_json_warns(tmp_path):
+    write_scales_only(tmp_path, "modelopt", {LAYER: _uniform("modelopt")})
+    (tmp_path / "hf_quant_config.json").unlink()
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {
+        "quant_method": "modelopt", "quant_algo": "NVFP4", "ignore": ["lm_head"]}}))
+    report = audit_checkpoint(tmp_path)
+    assert report["format"] == "modelopt"
+    assert any("'ignore' key" in w for w in report["warnings"])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("proj", ["gate_proj", "up_proj", "down_proj"])
+def test_missing_expert_scale_is_named(tmp_path, fmt, proj):
+    name = f"{LAYER}.5.{proj}.{SCALE[fmt]}"
+    write_scales_only(tmp_path, fmt, {LAYER: _uniform(fmt)}, drop=(name,))
+    with pytest.raises(CheckpointAuditError, match=rf"{LAYER}: expert 5 .*{name}"):
+        audit_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("kind", BAD_VALUES)
+def test_bad_scale_value_is_named(tmp_path, fmt, kind):
+    w13, w2 = _uniform(fmt)
+    w13[6] = BAD_VALUES[kind]
+    write_scales_only(tmp_path, fmt, {LAYER: (w13, w2)})
+    name = f"{LAYER}.6.gate_proj.{SCALE[fmt]}"
+    word = "NaN" if kind == "nan" else kind
+    with pytest.raises(CheckpointAuditError, match=rf"{name} is {word}"):
+        audit_checkpoint(tmp_path)
+
+
+def test_missing_scale_shard_is_named(tmp_path):
+    write_scales_only(tmp_path, "modelopt", {LAYER: _uniform("modelopt")}, num_shards=2)
+    (tmp_path / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(CheckpointAuditError, match=r"model-00002-of-00002.safetensors: shard "
+                                                   r"file missing"):
+        audit_checkpoint(tmp_path)
+
+
+def test_no_moe_layer_is_named(tmp_path):
+    write_scales_only(tmp_path, "modelopt", {"model.layers.0.mlp": _uniform("modelopt")})
+    index = tmp_path / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    data["weight_map"] = {"lm_head.weight": MISSING_WEIGHT_SHARD}
+    index.write_text(json.dumps(data))
+    with pytest.raises(CheckpointAuditError, match="no routed-expert tensors"):
+        audit_checkpoint(tmp_path)
+
+
+def test_format_audit_names_every_layer_and_layout(written):
+    report = audit_checkpoint(written[("qwen3_moe", "modelopt")]["out_dir"])
+    text = format_audit(report)
+    for entry in report["layers"]:
+        assert entry["layer"] in text
+    for layout in LAYOUTS:
+        assert layout in text
+    assert "AFFECTED" in text and "4x" in text

@@ -1,0 +1,367 @@
+"""Is an NVFP4 MoE checkpoint hit by vLLM 0.11.0's GEMM1 activation-scale bug? Read only scales.
+
+Stock 0.11.0 pre-quantizes every FlashInfer CUTLASS MoE input with ONE expert's GEMM1 input scale
+(expert 0, or the first local expert of the quantizing rank) but dequantizes with each expert's
+own, so expert e's output is off by ``in_scale[e] / in_scale[e0]`` (fp4-moe-internals.md §5).
+GEMM2 is always consistent. So a layer is computed wrongly iff its experts' GEMM1 input scales
+differ, and a checkpoint can be judged from those scalars alone: this module opens each shard
+lazily (``safe_open``) and calls ``get_tensor`` on the activation-scale names only -- never on
+``weight``/``weight_packed``/``weight_scale`` -- so a DeepSeek-R1-sized index audits in seconds.
+
+"affected", per layout (``LAYOUTS``), is computed exactly for stock 0.11.0 at the given EP size:
+
+* single, pp, tp, dp: quantized with expert 0's scale -> affected iff not all scales are equal.
+* dp_ep_allgather, dp_ep_all2allv: quantized on the *sender* with its first local expert's
+  scale, dequantized on any receiver -> affected iff not all scales are equal.
+* tp_ep: each rank quantizes its own tokens with its first local expert's scale -> affected iff
+  some rank's slice (vLLM's ``determine_expert_map``, layer.py:786-846) is not uniform.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+from collections import defaultdict
+from pathlib import Path
+from typing import Iterator, Optional
+
+from safetensors import safe_open
+
+from .tensor_index import CheckpointError, checkpoint_dir, read_json, tensor_files
+
+LAYOUTS = ("single", "pp", "tp", "tp_ep", "dp_ep_allgather", "dp_ep_all2allv", "dp")
+PLACEMENTS = ("linear", "round_robin")
+FORMATS = ("modelopt", "compressed-tensors")
+INPUT_SCALE = {"modelopt": "input_scale", "compressed-tensors": "input_global_scale"}
+# Checkpoint projection names -> FusedMoE shard; Mixtral-style checkpoints use w1/w3/w2.
+PROJECTION_STYLES = ({"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"},
+                     {"w1": "w1", "w3": "w3", "w2": "w2"})
+_EXPERT_TENSOR = re.compile(r"^(?P<layer>.+\.experts)\.(?P<e>\d+)\."
+                            r"(?P<proj>gate_proj|up_proj|down_proj|w1|w2|w3)\.")
+# config.json keys holding the routed-expert count (DeepSeek, Qwen3-MoE, Mixtral).
+NUM_EXPERTS_KEYS = ("n_routed_experts", "num_experts", "num_local_experts")
+
+
+class CheckpointAuditError(CheckpointError):
+    """The checkpoint cannot be audited; the message names the file, tensor or layer and the
+    fix."""
+
+
+@contextlib.contextmanager
+def _audit_errors() -> Iterator[None]:
+    try:
+        yield
+    except CheckpointAuditError:
+        raise
+    except CheckpointError as exc:
+        raise CheckpointAuditError(str(exc)) from None
+
+
+# --- which format --------------------------------------------------------------------------
+
+def _is_nvfp4_args(args) -> bool:
+    return (isinstance(args, dict) and args.get("num_bits") == 4 and args.get("type") == "float"
+            and args.get("strategy") == "tensor_group" and args.get("group_size") == 16)
+
+
+def _compressed_tensors_format(qc: dict, where: str) -> str:
+    """compressed-tensors: W4A4 NVFP4 needs both weights and input activations in NVFP4
+    (vllm/.../compressed_tensors/compressed_tensors.py:270-289)."""
+    groups = qc.get("config_groups") or {}
+    w4 = [g for g, s in groups.items() if isinstance(s, dict) and _is_nvfp4_args(s.get("weights"))]
+    if not w4:
+        raise CheckpointAuditError(
+            f"{where}: compressed-tensors checkpoint without an NVFP4 config group (weights "
+            "num_bits=4, type=float, strategy=tensor_group, group_size=16); this audit only "
+            "applies to NVFP4 checkpoints")
+    if not any(_is_nvfp4_args(groups[g].get("input_activations")) for g in w4):
+        raise CheckpointAuditError(
+            f"{where}: NVFP4 weights but no NVFP4 input_activations (NVFP4A16, weight-only): the "
+            "checkpoint has no activation scales, so the GEMM1 activation-scale bug cannot apply")
+    return "compressed-tensors"
+
+
+def detect_format(root: Path, config: dict) -> tuple[str, str, list[str]]:
+    """``(format, where the quant config came from, warnings)`` in vLLM 0.11.0's order:
+    config.json ``quantization_config`` wins over ``hf_quant_config.json``
+    (transformers_utils/config.py:599-611; method detection config/model.py:857-876)."""
+    warnings: list[str] = []
+    qc = config.get("quantization_config")
+    if qc is not None:
+        where = f"{root / 'config.json'} quantization_config"
+        if not isinstance(qc, dict):
+            raise CheckpointAuditError(f"{where} must be a JSON object")
+        method = str(qc.get("quant_method", "")).lower()
+        if method == "compressed-tensors":
+            return _compressed_tensors_format(qc, where), where, warnings
+        if method == "modelopt":
+            algo = str(qc.get("quant_algo", ""))
+            if "FP4" not in algo.upper():
+                raise CheckpointAuditError(f"{where}: ModelOpt quant_algo {algo!r} is not NVFP4")
+            if "ignore" in qc and "exclude_modules" not in qc:
+                warnings.append(
+                    f"{where} uses ModelOpt >= 0.31's 'ignore' key, which vLLM 0.11.0 does not "
+                    "read (it sees exclude_modules=[] and quantizes attention/lm_head too); "
+                    "use hf_quant_config.json or add 'exclude_modules'")
+            return "modelopt", where, warnings
+        raise CheckpointAuditError(
+            f"{where}: quant_method {qc.get('quant_method')!r} is not an NVFP4 format this audit "
+            f"knows ({FORMATS[0]!r} or {FORMATS[1]!r})")
+    hf = root / "hf_quant_config.json"
+    if not hf.exists():
+        raise CheckpointAuditError(
+            f"{root}: not a quantized checkpoint (config.json has no quantization_config and "
+            "there is no hf_quant_config.json)")
+    hq = read_json(hf, what="ModelOpt hf_quant_config.json")
+    producer = (hq.get("producer") or {}).get("name") if isinstance(hq.get("producer"), dict) \
+        else None
+    algo = (hq.get("quantization") or {}).get("quant_algo") \
+        if isinstance(hq.get("quantization"), dict) else None
+    if producer != "modelopt":
+        raise CheckpointAuditError(
+            f"{hf}: producer.name is {producer!r}, not 'modelopt'; vLLM 0.11.0 then treats the "
+            "checkpoint as unquantized (config/model.py:857-876); add "
+            "\"producer\": {\"name\": \"modelopt\", ...}")
+    if algo != "NVFP4":
+        raise CheckpointAuditError(f"{hf}: quantization.quant_algo is {algo!r}, not 'NVFP4'")
+    return "modelopt", str(hf), warnings
+
+
+# --- which tensors --------------------------------------------------------------------------
+
+def _natural_key(s: str):
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
+
+
+def _moe_layers(names) -> dict[str, dict]:
+    """``{layer prefix: {"experts": set, "style": projection names}}`` from tensor names."""
+    layers: dict[str, dict] = defaultdict(lambda: {"experts": set(), "projs": set()})
+    for name in names:
+        m = _EXPERT_TENSOR.match(name)
+        if m:
+            layers[m["layer"]]["experts"].add(int(m["e"]))
+            layers[m["layer"]]["projs"].add(m["proj"])
+    return dict(layers)
+
+
+def _num_experts(config: dict, layer: str, seen: set[int]) -> int:
+    for key in NUM_EXPERTS_KEYS:
+        n = config.get(key)
+        if isinstance(n, int) and n > 0:
+            if max(seen) >= n:
+                raise CheckpointAuditError(
+                    f"{layer}: tensors of expert {max(seen)} but config.json {key}={n}; fix "
+                    f"{key} or remove the extra experts")
+            return n
+    return max(seen) + 1
+
+
+def _style(layer: str, projs: set[str]) -> dict[str, str]:
+    for style in PROJECTION_STYLES:
+        if projs & set(style.values()):
+            return style
+    raise CheckpointAuditError(f"{layer}: unrecognised expert projection names {sorted(projs)}")
+
+
+def _read_scalars(names: dict[str, Path]) -> dict[str, float]:
+    """``get_tensor`` on exactly these names, one lazy ``safe_open`` per shard."""
+    by_file: dict[Path, list[str]] = defaultdict(list)
+    for name, f in names.items():
+        by_file[f].append(name)
+    values: dict[str, float] = {}
+    for f, wanted in sorted(by_file.items()):
+        if not f.exists():
+            raise CheckpointAuditError(
+                f"{f}: shard file missing; the index maps {len(wanted)} scale tensor(s) to it, "
+                f"e.g. {wanted[0]}; copy the shard or regenerate the index")
+        with safe_open(str(f), framework="np") as handle:
+            for name in wanted:
+                try:
+                    t = handle.get_tensor(name)
+                    flat = t.reshape(-1)
+                except TypeError:  # e.g. bf16 has no numpy dtype: read this one via torch
+                    with safe_open(str(f), framework="pt") as th:
+                        flat = th.get_tensor(name).float().reshape(-1).numpy()
+                except Exception as exc:  # safetensors raises SafetensorError for absent names
+                    raise CheckpointAuditError(
+                        f"{f}: cannot read scale tensor {name} ({exc}); the index lists it in "
+                        "this shard") from None
+                if flat.size != 1:
+                    raise CheckpointAuditError(
+                        f"{f}: scale tensor {name} has {flat.size} elements; NVFP4 per-tensor "
+                        "scales are scalars (shape [] or [1])")
+                values[name] = float(flat[0])
+    return values
+
+
+def _check_value(name: str, f: Path, value: float) -> None:
+    if math.isfinite(value) and value > 0:
+        return
+    kind = ("NaN" if value != value else "inf" if math.isinf(value) else
+            "zero" if value == 0 else "negative")
+    raise CheckpointAuditError(
+        f"{f}: scale tensor {name} is {kind} ({value!r}); NVFP4 scales must be finite and > 0 -- "
+        "re-calibrate or repair this expert's scale in the checkpoint")
+
+
+# --- the verdict ----------------------------------------------------------------------------
+
+def ep_slices(num_experts: int, ep_size: int, placement: str = "linear") -> list[list[int]]:
+    """Global expert ids per EP rank, as vLLM 0.11.0's ``determine_expert_map`` assigns them
+    (layer.py:818-841): ``linear`` gives the first ``E % ep`` ranks one extra expert."""
+    if placement not in PLACEMENTS:
+        raise ValueError(f"expert placement {placement!r} must be one of {PLACEMENTS}")
+    if ep_size < 1:
+        raise ValueError(f"ep_size={ep_size} must be >= 1")
+    if placement == "round_robin":
+        return [list(range(r, num_experts, ep_size)) for r in range(ep_size)]
+    base, rem = divmod(num_experts, ep_size)
+    out = []
+    for r in range(ep_size):
+        start = r * base + min(r, rem)
+        out.append(list(range(start, start + base + (1 if r < rem else 0))))
+    return out
+
+
+def _affected(stored: list[float], ep_size: int, placement: str) -> dict[str, bool]:
+    uneven = any(v != stored[0] for v in stored)
+    tp_ep = any(any(stored[e] != stored[s[0]] for e in s)
+                for s in ep_slices(len(stored), ep_size, placement) if s)
+    return {layout: (tp_ep if layout == "tp_ep" else uneven) for layout in LAYOUTS}
+
+
+def _layer_report(fmt: str, layer: str, gate: list[float], up: list[float], down: list[float],
+                  ep_size: int, placement: str) -> dict:
+    # vLLM keeps one GEMM1 scale per expert: .max() over gate/up of the *stored* quantity
+    # (modelopt.py:1307-1308, compressed_tensors_moe.py:300-301).
+    w13 = [max(g, u) for g, u in zip(gate, up)]
+    ct = fmt == "compressed-tensors"
+
+    def amax_like(v):  # ModelOpt sense: what the kernel dequantizes GEMM1 input with
+        return [1.0 / x for x in v] if ct else list(v)
+
+    def factor(v, e):  # in_scale[e] / in_scale[0], from the stored values without a reciprocal
+        return v[0] / v[e] if ct else v[e] / v[0]
+
+    factors = [factor(w13, e) for e in range(len(w13))]
+    return {
+        "layer": layer,
+        "num_experts": len(w13),
+        "stored_name": INPUT_SCALE[fmt],
+        "w13_stored": w13,
+        "w2_stored": list(down),
+        "w13_input_scale": amax_like(w13),
+        "w2_input_scale": amax_like(down),
+        # max/min is invariant under the reciprocal, so take it from the stored values (exact).
+        "w13_spread": max(w13) / min(w13),
+        "w2_spread": max(down) / min(down),
+        "reference_expert": 0,
+        "error_factor_max": max(factors),
+        "error_factor_min": min(factors),
+        "gate_up_mismatch": [e for e, (g, u) in enumerate(zip(gate, up)) if g != u],
+        "affected": _affected(w13, ep_size, placement),
+    }
+
+
+def _summary(layers: list[dict]) -> str:
+    bad = [entry for entry in layers if any(entry["affected"].values())]
+    if not bad:
+        return (f"not affected: all {len(layers)} MoE layer(s) have equal per-expert GEMM1 input "
+                "scales, so stock vLLM 0.11.0 computes them correctly in every layout")
+    worst = max(bad, key=lambda entry: entry["w13_spread"])
+    return (f"AFFECTED: {len(bad)} of {len(layers)} MoE layer(s) have unequal per-expert GEMM1 "
+            f"input scales (worst {worst['layer']}: spread {worst['w13_spread']:.4g}x, expert "
+            f"outputs off by {worst['error_factor_min']:.4g}x..{worst['error_factor_max']:.4g}x "
+            "vs expert 0); stock vLLM 0.11.0's FlashInfer CUTLASS NVFP4 MoE computes them "
+            "wrongly")
+
+
+def audit_checkpoint(path, *, ep_size: int = 2, expert_placement: str = "linear") -> dict:
+    """Audit the per-expert activation scales of every NVFP4 MoE layer under ``path``.
+
+    ``ep_size``/``expert_placement`` describe the TP+EP layout judged in ``affected["tp_ep"]``
+    (default: 2 ranks, vLLM's default linear placement). Raises :class:`CheckpointAuditError`.
+    """
+    with _audit_errors():
+        root = checkpoint_dir(path)
+        config = read_json(root / "config.json", what="config.json")
+        fmt, source, warnings = detect_format(root, config)
+        files = tensor_files(root)
+        layers = _moe_layers(files)
+        if not layers:
+            raise CheckpointAuditError(
+                f"{root}: no routed-expert tensors (names like "
+                "model.layers.N.mlp.experts.E.gate_proj.*); nothing to audit")
+        wanted: dict[str, Path] = {}
+        plan = []
+        for layer in sorted(layers, key=_natural_key):
+            info = layers[layer]
+            style = _style(layer, info["projs"])
+            n = _num_experts(config, layer, info["experts"])
+            names = {shard: [f"{layer}.{e}.{style[shard]}.{INPUT_SCALE[fmt]}" for e in range(n)]
+                     for shard in ("w1", "w3", "w2")}
+            for shard_names in names.values():
+                for e, name in enumerate(shard_names):
+                    if name not in files:
+                        raise CheckpointAuditError(
+                            f"{layer}: expert {e} has no activation scale tensor {name} in "
+                            f"{root}; every expert needs one ({INPUT_SCALE[fmt]} of "
+                            f"{'/'.join(style.values())}) -- re-export with calibrated input "
+                            "scales for all experts")
+                    wanted[name] = files[name]
+            plan.append((layer, names))
+        values = _read_scalars(wanted)
+        for name, value in values.items():
+            _check_value(name, wanted[name], value)
+    reports = [_layer_report(fmt, layer, *[[values[n] for n in names[shard]]
+                                           for shard in ("w1", "w3", "w2")],
+                             ep_size, expert_placement)
+               for layer, names in plan]
+    for entry in reports:
+        if entry["gate_up_mismatch"]:
+            warnings.append(
+                f"{entry['layer']}: gate and up input scales differ for expert(s) "
+                f"{entry['gate_up_mismatch'][:8]}; vLLM keeps one per expert (ModelOpt: the last "
+                "loaded, compressed-tensors: the max global scale)")
+    by_layout = {lay: sum(entry["affected"][lay] for entry in reports) for lay in LAYOUTS}
+    return {
+        "path": str(root),
+        "format": fmt,
+        "quant_config_source": source,
+        "ep_size": ep_size,
+        "expert_placement": expert_placement,
+        "num_scale_tensors_read": len(values),
+        "layers": reports,
+        "affected_layers": sum(any(entry["affected"].values()) for entry in reports),
+        "affected_layers_by_layout": by_layout,
+        "warnings": warnings,
+        "summary": _summary(reports),
+    }
+
+
+def format_audit(report: dict, *, max_layers: Optional[int] = None) -> str:
+    """A human-readable table of :func:`audit_checkpoint`'s report."""
+    head = ["NVFP4 MoE activation-scale audit (stock vLLM 0.11.0 semantics)",
+            f"  checkpoint : {report['path']}",
+            f"  format     : {report['format']} (from {report['quant_config_source']})",
+            f"  tp_ep      : ep_size={report['ep_size']}, {report['expert_placement']} placement",
+            ""]
+    cols = "  ".join(f"{lay:>{max(5, len(lay))}}" for lay in LAYOUTS)
+    width = max([len(entry["layer"]) for entry in report["layers"]] + [5])
+    lines = [f"{'layer':<{width}}  {'E':>4}  {'w13 spread':>10}  {'w2 spread':>9}  "
+             f"{'error vs expert 0':>17}  {cols}"]
+    shown = report["layers"] if max_layers is None else report["layers"][:max_layers]
+    for entry in shown:
+        err = f"{entry['error_factor_min']:.3g}..{entry['error_factor_max']:.3g}x"
+        flags = "  ".join(f"{('yes' if entry['affected'][lay] else 'no'):>{max(5, len(lay))}}"
+                          for lay in LAYOUTS)
+        lines.append(f"{entry['layer']:<{width}}  {entry['num_experts']:>4}  "
+                     f"{entry['w13_spread']:>9.4g}x  {entry['w2_spread']:>8.4g}x  {err:>17}  "
+                     f"{flags}")
+    if len(shown) < len(report["layers"]):
+        lines.append(f"... {len(report['layers']) - len(shown)} more layer(s)")
+    tail = ["", f"affected layers: {report['affected_layers']} of {len(report['layers'])}",
+            report["summary"]]
+    tail += [f"warning: {w}" for w in report["warnings"]]
+    return "\n".join(head + lines + tail)

@@ -25,7 +25,28 @@ def test_eval_script_rejects_unknown_layout():
 def test_readme_opens_with_demo_and_test_commands():
     text = (ROOT / "README.md").read_text()
     head = text[: text.index("## ")] if "## " in text else text
-    assert "./scripts/bootstrap.sh && .venv/bin/vllm-fp4-moe matrix" in head
+    assert "./scripts/bootstrap.sh && .venv/bin/vllm-fp4-moe demo" in head
     assert "./scripts/bootstrap.sh --with-engine && .venv/bin/python -m pytest" in head
     ci = (ROOT / ".ci" / "run").read_text()
     assert "./scripts/bootstrap.sh --with-engine" in ci and ".venv/bin/python -m pytest" in ci
+
+
+@pytest.mark.parametrize("layout,expect", [("tp4_ep", "--tensor-parallel-size 4"),
+                                           ("dp4_ep", "--data-parallel-size 4"),
+                                           ("pp2", "--pipeline-parallel-size 2")])
+def test_serve_script_dry_run(layout, expect):
+    r = subprocess.run(["bash", str(ROOT / "examples" / "serve_deepseek_r1_fp4.sh")],
+                       capture_output=True, text=True,
+                       env={"LAYOUT": layout, "DRY_RUN": "1", "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
+    assert expect in r.stdout and "VLLM_FP4_MOE_PLUGIN=1" in r.stdout
+
+
+def test_offline_example_dry_run():
+    import sys
+
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "offline_generate.py"),
+                        "--dry-run", "--ep"], capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
+    assert "'enable_expert_parallel': True" in r.stdout and "'VLLM_FP4_MOE_PLUGIN': '1'" in r.stdout

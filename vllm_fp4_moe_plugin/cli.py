@@ -72,6 +72,12 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     return 1 if report["affected_layers"] else 0
 
 
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from vllm_fp4_moe_plugin.demo import run_demo
+
+    return run_demo(args.out, engine=not args.no_engine)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vllm-fp4-moe", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -109,6 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="EP size used to judge the TP+EP layout (default 2)")
     a.add_argument("--expert-placement", default="linear", choices=("linear", "round_robin"))
     a.set_defaults(func=_cmd_audit)
+
+    d = sub.add_parser("demo", help="tiny checkpoint -> audit -> stock vs plugin (CPU)")
+    d.add_argument("--out", default="demo-output", help="where the checkpoint is written")
+    d.add_argument("--no-engine", action="store_true",
+                   help="show real vLLM layers (the matrix) even if .venv-engine exists")
+    d.set_defaults(func=_cmd_demo)
     return parser
 
 

@@ -1,0 +1,65 @@
+"""The console script's subcommands, as a user calls them (exit codes, --json keys)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.cpu
+
+ROW_KEYS = {"format", "layout", "backend", "stock_rel_err", "plugin_rel_err", "bound",
+            "noise_floor", "plugin_fp32_err", "ok"}
+
+
+def cli(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "vllm_fp4_moe_plugin.cli", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def spread_checkpoint(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ck") / "spread"
+    r = cli("make-checkpoint", str(out), "--format", "compressed-tensors", "--json")
+    assert r.returncode == 0, r.stderr
+    return out, json.loads(r.stdout)
+
+
+def test_audit_flags_a_spread_checkpoint(spread_checkpoint):
+    path, manifest = spread_checkpoint
+    r = cli("audit", str(path), "--json")
+    assert r.returncode == 1, r.stderr  # 1 = affected
+    report = json.loads(r.stdout)
+    assert report["format"] == "compressed-tensors"
+    assert report["affected_layers"] == len(manifest["layers"]) > 0
+    for layer in report["layers"]:
+        assert layer["w13_spread"] == pytest.approx(4.0)
+        assert all(layer["affected"].values())
+
+
+def test_audit_passes_a_uniform_checkpoint(tmp_path):
+    out = tmp_path / "uniform"
+    assert cli("make-checkpoint", str(out), "--spread", "1").returncode == 0
+    r = cli("audit", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "affected layers: 0" in r.stdout
+
+
+def test_audit_error_is_clear(tmp_path):
+    r = cli("audit", str(tmp_path / "missing"))
+    assert r.returncode == 2 and "missing" in r.stderr
+
+
+def test_matrix_json_rows():
+    r = cli("matrix", "--json", "--layout", "single", "--format", "modelopt")
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = json.loads(r.stdout)
+    assert len(rows) == 1 and ROW_KEYS <= rows[0].keys() and rows[0]["ok"]
+    assert rows[0]["stock_rel_err"] > 10 * rows[0]["plugin_rel_err"]
+
+
+def test_demo_without_engine(tmp_path):
+    r = cli("demo", "--out", str(tmp_path), "--no-engine", timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    for text in ("== 1.", "== 2.", "AFFECTED", "== 3.", "RESULT: the plugin reproduces"):
+        assert text in r.stdout

@@ -1,0 +1,83 @@
+"""``vllm-fp4-moe demo``: the whole story on a built-in tiny checkpoint, in a few minutes.
+
+1. write a tiny NVFP4 Qwen3-MoE checkpoint whose experts have different input scales;
+2. audit it (scale tensors only): would stock vLLM 0.11.0 compute it wrongly?
+3. show stock vs plugin on it: in a real vLLM 0.11.0 CPU engine when ``.venv-engine`` exists
+   (``./scripts/bootstrap.sh --with-engine``), otherwise on real vLLM layers (the matrix).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+ENGINE_LAYOUTS = ("single", "tp_ep", "dp_ep_allgather")
+
+
+def _engine_section(checkpoint: Path, say: Callable[[str], None]) -> bool:
+    from vllm_fp4_moe_plugin.simulation.engine import ACTIVE_LINE, max_logprob_gap, run_engine
+
+    runs = {}
+    for name, plugin, kernel in (("reference", "1", "reference"), ("plugin", "1", "emulator"),
+                                 ("stock", "0", "emulator")):
+        say(f"  running vllm.LLM ({name}) ...")
+        runs[name], log = run_engine(checkpoint, plugin=plugin, kernel=kernel)
+        if name == "plugin":
+            say(f"    vLLM loaded the plugin itself: {log.count(ACTIVE_LINE)} process(es) logged "
+                f"'{ACTIVE_LINE}'")
+    say("")
+    say("  greedy tokens (2 prompts, 6 new tokens each):")
+    ok = True
+    for i, ref in enumerate(runs["reference"]):
+        plugin, stock = runs["plugin"][i], runs["stock"][i]
+        say(f"    prompt {i}: reference {ref['tokens']}")
+        say(f"              plugin    {plugin['tokens']}  "
+            f"(max logprob gap {max_logprob_gap(plugin, ref):.3g})")
+        say(f"              stock     {stock['tokens']}  "
+            f"(max logprob gap {max_logprob_gap(stock, ref):.3g})")
+        ok &= plugin["tokens"] == ref["tokens"]
+    say("  reference = same engine, every MoE layer computing the ideal NVFP4 answer with a plain "
+        "loop over experts.")
+    return ok
+
+
+def _matrix_section(say: Callable[[str], None]) -> bool:
+    from vllm_fp4_moe_plugin.simulation.layouts import Scenario
+    from vllm_fp4_moe_plugin.simulation.matrix import format_table, run_matrix
+
+    say("  (.venv-engine not built: showing real vLLM 0.11.0 MoE layers instead of a whole "
+        "engine; `./scripts/bootstrap.sh --with-engine` enables the engine demo)")
+    rows = run_matrix(ENGINE_LAYOUTS, Scenario())
+    say(format_table(rows))
+    say("  errors: ||out - ideal|| / ||ideal||; 'noise floor' = what NVFP4 itself costs.")
+    return all(r.ok for r in rows)
+
+
+def run_demo(out_dir: Path, say: Callable[[str], None] = print, *, engine: bool = True) -> int:
+    from vllm_fp4_moe_plugin.checkpoint.audit import audit_checkpoint, format_audit
+    from vllm_fp4_moe_plugin.checkpoint.writer import write_checkpoint
+    from vllm_fp4_moe_plugin.simulation.engine import engine_python
+
+    checkpoint = Path(out_dir) / "qwen3_moe-modelopt-nvfp4"
+    say("== 1. A tiny NVFP4 MoE checkpoint (ModelOpt format, Qwen3-MoE shape)")
+    manifest = write_checkpoint(checkpoint, fmt="modelopt", arch="qwen3_moe", seed=0,
+                                input_scale_spread=4.0, overwrite=True,
+                                moe_intermediate_size=512)
+    size = sum(manifest["files_bytes"].values()) / 1e6
+    say(f"  {checkpoint} ({size:.1f} MB): {len(manifest['layers'])} MoE layers, experts' input "
+        "scales differ by up to 4x, as in calibrated checkpoints such as "
+        "DeepSeek-R1-0528-FP4-v2.")
+    say("")
+    say("== 2. Audit: what would stock vLLM 0.11.0 do with it? (reads scale tensors only)")
+    say(format_audit(audit_checkpoint(checkpoint)))
+    say("")
+    say("== 3. Stock vLLM 0.11.0 vs vLLM 0.11.0 + this plugin, same checkpoint, same inputs")
+    say("  SM100 (Blackwell) is simulated: FlashInfer 0.3.1's NVFP4 MoE kernel is replaced by "
+        "this project's emulator of its contract. A Blackwell owner confirms with "
+        "examples/eval_gsm8k.sh.")
+    use_engine = engine and engine_python() is not None
+    ok = _engine_section(checkpoint, say) if use_engine else _matrix_section(say)
+    say("")
+    say("RESULT: " + ("the plugin reproduces the correct NVFP4 answer; stock does not."
+                      if ok else "UNEXPECTED: the plugin did not match the reference."))
+    return 0 if ok else 1

@@ -1,0 +1,54 @@
+"""Drive the engine runner (:mod:`.engine_run`) in ``.venv-engine`` and compare its outputs.
+
+The runner must execute under the CPU build of vLLM 0.11.0, a different virtualenv from the
+one this package runs in, so it is started as a subprocess with a clean ``VLLM_*`` environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Optional
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+RUNNER = Path(__file__).with_name("engine_run.py")
+ACTIVE_LINE = "vllm-fp4-moe-plugin active"
+DEFAULT_PROMPTS = [[1, 5, 9, 33, 100, 7, 250, 3], [2, 40, 41, 42, 300, 17]]
+
+
+def engine_python() -> Optional[Path]:
+    """``.venv-engine/bin/python`` of this checkout (``scripts/bootstrap-engine.sh``), if built."""
+    candidate = REPO_ROOT / ".venv-engine" / "bin" / "python"
+    return candidate if candidate.exists() else None
+
+
+def run_engine(checkpoint, *, plugin: str, kernel: str = "emulator", tp: int = 1,
+               prompts=DEFAULT_PROMPTS, max_tokens: int = 6, timeout_s: int = 900):
+    """(per-prompt results, combined log) of one ``vllm.LLM`` run; raises with the log tail."""
+    python = engine_python()
+    if python is None:
+        raise FileNotFoundError(
+            f"{REPO_ROOT / '.venv-engine'} is missing: run ./scripts/bootstrap.sh --with-engine")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    cmd = [str(python), str(RUNNER), "--checkpoint", str(checkpoint), "--plugin", plugin,
+           "--kernel", kernel, "--tp", str(tp), "--prompts", json.dumps(prompts),
+           "--max-tokens", str(max_tokens)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s,
+                          cwd=str(REPO_ROOT))
+    log = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        raise RuntimeError(f"engine run failed ({' '.join(cmd[2:])}):\n{log[-4000:]}")
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):]), log
+
+
+def max_logprob_gap(a: dict, b: dict) -> float:
+    """Largest |logprob| difference over the tokens both runs list, step by step."""
+    gap = 0.0
+    for sa, sb in zip(a["logprobs"], b["logprobs"]):
+        common = set(sa) & set(sb)
+        gap = max([gap] + [abs(sa[t] - sb[t]) for t in common])
+    return gap

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Optional, Sequence
 
@@ -78,6 +79,15 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args.out, engine=not args.no_engine)
 
 
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from vllm_fp4_moe_plugin.doctor import Layout, format_doctor, run_doctor
+
+    report = run_doctor(args.checkpoint, Layout(tp=args.tp, dp=args.dp, pp=args.pp, ep=args.ep),
+                        capability=args.capability)
+    print(json.dumps(report, indent=2, default=str) if args.json else format_doctor(report))
+    return report["verdict"]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vllm-fp4-moe", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -116,6 +126,18 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--expert-placement", default="linear", choices=("linear", "round_robin"))
     a.set_defaults(func=_cmd_audit)
 
+    o = sub.add_parser("doctor", help="versions, GPU, settings, probes and per-layer consistency; "
+                       "exit 0 fine, 1 at risk, 2 cannot tell")
+    o.add_argument("--checkpoint", help="checkpoint directory to judge per MoE layer")
+    o.add_argument("--tp", type=int, default=1)
+    o.add_argument("--dp", type=int, default=1)
+    o.add_argument("--pp", type=int, default=1)
+    o.add_argument("--ep", action="store_true", help="--enable-expert-parallel")
+    o.add_argument("--capability", help="target GPU compute capability (e.g. 10.0) when this "
+                   "machine has none")
+    o.add_argument("--json", action="store_true")
+    o.set_defaults(func=_cmd_doctor)
+
     d = sub.add_parser("demo", help="tiny checkpoint -> audit -> stock vs plugin (CPU)")
     d.add_argument("--out", default="demo-output", help="where the checkpoint is written")
     d.add_argument("--no-engine", action="store_true",
@@ -125,6 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    # vLLM logs to stdout once configured; keep stdout for our output (and --json) alone.
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
     args = build_parser().parse_args(argv)
     return args.func(args)
 

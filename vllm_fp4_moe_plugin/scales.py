@@ -44,7 +44,8 @@ def check_positive_finite(tensor: torch.Tensor, *, layer: str, name: str) -> Non
     if not bool(bad.any()):
         return
     flat = bad.reshape(-1).nonzero()[0].item() if t.dim() else 0
-    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), t.shape)) if t.dim() else ()
+    index = (tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), t.shape))
+             if t.dim() else ())
     value = float(t.reshape(-1)[flat])
     kind = "NaN" if value != value else ("inf" if abs(value) == float("inf") else
                                           ("zero" if value == 0 else "negative"))

@@ -57,9 +57,23 @@ def checkpoints(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def tp1_reference(checkpoints):
+    """The reference engine at TP=1, per format (PP splits layers, not tensors, so PP=2 must
+    reproduce it too)."""
+    cache = {}
+
+    def get(fmt):
+        if fmt not in cache:
+            cache[fmt] = run_engine(checkpoints[fmt], plugin="1", kernel="reference")[0]
+        return cache[fmt]
+
+    return get
+
+
 @pytest.mark.parametrize("fmt", ["modelopt", "compressed-tensors"])
-def test_tp1_plugin_matches_reference_and_stock_diverges(checkpoints, fmt):
-    ref, ref_log = run_engine(checkpoints[fmt], plugin="1", kernel="reference")
+def test_tp1_plugin_matches_reference_and_stock_diverges(checkpoints, tp1_reference, fmt):
+    ref = tp1_reference(fmt)
     plugin, plugin_log = run_engine(checkpoints[fmt], plugin="1")
     stock, stock_log = run_engine(checkpoints[fmt], plugin="0")
     assert plugin_log.count(ACTIVE_LINE) >= 1 and ACTIVE_LINE not in stock_log
@@ -74,4 +88,14 @@ def test_tp2_multiprocessing_executor(checkpoints):
     # LLM process + engine core + 2 workers (spawned), each logs its own line.
     assert plugin_log.count(ACTIVE_LINE) >= 3, plugin_log.count(ACTIVE_LINE)
     assert "Worker_TP1" in plugin_log and ACTIVE_LINE not in stock_log
+    assert_plugin_matches_and_stock_diverges(ref, plugin, stock)
+
+
+def test_pp2_multiprocessing_executor(checkpoints, tp1_reference):
+    """PP=2 (TP=1): the direct-call path on each stage, two worker processes."""
+    ref = tp1_reference("compressed-tensors")
+    plugin, plugin_log = run_engine(checkpoints["compressed-tensors"], plugin="1", pp=2)
+    stock, stock_log = run_engine(checkpoints["compressed-tensors"], plugin="0", pp=2)
+    assert plugin_log.count(ACTIVE_LINE) >= 3 and "Worker_PP1" in plugin_log
+    assert ACTIVE_LINE not in stock_log
     assert_plugin_matches_and_stock_diverges(ref, plugin, stock)

@@ -1,4 +1,5 @@
-"""config.json and quantization dicts of the tiny NVFP4 MoE checkpoints (nvfp4-formats.md §1-2, §5).
+"""config.json and quantization dicts of the tiny NVFP4 MoE checkpoints
+(nvfp4-formats.md §1-2, §5).
 
 Only the routed experts are NVFP4. Everything else stays bf16 through exclude/ignore lists, for
 two reasons: the bug under study lives in the MoE layers only, and vLLM 0.11.0 cannot even

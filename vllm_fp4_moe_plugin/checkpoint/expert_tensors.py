@@ -30,7 +30,7 @@ def _check_format(fmt: str) -> None:
 
 
 def expert_tensors(experts: QuantizedExperts, fmt: str, prefix: str) -> dict[str, torch.Tensor]:
-    """``{checkpoint_name: tensor}`` for every expert of one layer, e.g. ``prefix.3.up_proj.weight``."""
+    """``{checkpoint_name: tensor}`` for every expert of one layer (``prefix.3.up_proj.weight``)."""
     _check_format(fmt)
     ct = fmt == "compressed-tensors"
     out: dict[str, torch.Tensor] = {}

@@ -24,7 +24,7 @@ def engine_python() -> Optional[Path]:
     return candidate if candidate.exists() else None
 
 
-def run_engine(checkpoint, *, plugin: str, kernel: str = "emulator", tp: int = 1,
+def run_engine(checkpoint, *, plugin: str, kernel: str = "emulator", tp: int = 1, pp: int = 1,
                prompts=DEFAULT_PROMPTS, max_tokens: int = 6, timeout_s: int = 900):
     """(per-prompt results, combined log) of one ``vllm.LLM`` run; raises with the log tail."""
     python = engine_python()
@@ -34,8 +34,8 @@ def run_engine(checkpoint, *, plugin: str, kernel: str = "emulator", tp: int = 1
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
     env["PYTHONPATH"] = str(REPO_ROOT)
     cmd = [str(python), str(RUNNER), "--checkpoint", str(checkpoint), "--plugin", plugin,
-           "--kernel", kernel, "--tp", str(tp), "--prompts", json.dumps(prompts),
-           "--max-tokens", str(max_tokens)]
+           "--kernel", kernel, "--tp", str(tp), "--pp", str(pp),
+           "--prompts", json.dumps(prompts), "--max-tokens", str(max_tokens)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s,
                           cwd=str(REPO_ROOT))
     log = proc.stdout + proc.stderr

@@ -1,0 +1,112 @@
+"""doctor: every section, and the verdict in the situations an operator meets."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from vllm_fp4_moe_plugin import doctor
+from vllm_fp4_moe_plugin.checkpoint.writer import write_checkpoint
+
+pytestmark = pytest.mark.cpu
+
+TP4_EP = doctor.Layout(tp=4, ep=True)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    out = {}
+    for name, spread in (("spread", 4.0), ("uniform", 1.0)):
+        path = tmp_path_factory.mktemp(name)
+        write_checkpoint(path, fmt="modelopt", arch="qwen3_moe", input_scale_spread=spread)
+        out[name] = path
+    return out
+
+
+@pytest.fixture
+def blackwell_env(monkeypatch):
+    for k in doctor.VLLM_ENV + doctor.OWN_ENV:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("VLLM_USE_FLASHINFER_MOE_FP4", "1")
+    return monkeypatch
+
+
+def test_sections_on_a_machine_without_gpu(blackwell_env):
+    r = doctor.run_doctor()
+    assert r["versions"]["vllm"] == "0.11.0" and r["versions"]["vllm-fp4-moe-plugin"]
+    assert r["gpu"]["available"] is False and "no CUDA" in r["gpu"]["reason"]
+    assert r["entry_point"]["discoverable"]
+    assert r["probes"]["would_install"] and r["probes"]["findings"]["design_0_11_0"]
+    assert r["layout"]["kernel"] is None and "--capability" in r["layout"]["why"]
+    assert r["verdict"] == doctor.CANNOT_TELL
+    text = doctor.format_doctor(r)
+    for section in ("versions:", "gpu: none", "environment:", "entry point", "probes:",
+                    "verdict: CANNOT TELL"):
+        assert section in text
+
+
+def test_spread_checkpoint_is_at_risk_without_the_plugin(blackwell_env, checkpoints):
+    r = doctor.run_doctor(str(checkpoints["spread"]), TP4_EP, capability="10.0")
+    assert r["layout"]["name"] == "tp_ep" and r["layout"]["kernel"] == "flashinfer_cutlass"
+    assert all(row["stock_consistent"] is False for row in r["layers"])
+    assert r["plugin"]["would_be_active"] is False
+    assert r["verdict"] == doctor.AT_RISK
+
+
+def test_spread_checkpoint_is_fine_with_the_plugin(blackwell_env, checkpoints):
+    blackwell_env.setenv("VLLM_FP4_MOE_PLUGIN", "1")
+    r = doctor.run_doctor(str(checkpoints["spread"]), TP4_EP, capability="10.0")
+    assert r["plugin"]["would_be_active"]
+    assert all(row["plugin_consistent"] for row in r["layers"])
+    assert r["verdict"] == doctor.FINE
+
+
+def test_uniform_checkpoint_is_fine_without_the_plugin(blackwell_env, checkpoints):
+    r = doctor.run_doctor(str(checkpoints["uniform"]), TP4_EP, capability="10.0")
+    assert all(row["stock_consistent"] for row in r["layers"])
+    assert r["verdict"] == doctor.FINE
+
+
+def test_vllm_plugins_filter_is_reported(blackwell_env, checkpoints):
+    blackwell_env.setenv("VLLM_FP4_MOE_PLUGIN", "1")
+    blackwell_env.setenv("VLLM_PLUGINS", "someone_else")
+    r = doctor.run_doctor(str(checkpoints["spread"]), TP4_EP, capability="10.0")
+    assert r["environment"]["vllm_plugins_filters_us_out"]
+    assert not r["plugin"]["would_load"] and r["verdict"] == doctor.AT_RISK
+    assert "VLLM_PLUGINS does not list 'fp4_moe'" in doctor.format_doctor(r)
+
+
+def test_vllm_without_the_0110_internals(blackwell_env, checkpoints):
+    from vllm.model_executor.layers.fused_moe.layer import FusedMoE
+
+    blackwell_env.setattr(FusedMoE, "maybe_init_modular_kernel", lambda self: None, raising=False)
+    blackwell_env.setenv("VLLM_FP4_MOE_PLUGIN", "1")
+    r = doctor.run_doctor(str(checkpoints["spread"]), TP4_EP, capability="10.0")
+    assert not r["probes"]["would_install"] and "0.11.0 design" in r["probes"]["reason"]
+    assert not r["plugin"]["would_be_active"] and r["verdict"] == doctor.AT_RISK
+
+
+def test_bad_switch_value_is_at_risk(blackwell_env):
+    blackwell_env.setenv("VLLM_FP4_MOE_PLUGIN", "yes")
+    r = doctor.run_doctor(probe_vllm=False)
+    assert "VLLM_FP4_MOE_PLUGIN='yes'" in r["environment"]["switch_error"]
+    assert r["verdict"] == doctor.AT_RISK
+
+
+@pytest.mark.parametrize("capability,kernel", [("10.0", "flashinfer_cutlass"),
+                                               ("10.3", "vllm_cutlass"), ("9.0", "marlin"),
+                                               ("7.5", None)])
+def test_kernel_path(blackwell_env, capability, kernel):
+    assert doctor.kernel_path(capability, "modelopt")[0] == kernel
+
+
+def test_cli_json_and_exit_code(checkpoints):
+    env = {"PATH": "/usr/bin:/bin", "VLLM_USE_FLASHINFER_MOE_FP4": "1"}
+    r = subprocess.run([sys.executable, "-m", "vllm_fp4_moe_plugin.cli", "doctor", "--json",
+                        "--checkpoint", str(checkpoints["spread"]), "--tp", "4", "--ep",
+                        "--capability", "10.0"], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == doctor.AT_RISK, r.stderr[-2000:]
+    report = json.loads(r.stdout)
+    assert report["verdict_text"] == "at risk" and report["layers"]

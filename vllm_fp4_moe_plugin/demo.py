@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-ENGINE_LAYOUTS = ("single", "tp_ep", "dp_ep_allgather")
+MATRIX_LAYOUTS = ("single", "tp_ep", "dp_ep_allgather")
 
 
 def _engine_section(checkpoint: Path, say: Callable[[str], None]) -> bool:
@@ -47,7 +47,7 @@ def _matrix_section(say: Callable[[str], None]) -> bool:
 
     say("  (.venv-engine not built: showing real vLLM 0.11.0 MoE layers instead of a whole "
         "engine; `./scripts/bootstrap.sh --with-engine` enables the engine demo)")
-    rows = run_matrix(ENGINE_LAYOUTS, Scenario())
+    rows = run_matrix(MATRIX_LAYOUTS, Scenario())
     say(format_table(rows))
     say("  errors: ||out - ideal|| / ||ideal||; 'noise floor' = what NVFP4 itself costs.")
     return all(r.ok for r in rows)

@@ -43,13 +43,11 @@ def check_positive_finite(tensor: torch.Tensor, *, layer: str, name: str) -> Non
     bad = ~torch.isfinite(t) | (t <= 0)
     if not bool(bad.any()):
         return
-    flat = bad.reshape(-1).nonzero()[0].item() if t.dim() else 0
-    index = (tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), t.shape))
-             if t.dim() else ())
-    value = float(t.reshape(-1)[flat])
+    first = bad.nonzero()[0].tolist() if t.dim() else []
+    value = float(t[tuple(first)])
     kind = "NaN" if value != value else ("inf" if abs(value) == float("inf") else
                                           ("zero" if value == 0 else "negative"))
-    where = f" at expert index {index[0]}" if index else ""
+    where = f" at expert index {first[0]}" if first else ""
     raise InvalidScaleError(
         f"{layer}: checkpoint scale {name!r} is {kind} ({value!r}){where} "
         f"[{int(bad.sum())} of {t.numel()} entries are bad]. NVFP4 global scales must be finite "

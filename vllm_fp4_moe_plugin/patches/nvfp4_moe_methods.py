@@ -170,8 +170,7 @@ class ConsistentNvFp4MoEMixin:
 def _subclass(original: type, fmt: str) -> type:
     cls = type(original.__name__, (ConsistentNvFp4MoEMixin, original),
                {"_fp4_moe_format": fmt, "__doc__": original.__doc__,
-                "__module__": __name__,
-                "fp4_moe_plugin_original": original})
+                "__module__": __name__})
     return cls
 
 

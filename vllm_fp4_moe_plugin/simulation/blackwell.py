@@ -176,9 +176,6 @@ class _Patcher:
             setattr(owner, attr, value)
 
 
-_ACTIVE = 0
-
-
 @contextlib.contextmanager
 def simulated_blackwell(*, backend: str = "throughput",
                         kernel: str = "emulator") -> Iterator[None]:
@@ -196,7 +193,6 @@ def simulated_blackwell(*, backend: str = "throughput",
         moe_kernel = reference_cutlass_fused_moe
     else:
         moe_kernel = nvfp4.cutlass_fused_moe
-    global _ACTIVE
     import flashinfer
     from vllm.distributed.device_communicators.base_device_communicator import (
         DeviceCommunicatorBase)
@@ -228,18 +224,11 @@ def simulated_blackwell(*, backend: str = "throughput",
         p.set(torch.cuda, "current_device", lambda: torch.device("cpu"))
         p.set("vllm.model_executor.layers.fused_moe.fused_moe", "vllm_topk_softmax",
               _cpu_vllm_topk_softmax)
-        _ACTIVE += 1
         yield
     finally:
-        _ACTIVE = max(0, _ACTIVE - 1)
         p.undo()
         for k, v in saved_env.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-
-
-def is_active() -> bool:
-    """True inside :func:`simulated_blackwell` (diagnostics use it to label their output)."""
-    return _ACTIVE > 0

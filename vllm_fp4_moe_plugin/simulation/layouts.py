@@ -15,7 +15,7 @@ import os
 import socket
 import tempfile
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
@@ -248,7 +248,3 @@ def run_layout(layout: Layout, scenario: Scenario, formats=("modelopt", "compres
     """Stock and plugin outputs of every rank of ``layout`` on the scenario's tokens."""
     return spawn(layout, f"{__name__}:stock_and_plugin_outputs", scenario, tuple(formats),
                  tuple(modes))
-
-
-def layout_as_dict(layout: Layout) -> dict[str, Any]:
-    return asdict(layout)

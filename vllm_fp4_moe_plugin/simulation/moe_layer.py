@@ -55,7 +55,6 @@ def make_quant_config(fmt: str):
 class BuiltLayer:
     layer: torch.nn.Module
     prefix: str
-    loaded: int  # checkpoint tensors that reached a parameter
 
 
 def build_layer(experts: QuantizedExperts, fmt: str, *, top_k: int, index: int,
@@ -80,7 +79,6 @@ def build_layer(experts: QuantizedExperts, fmt: str, *, top_k: int, index: int,
     params = dict(layer.named_parameters())
     mapping = FusedMoE.make_expert_params_mapping("gate_proj", "down_proj", "up_proj",
                                                   experts.num_experts)
-    loaded = 0
     tensors = expert_tensors(experts, fmt, f"{mlp}.experts")
     for name, tensor in (overrides or {}).items():
         if name not in tensors:
@@ -92,15 +90,14 @@ def build_layer(experts: QuantizedExperts, fmt: str, *, top_k: int, index: int,
                 continue
             vllm_name = name.replace(weight_name, param_name)
             param = params[vllm_name[len(mlp) + len(".experts."):]]
-            ok = param.weight_loader(param, tensor, vllm_name, shard_id=shard_id,
-                                     expert_id=expert_id, return_success=True)
-            loaded += int(bool(ok))
+            param.weight_loader(param, tensor, vllm_name, shard_id=shard_id,
+                                expert_id=expert_id)
             break
         else:
             raise KeyError(f"checkpoint tensor {name} matched no FusedMoE parameter")
     if process:
         layer.quant_method.process_weights_after_loading(layer)
-    return BuiltLayer(layer=layer, prefix=f"{mlp}.experts", loaded=loaded)
+    return BuiltLayer(layer=layer, prefix=f"{mlp}.experts")
 
 
 def prepare_modular_kernel(layer: torch.nn.Module) -> None:

@@ -35,6 +35,7 @@ def register() -> None:
     if not envs.VLLM_FP4_MOE_PLUGIN:  # raises ValueError on a bad value: fail loudly
         _state, _reason = "inert", "VLLM_FP4_MOE_PLUGIN is not 1"
         return
+    envs.VLLM_FP4_MOE_PLUGIN_CHECK  # validate now, not at the first layer
     from vllm_fp4_moe_plugin import import_hook
 
     _state, _reason = "pending", "waiting for vLLM to import its NVFP4 MoE modules"

@@ -24,7 +24,7 @@ _TARGETS = (
 )
 # Methods our subclasses override; if any is gone the design has changed under us.
 _OVERRIDDEN = ("create_weights", "process_weights_after_loading", "get_fused_moe_quant_config",
-               "maybe_make_prepare_finalize", "select_gemm_impl")
+               "maybe_make_prepare_finalize", "select_gemm_impl", "init_prepare_finalize")
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     VLLM_FP4_MOE_PLUGIN: bool = False
+    VLLM_FP4_MOE_PLUGIN_CHECK: str = "warn"
 
 
 def _choice(name: str, allowed: dict[str, Any], default: str) -> Callable[[], Any]:
@@ -34,6 +35,10 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # Opt-in switch. "1" installs the fixes in every vLLM process; unset or "0" leaves vLLM
     # untouched. Any other value is an error, so a typo never silently serves wrong answers.
     "VLLM_FP4_MOE_PLUGIN": _choice("VLLM_FP4_MOE_PLUGIN", {"0": False, "1": True}, "0"),
+    # Load-time check of each NVFP4 MoE layer (consistency.py): "off" skips it, "warn" logs one
+    # summary line per process, "strict" raises at the first inconsistent layer.
+    "VLLM_FP4_MOE_PLUGIN_CHECK": _choice(
+        "VLLM_FP4_MOE_PLUGIN_CHECK", {"off": "off", "warn": "warn", "strict": "strict"}, "warn"),
 }
 
 

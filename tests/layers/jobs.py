@@ -184,3 +184,45 @@ def placement_guards(ctx) -> dict:
             out[f"eplb/{fmt}/{mode}"] = _error_of(
                 lambda: _build(experts8, fmt, plugin=mode == "plugin", enable_eplb=True))
     return out
+
+
+def check_modes(ctx) -> dict:
+    """The load-time check on a consistent layer, and on a deliberately inconsistent one: the
+    methods patched but the direct call left stock, so prepare pre-quantizes with expert 0's
+    scale while the config says per expert."""
+    import logging
+
+    from vllm_fp4_moe_plugin import consistency
+
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append((record.levelname, record.getMessage()))
+
+    logging.getLogger("vllm.fp4_moe_plugin").addHandler(Keep())
+    experts = random_experts(8, 256, 512, seed=4)
+    out = {}
+    direct_call = patches.LEDGER[2]
+    for setup in ("consistent", "inconsistent"):
+        for mode in ("off", "warn", "strict"):
+            os.environ["VLLM_FP4_MOE_PLUGIN_CHECK"] = mode
+            # Each case stands for a fresh model load: the check's summary counts the MoE
+            # layers vLLM registered for the model being loaded.
+            ctx.vllm_config.compilation_config.static_forward_context.clear()
+            consistency.reset_for_tests()
+            records.clear()
+            patches.apply_all()
+            if setup == "inconsistent":
+                direct_call.revert()
+            try:
+                error = _error_of(lambda: moe_layer.build_layer(
+                    experts, "modelopt", top_k=2, index=next(_index)))
+            finally:
+                patches.revert_all()
+            last = consistency.last_result()
+            out[f"{setup}/{mode}"] = {
+                "error": error, "check": None if last is None else (last.ok, last.reason),
+                "logs": list(records)}
+    os.environ["VLLM_FP4_MOE_PLUGIN_CHECK"] = "warn"
+    return out

@@ -129,3 +129,27 @@ def test_dp_scale_is_agreed_across_ranks(layout):
                   "stock_and_plugin_outputs", scenario, ("compressed-tensors",), ("plugin",))
     used = [r.info["compressed-tensors/plugin"]["a1_gscale"] for r in ranks]
     assert all(u == [float(gs.min())] for u in used), used
+
+
+@pytest.fixture(scope="module")
+def check_modes():
+    return spawn(LAYOUTS["single"], f"{JOBS}:check_modes")[0]
+
+
+def test_check_passes_a_consistent_layer(check_modes):
+    for mode in ("warn", "strict"):
+        r = check_modes[f"consistent/{mode}"]
+        assert r["error"] is None and r["check"][0] is True
+        summary = [m for lvl, m in r["logs"] if "check:" in m]
+        assert summary and "consistent" in summary[0] and all(lvl == "INFO" for lvl, _ in
+                                                              r["logs"] if "check:" in _)
+
+
+def test_check_modes_on_an_inconsistent_layer(check_modes):
+    off, warn, strict = (check_modes[f"inconsistent/{m}"] for m in ("off", "warn", "strict"))
+    assert off["error"] is None and off["check"] is None and not off["logs"]
+    assert warn["error"] is None and warn["check"][0] is False
+    warnings = [m for lvl, m in warn["logs"] if lvl == "WARNING"]
+    assert len(warnings) == 1 and "inconsistent" in warnings[0] and "a1_gscale[0]" in warnings[0]
+    assert strict["error"].startswith("InconsistentMoELayerError")
+    assert "model.layers." in strict["error"] and "off by" in strict["error"]

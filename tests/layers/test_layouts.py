@@ -41,6 +41,7 @@ def test_layout(layout, experts):
         assert r.stock_rel_err >= AFFECTED_FACTOR * r.plugin_rel_err, (where, r)
         assert r.stock_rel_err >= AFFECTED_FACTOR * PLUGIN_BOUND, (where, r)
         assert r.stock_affected and r.ok
+        assert r.plugin_check == [True] * len(r.plugin_check), r.plugin_check
         if LAYOUTS[layout].dispatches_quantized:
             # One 0-dim scale for every expert on every rank, the min over the whole EP group.
             assert r.plugin_a1_gscale_shape == []

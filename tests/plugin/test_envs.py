@@ -24,6 +24,20 @@ def test_switch_rejects_everything_else(monkeypatch, value):
     assert "VLLM_FP4_MOE_PLUGIN" in msg and "'0'" in msg and "'1'" in msg
 
 
+@pytest.mark.parametrize("value", ["off", "warn", "strict", "STRICT"])
+def test_check_mode_values(monkeypatch, value):
+    monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN_CHECK", value)
+    assert envs.VLLM_FP4_MOE_PLUGIN_CHECK == value.lower()
+
+
+def test_check_mode_default_and_error(monkeypatch):
+    monkeypatch.delenv("VLLM_FP4_MOE_PLUGIN_CHECK", raising=False)
+    assert envs.VLLM_FP4_MOE_PLUGIN_CHECK == "warn"
+    monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN_CHECK", "loud")
+    with pytest.raises(ValueError, match="VLLM_FP4_MOE_PLUGIN_CHECK='loud'.*'strict'"):
+        envs.VLLM_FP4_MOE_PLUGIN_CHECK
+
+
 def test_unknown_attribute():
     with pytest.raises(AttributeError):
         envs.NOT_A_VARIABLE

@@ -57,6 +57,13 @@ def test_enabled_rebinds_same_names_and_logs_one_line(fresh_plugin, monkeypatch,
         assert target in lines[0].getMessage()
 
 
+def test_bad_check_mode_fails_at_register(fresh_plugin, monkeypatch):
+    monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN", "1")
+    monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN_CHECK", "loud")
+    with pytest.raises(ValueError, match="VLLM_FP4_MOE_PLUGIN_CHECK"):
+        fresh_plugin.register()
+
+
 def test_register_twice_is_a_no_op(fresh_plugin, monkeypatch, caplog_plugin):
     monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN", "1")
     fresh_plugin.register()

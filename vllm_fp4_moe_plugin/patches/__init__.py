@@ -41,8 +41,9 @@ LEDGER: tuple[ModulePatch, ...] = (
              "looks it up (modelopt.py:823). Overrides process_weights_after_loading (validate "
              "scales; per-expert scales for TP-like layouts, one EP-group-wide scalar with rebuilt "
              "g1_alphas for DP; one scalar for TRT-LLM), get_fused_moe_quant_config, "
-             "maybe_make_prepare_finalize (bf16 passthrough when not DP), select_gemm_impl and "
-             "create_weights (layout guards). Marlin and vLLM CUTLASS paths call the originals."),
+             "maybe_make_prepare_finalize (bf16 passthrough when not DP), select_gemm_impl, "
+             "create_weights (layout guards) and init_prepare_finalize (the load-time "
+             "consistency check). Marlin and vLLM CUTLASS paths call the originals."),
         upstream=("vllm-project/vllm#27223 (TP passthrough) and #26135 (global input scale for "
                   "DP), both first released in vLLM 0.11.1."),
         remove_when=("The installed vLLM has the 0.11.1 MoE design (compat probe "

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.nn import Parameter
 
-from vllm_fp4_moe_plugin import scales
+from vllm_fp4_moe_plugin import consistency, scales
 from vllm_fp4_moe_plugin.log import get_logger
 from vllm_fp4_moe_plugin.patches import flashinfer_cutlass
 
@@ -31,6 +31,12 @@ _RAW_SCALES = {
 
 class UnsupportedLayoutError(ValueError):
     """A parallel layout the FlashInfer NVFP4 MoE kernels cannot compute correctly."""
+
+
+def _ep_group_size() -> int:
+    from vllm.distributed import get_ep_group
+
+    return get_ep_group().world_size
 
 
 def _layer_name(layer: torch.nn.Module) -> str:
@@ -108,8 +114,17 @@ class ConsistentNvFp4MoEMixin:
         super().process_weights_after_loading(layer)
         if self._fp4_uses_cutlass():
             self._fp4_set_cutlass_scales(layer)
+            if _ep_group_size() == 1:  # no modular kernel will be built: the direct call runs
+                consistency.run_check(layer, self.get_fused_moe_quant_config(layer))
         elif self._fp4_uses_trtllm():
             self._fp4_set_trtllm_scales(layer)
+
+    def init_prepare_finalize(self, layer: torch.nn.Module) -> None:
+        super().init_prepare_finalize(layer)
+        fused = self.fused_experts
+        if self._fp4_uses_cutlass() and fused is not None:
+            consistency.run_check(layer, self.moe_quant_config, fused.prepare_finalize,
+                                  fused.fused_experts)
 
     def _fp4_set_cutlass_scales(self, layer: torch.nn.Module) -> None:
         if self.moe.moe_parallel_config.dp_size > 1:

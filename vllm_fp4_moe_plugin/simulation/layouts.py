@@ -197,7 +197,7 @@ def _log_tails(logs: list, lines: int = 30) -> str:
 def stock_and_plugin_outputs(ctx: RankContext, scenario: Scenario, formats: tuple[str, ...],
                              modes: tuple[str, ...]) -> RankOutput:
     """Job: build the layer once per format x mode (stock / plugin) and run the same tokens."""
-    from vllm_fp4_moe_plugin import patches
+    from vllm_fp4_moe_plugin import consistency, patches
     from vllm_fp4_moe_plugin.simulation import moe_layer
 
     result = RankOutput(rank=ctx.rank, dp_rank=ctx.dp_rank)
@@ -221,6 +221,9 @@ def stock_and_plugin_outputs(ctx: RankContext, scenario: Scenario, formats: tupl
                 key = f"{fmt}/{mode}"
                 result.outputs[key] = out.float()
                 result.info[key] = describe_layer(built.layer)
+                if mode == "plugin":  # the load-time check's verdict on this very layer
+                    last = consistency.last_result()
+                    result.info[key]["check"] = (last.ok, last.path) if last else None
     finally:
         patches.revert_all()
     return result

@@ -45,6 +45,7 @@ class Row:
     ok: bool
     plugin_prepare_finalize: str
     plugin_a1_gscale_shape: Optional[list]
+    plugin_check: list  # the load-time check's verdict per rank
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -103,7 +104,8 @@ def rows_for_layout(layout_name: str, scenario: Scenario,
             stock_affected=stock >= AFFECTED_FACTOR * PLUGIN_BOUND,
             ok=plugin <= PLUGIN_BOUND and plugin_fp32 <= FP32_FACTOR * floor,
             plugin_prepare_finalize=info["prepare_finalize"],
-            plugin_a1_gscale_shape=info["a1_gscale_shape"]))
+            plugin_a1_gscale_shape=info["a1_gscale_shape"],
+            plugin_check=[(r.info[f"{fmt}/plugin"].get("check") or (None,))[0] for r in ranks]))
     return rows
 
 

@@ -1,0 +1,153 @@
+"""Load-time check: does each NVFP4 MoE layer's quant config match what its prepare step does?
+
+The original failure was silent. This check looks at the objects vLLM actually built for a
+layer -- the quant config, the prepare/finalize (or the direct-call function), the experts --
+and verifies the one invariant that makes GEMM1 right: for every local expert ``e``,
+``g1_alphas[e] * g == ws2_e``, where ``g`` is the activation scale the input is really
+quantized with (element 0 of ``a1_gscale`` when prepare pre-quantizes, ``a1_gscale[e]`` when
+the kernel quantizes bf16 input per expert). It runs once per layer at load time, never per
+forward. ``VLLM_FP4_MOE_PLUGIN_CHECK``: ``off`` | ``warn`` (default) | ``strict``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from vllm_fp4_moe_plugin.log import get_logger
+
+logger = get_logger("check")
+RTOL = 1e-5
+
+
+class InconsistentMoELayerError(RuntimeError):
+    """strict mode: a layer would compute GEMM1 with mismatched activation scales."""
+
+
+@dataclass(frozen=True)
+class LayerCheck:
+    layer: str
+    path: str  # "direct" or the prepare/finalize class name
+    ok: bool
+    reason: str
+
+
+def check_layer(layer: torch.nn.Module, quant_config, prepare_finalize=None,
+                experts=None) -> Optional[LayerCheck]:
+    """None when the layer is not on the FlashInfer NVFP4 path; else the verdict."""
+    from vllm_fp4_moe_plugin.patches.flashinfer_cutlass import (
+        KernelOutputShapeFlashInferExperts, KernelQuantizedPrepareAndFinalize,
+        flashinfer_cutlass_moe_fp4)
+
+    if quant_config is None or quant_config.quant_dtype != "nvfp4":
+        return None
+    name = getattr(layer, "layer_name", "") or type(layer).__name__
+    if prepare_finalize is None:
+        import vllm.model_executor.layers.fused_moe.flashinfer_cutlass_moe as fx
+
+        path = "direct"
+        pre_quantizes = fx.flashinfer_cutlass_moe_fp4 is not flashinfer_cutlass_moe_fp4
+        output_ok = True  # stock direct call: packed input; ours: builds the fixed experts
+    else:
+        path = type(prepare_finalize).__name__
+        pre_quantizes = not (isinstance(prepare_finalize, KernelQuantizedPrepareAndFinalize)
+                             and not prepare_finalize.use_dp)
+        output_ok = pre_quantizes or isinstance(experts, KernelOutputShapeFlashInferExperts)
+    a1 = quant_config.a1_gscale.detach().float().reshape(-1)
+    alphas = quant_config.g1_alphas.detach().float().reshape(-1)
+    ws2 = layer.w13_weight_scale_2.detach().float().reshape(-1)
+    if pre_quantizes:
+        used = a1[:1].expand_as(alphas)
+        how = "pre-quantized with a1_gscale[0]"
+    else:
+        if a1.numel() != alphas.numel():
+            return LayerCheck(name, path, False,
+                              f"the kernel quantizes per expert but a1_gscale has {a1.numel()} "
+                              f"entries for {alphas.numel()} local experts")
+        used = a1
+        how = "quantized per expert in the kernel"
+    ratio = alphas * used / ws2
+    worst = int((ratio - 1).abs().argmax())
+    if abs(float(ratio[worst]) - 1) > RTOL:
+        return LayerCheck(name, path, False,
+                          f"{how}, but g1_alphas[{worst}] * scale = {float(ratio[worst]):.4g} x "
+                          f"w13_weight_scale_2[{worst}]: expert {worst}'s GEMM1 output is off by "
+                          "that factor")
+    if not output_ok:
+        return LayerCheck(name, path, False, "bf16 input but the experts size the output "
+                          "(M, 2H) (stock FlashInferExperts.workspace_shapes)")
+    return LayerCheck(name, path, True, how)
+
+
+class _Tally:
+    """Counts checked layers so one summary line per process can name them all."""
+
+    def __init__(self) -> None:
+        self.results: list[LayerCheck] = []
+        self.reported = False
+
+    def add(self, result: LayerCheck, expected: Optional[int]) -> None:
+        self.results.append(result)
+        if expected is not None and len(self.results) >= expected and not self.reported:
+            self.reported = True
+            bad = [r for r in self.results if not r.ok]
+            paths = sorted({r.path for r in self.results})
+            if bad:
+                logger.warning("vllm-fp4-moe-plugin check: %d of %d NVFP4 MoE layers are "
+                               "inconsistent (first: %s: %s).", len(bad), len(self.results),
+                               bad[0].layer, bad[0].reason)
+            else:
+                logger.info("vllm-fp4-moe-plugin check: %d NVFP4 MoE layers consistent (%s).",
+                            len(self.results), ", ".join(paths))
+
+
+_tally = _Tally()
+
+
+def _expected_layers() -> Optional[int]:
+    """NVFP4 FlashInfer MoE layers of the model being loaded (from vLLM's layer registry)."""
+    try:
+        from vllm.config import get_current_vllm_config
+
+        ctx = get_current_vllm_config().compilation_config.static_forward_context
+    except Exception:
+        return None
+    from vllm.model_executor.layers.fused_moe.layer import FusedMoE
+
+    n = sum(1 for m in ctx.values() if isinstance(m, FusedMoE)
+            and getattr(m.quant_method, "_fp4_uses_cutlass", lambda: False)())
+    return n or None
+
+
+def run_check(layer: torch.nn.Module, quant_config, prepare_finalize=None, experts=None,
+              *, mode: Optional[str] = None) -> Optional[LayerCheck]:
+    """Check one layer per ``VLLM_FP4_MOE_PLUGIN_CHECK``; raises in strict mode."""
+    if mode is None:
+        from vllm_fp4_moe_plugin import envs
+
+        mode = envs.VLLM_FP4_MOE_PLUGIN_CHECK
+    if mode == "off":
+        return None
+    result = check_layer(layer, quant_config, prepare_finalize, experts)
+    if result is None:
+        return None
+    if not result.ok:
+        if mode == "strict":
+            raise InconsistentMoELayerError(
+                f"{result.layer}: NVFP4 MoE quant config does not match its prepare step "
+                f"({result.path}): {result.reason}. Set VLLM_FP4_MOE_PLUGIN_CHECK=warn to serve "
+                "anyway (answers will be wrong).")
+        logger.debug("check failed for %s: %s", result.layer, result.reason)
+    _tally.add(result, _expected_layers())
+    return result
+
+
+def last_result() -> Optional[LayerCheck]:
+    return _tally.results[-1] if _tally.results else None
+
+
+def reset_for_tests() -> None:
+    global _tally
+    _tally = _Tally()

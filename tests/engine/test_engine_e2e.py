@@ -77,6 +77,8 @@ def test_tp1_plugin_matches_reference_and_stock_diverges(checkpoints, tp1_refere
     plugin, plugin_log = run_engine(checkpoints[fmt], plugin="1")
     stock, stock_log = run_engine(checkpoints[fmt], plugin="0")
     assert plugin_log.count(ACTIVE_LINE) >= 1 and ACTIVE_LINE not in stock_log
+    # The load-time check ran in the engine and found both MoE layers consistent.
+    assert "vllm-fp4-moe-plugin check: 2 NVFP4 MoE layers consistent" in plugin_log
     assert_plugin_matches_and_stock_diverges(ref, plugin, stock)
 
 

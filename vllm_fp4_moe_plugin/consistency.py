@@ -82,15 +82,20 @@ def check_layer(layer: torch.nn.Module, quant_config, prepare_finalize=None,
 
 
 class _Tally:
-    """Counts checked layers so one summary line per process can name them all."""
+    """Counts layers so one summary line per process can name them all.
+
+    vLLM builds every module of the model (``create_weights``: :func:`expect_layer`) before it
+    loads and post-processes any weights, so by the first check the expected count is final.
+    """
 
     def __init__(self) -> None:
         self.results: list[LayerCheck] = []
+        self.expected = 0
         self.reported = False
 
-    def add(self, result: LayerCheck, expected: Optional[int]) -> None:
+    def add(self, result: LayerCheck) -> None:
         self.results.append(result)
-        if expected is not None and len(self.results) >= expected and not self.reported:
+        if len(self.results) >= self.expected and not self.reported:
             self.reported = True
             bad = [r for r in self.results if not r.ok]
             paths = sorted({r.path for r in self.results})
@@ -106,19 +111,9 @@ class _Tally:
 _tally = _Tally()
 
 
-def _expected_layers() -> Optional[int]:
-    """NVFP4 FlashInfer MoE layers of the model being loaded (from vLLM's layer registry)."""
-    try:
-        from vllm.config import get_current_vllm_config
-
-        ctx = get_current_vllm_config().compilation_config.static_forward_context
-    except Exception:
-        return None
-    from vllm.model_executor.layers.fused_moe.layer import FusedMoE
-
-    n = sum(1 for m in ctx.values() if isinstance(m, FusedMoE)
-            and getattr(m.quant_method, "_fp4_uses_cutlass", lambda: False)())
-    return n or None
+def expect_layer() -> None:
+    """A layer that will be checked was built (called from the quant method's create_weights)."""
+    _tally.expected += 1
 
 
 def run_check(layer: torch.nn.Module, quant_config, prepare_finalize=None, experts=None,
@@ -140,7 +135,7 @@ def run_check(layer: torch.nn.Module, quant_config, prepare_finalize=None, exper
                 f"({result.path}): {result.reason}. Set VLLM_FP4_MOE_PLUGIN_CHECK=warn to serve "
                 "anyway (answers will be wrong).")
         logger.debug("check failed for %s: %s", result.layer, result.reason)
-    _tally.add(result, _expected_layers())
+    _tally.add(result)
     return result
 
 

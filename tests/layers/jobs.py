@@ -207,10 +207,7 @@ def check_modes(ctx) -> dict:
     for setup in ("consistent", "inconsistent"):
         for mode in ("off", "warn", "strict"):
             os.environ["VLLM_FP4_MOE_PLUGIN_CHECK"] = mode
-            # Each case stands for a fresh model load: the check's summary counts the MoE
-            # layers vLLM registered for the model being loaded.
-            ctx.vllm_config.compilation_config.static_forward_context.clear()
-            consistency.reset_for_tests()
+            consistency.reset_for_tests()  # each case stands for a fresh model load
             records.clear()
             patches.apply_all()
             if setup == "inconsistent":

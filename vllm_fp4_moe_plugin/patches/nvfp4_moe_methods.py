@@ -98,6 +98,8 @@ class ConsistentNvFp4MoEMixin:
     def create_weights(self, layer: torch.nn.Module, *args: Any, **kwargs: Any):
         if self.allow_flashinfer:
             check_flashinfer_layout(layer)
+        if self._fp4_uses_cutlass():
+            consistency.expect_layer()
         return super().create_weights(layer, *args, **kwargs)
 
     def _fp4_validate_checkpoint_scales(self, layer: torch.nn.Module) -> None:

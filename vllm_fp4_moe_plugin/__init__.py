@@ -11,6 +11,8 @@ The probe and the patches run when vLLM first imports its NVFP4 MoE quantization
 
 from __future__ import annotations
 
+import os
+
 __version__ = "0.1.0"
 
 # Modules whose first import triggers probe + patch; vLLM imports them while verifying a
@@ -34,6 +36,10 @@ def register() -> None:
 
     if not envs.VLLM_FP4_MOE_PLUGIN:  # raises ValueError on a bad value: fail loudly
         _state, _reason = "inert", "VLLM_FP4_MOE_PLUGIN is not 1"
+        if "VLLM_FP4_MOE_PLUGIN" not in os.environ:  # unset: watch (read-only) and warn once
+            from vllm_fp4_moe_plugin import off_warning
+
+            off_warning.install()
         return
     envs.VLLM_FP4_MOE_PLUGIN_CHECK  # validate now, not at the first layer
     from vllm_fp4_moe_plugin import import_hook
@@ -68,8 +74,9 @@ def state() -> tuple[str | None, str]:
 def _reset_for_tests() -> None:
     """Undo register(): revert patches, drop a pending import hook, forget the decision."""
     global _state, _reason
-    from vllm_fp4_moe_plugin import import_hook, patches
+    from vllm_fp4_moe_plugin import import_hook, off_warning, patches
 
     import_hook.remove()
+    off_warning.remove()
     patches.revert_all()
     _state, _reason = None, ""

@@ -33,7 +33,8 @@ def _choice(name: str, allowed: dict[str, Any], default: str) -> Callable[[], An
 
 environment_variables: dict[str, Callable[[], Any]] = {
     # Opt-in switch. "1" installs the fixes in every vLLM process; unset or "0" leaves vLLM
-    # untouched. Any other value is an error, so a typo never silently serves wrong answers.
+    # untouched (unset also warns once if a layer needs the fix; "0" is silent). Any other
+    # value is an error, so a typo never silently serves wrong answers.
     "VLLM_FP4_MOE_PLUGIN": _choice("VLLM_FP4_MOE_PLUGIN", {"0": False, "1": True}, "0"),
     # Load-time check of each NVFP4 MoE layer (consistency.py): "off" skips it, "warn" logs one
     # summary line per process, "strict" raises at the first inconsistent layer.

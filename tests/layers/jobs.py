@@ -223,3 +223,35 @@ def check_modes(ctx) -> dict:
                 "logs": list(records)}
     os.environ["VLLM_FP4_MOE_PLUGIN_CHECK"] = "warn"
     return out
+
+
+def off_warning(ctx) -> dict:
+    """register() with the switch unset / "0", then stock layers with spread or uniform
+    scales: which processes warn?"""
+    import logging
+
+    import vllm_fp4_moe_plugin as plugin
+
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append((record.levelname, record.getMessage()))
+
+    logging.getLogger("vllm.fp4_moe_plugin").addHandler(Keep())
+    out = {}
+    for switch in ("unset", "0"):
+        for spread in (4.0, 1.0):
+            plugin._reset_for_tests()
+            records.clear()
+            os.environ.pop("VLLM_FP4_MOE_PLUGIN", None)
+            if switch == "0":
+                os.environ["VLLM_FP4_MOE_PLUGIN"] = "0"
+            plugin.register()
+            experts = random_experts(8, 256, 512, seed=6, input_scale_spread=spread)
+            for fmt in FORMATS:  # two layers: still one warning per process
+                moe_layer.build_layer(experts, fmt, top_k=2, index=next(_index))
+            out[f"{switch}/{spread}"] = [m for lvl, m in records if lvl == "WARNING"]
+    plugin._reset_for_tests()
+    os.environ.pop("VLLM_FP4_MOE_PLUGIN", None)
+    return out

@@ -153,3 +153,13 @@ def test_check_modes_on_an_inconsistent_layer(check_modes):
     assert len(warnings) == 1 and "inconsistent" in warnings[0] and "a1_gscale[0]" in warnings[0]
     assert strict["error"].startswith("InconsistentMoELayerError")
     assert "model.layers." in strict["error"] and "off by" in strict["error"]
+
+
+def test_installed_but_off_warns_once_on_a_spread_checkpoint():
+    r = spawn(LAYOUTS["single"], f"{JOBS}:off_warning")[0]
+    warned = r["unset/4.0"]
+    assert len(warned) == 1, warned
+    assert "installed but off" in warned[0] and "VLLM_FP4_MOE_PLUGIN=1" in warned[0]
+    assert "spread 4x" in warned[0]
+    assert r["unset/1.0"] == []   # uniform scales: stock is right, no warning
+    assert r["0/4.0"] == [] and r["0/1.0"] == []  # explicit opt-out stays silent

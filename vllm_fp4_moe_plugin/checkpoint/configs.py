@@ -19,7 +19,19 @@ ARCHS = ("deepseek_v3", "qwen3_moe")
 # (vllm/transformers_utils/configs/deepseek_v3.py:14-55). kv_lora_rank + qk_rope_head_dim must be
 # 576 for every MLA backend (vllm/v1/attention/backends/mla/common.py:298-310). hidden 256 (not
 # the 512 of §5) keeps the checkpoint under ~10 MB: MLA's kv_a/kv_b projections are fixed-size.
+_COMMON = {  # keys both tiny configs share
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "initializer_range": 0.02,
+    "tie_word_embeddings": False,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "use_cache": True,
+    "torch_dtype": "bfloat16",
+}
+
 DEEPSEEK_V3 = {
+    **_COMMON,
     "architectures": ["DeepseekV3ForCausalLM"],
     "model_type": "deepseek_v3",
     "vocab_size": 1024,
@@ -52,17 +64,10 @@ DEEPSEEK_V3 = {
     "rope_scaling": None,
     "max_position_embeddings": 2048,
     "num_nextn_predict_layers": 0,  # else layer num_hidden_layers is skipped as MTP
-    "attention_bias": False,
-    "attention_dropout": 0.0,
-    "initializer_range": 0.02,
-    "tie_word_embeddings": False,
-    "bos_token_id": 0,
-    "eos_token_id": 1,
-    "use_cache": True,
-    "torch_dtype": "bfloat16",
 }
 
 QWEN3_MOE = {
+    **_COMMON,
     "architectures": ["Qwen3MoeForCausalLM"],
     "model_type": "qwen3_moe",
     "vocab_size": 1024,
@@ -83,18 +88,10 @@ QWEN3_MOE = {
     "rope_theta": 1000000.0,
     "rope_scaling": None,
     "max_position_embeddings": 2048,
-    "attention_bias": False,
-    "attention_dropout": 0.0,
     "use_sliding_window": False,
     "sliding_window": None,
     "output_router_logits": False,
     "router_aux_loss_coef": 0.001,
-    "initializer_range": 0.02,
-    "tie_word_embeddings": False,
-    "bos_token_id": 0,
-    "eos_token_id": 1,
-    "use_cache": True,
-    "torch_dtype": "bfloat16",
 }
 
 BASE_CONFIGS = {"deepseek_v3": DEEPSEEK_V3, "qwen3_moe": QWEN3_MOE}

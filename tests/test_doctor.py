@@ -77,13 +77,13 @@ def test_vllm_plugins_filter_is_reported(blackwell_env, checkpoints):
     assert "VLLM_PLUGINS does not list 'fp4_moe'" in doctor.format_doctor(r)
 
 
-def test_vllm_without_the_0110_internals(blackwell_env, checkpoints):
+def test_vllm_with_an_unknown_moe_design(blackwell_env, checkpoints):
     from vllm.model_executor.layers.fused_moe.layer import FusedMoE
 
     blackwell_env.setattr(FusedMoE, "maybe_init_modular_kernel", lambda self: None, raising=False)
     blackwell_env.setenv("VLLM_FP4_MOE_PLUGIN", "1")
     r = doctor.run_doctor(str(checkpoints["spread"]), TP4_EP, capability="10.0")
-    assert not r["probes"]["would_install"] and "0.11.0 design" in r["probes"]["reason"]
+    assert not r["probes"]["would_install"] and "neither the 0.11.0 nor the 0.11.1 design" in r["probes"]["reason"]
     assert not r["plugin"]["would_be_active"] and r["verdict"] == doctor.AT_RISK
 
 

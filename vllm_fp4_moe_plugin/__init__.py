@@ -60,7 +60,7 @@ def _install() -> None:
         _state, _reason = "inactive", result.reason
         logger.info("vllm-fp4-moe-plugin inactive: %s.", result.reason)
         return
-    replaced = patches.apply_all()
+    replaced = patches.apply_targets(result.design, result.patches)
     _state, _reason = "active", result.reason
     logger.info("vllm-fp4-moe-plugin active: replaced %s.",
                 ", ".join(replaced or patches.applied_targets()))

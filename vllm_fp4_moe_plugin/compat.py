@@ -1,8 +1,20 @@
-"""Feature probes of the installed vLLM: does it still have the 0.11.0 bug, in the 0.11.0 design?
+"""Feature probes of the installed vLLM: which MoE design is it, and which holes does it still have?
 
 Decisions are made from what the code *is*, not from ``vllm.__version__`` (a source build or a
-backport would lie). Design note §10 lists the probes; each was checked against 0.11.0 and
-0.11.1 sources.
+backport would lie). Design note §10 lists the probes; ``docs/SUPPORT.md`` lists which release
+has which design (read from each release's wheel).
+
+Two designs are patched, each with its own part of the ledger (``patches.LEDGER``):
+
+- ``0.11.0``: quant methods build their modular kernel in ``init_prepare_finalize``; every
+  FlashInfer CUTLASS layout pre-quantizes with expert 0's scale. All three 0.11.0 patches.
+- ``0.11.1``: ``FusedMoE.maybe_init_modular_kernel`` swaps the quant method for a
+  ``FusedMoEModularMethod`` (0.11.1, 0.11.2, 0.12.0). Upstream fixed TP (#27223) and ModelOpt
+  DP (#26135); compressed-tensors DP is still inconsistent, and TP with
+  ``flashinfer_all2allv`` still pre-quantizes. Only those two patches, only while probed holes.
+
+Anything else (a later design, or a mix such as 0.11.0 with part of the fix backported) is left
+alone, with the reason in the one log line.
 """
 
 from __future__ import annotations
@@ -10,34 +22,59 @@ from __future__ import annotations
 import importlib
 import inspect
 from dataclasses import dataclass, field
+from typing import Optional
 
-_TARGETS = (
-    ("vllm.model_executor.layers.quantization.modelopt", "ModelOptNvFp4FusedMoE"),
-    ("vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe",
-     "CompressedTensorsW4A4MoeMethod"),
-    ("vllm.model_executor.layers.fused_moe.flashinfer_cutlass_moe", "flashinfer_cutlass_moe_fp4"),
-    ("vllm.model_executor.layers.fused_moe.flashinfer_cutlass_moe", "FlashInferExperts"),
-    ("vllm.model_executor.layers.fused_moe.flashinfer_cutlass_prepare_finalize",
-     "FlashInferAllGatherMoEPrepareAndFinalize"),
-    ("vllm.model_executor.layers.fused_moe.flashinfer_cutlass_prepare_finalize",
-     "FlashInferAllToAllMoEPrepareAndFinalize"),
+_MO = "vllm.model_executor.layers.quantization.modelopt"
+_CT = "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe"
+_FX = "vllm.model_executor.layers.fused_moe.flashinfer_cutlass_moe"
+_PF = "vllm.model_executor.layers.fused_moe.flashinfer_cutlass_prepare_finalize"
+_FU = "vllm.model_executor.layers.quantization.utils.flashinfer_utils"
+_MM = "vllm.model_executor.layers.fused_moe.fused_moe_modular_method"
+
+DESIGN_0_11_0 = "0.11.0"
+DESIGN_0_11_1 = "0.11.1"
+
+# The compressed-tensors NVFP4 MoE method: its 0.11.x name, then 0.12.0's rename (CT:195 there).
+CT_NVFP4_CLASS_NAMES = ("CompressedTensorsW4A4MoeMethod", "CompressedTensorsW4A4Nvfp4MoEMethod")
+
+_TARGETS_0_11_0 = (
+    (_MO, "ModelOptNvFp4FusedMoE"),
+    (_CT, "CompressedTensorsW4A4MoeMethod"),
+    (_FX, "flashinfer_cutlass_moe_fp4"),
+    (_FX, "FlashInferExperts"),
+    (_PF, "FlashInferAllGatherMoEPrepareAndFinalize"),
+    (_PF, "FlashInferAllToAllMoEPrepareAndFinalize"),
 )
-# Methods our subclasses override; if any is gone the design has changed under us.
-_OVERRIDDEN = ("create_weights", "process_weights_after_loading", "get_fused_moe_quant_config",
-               "maybe_make_prepare_finalize", "select_gemm_impl", "init_prepare_finalize")
+# Methods our 0.11.0 subclasses override; if any is gone the design has changed under us.
+_OVERRIDDEN_0_11_0 = ("create_weights", "process_weights_after_loading",
+                      "get_fused_moe_quant_config", "maybe_make_prepare_finalize",
+                      "select_gemm_impl", "init_prepare_finalize")
+# Methods the 0.11.1-era compressed-tensors subclass relies on.
+_OVERRIDDEN_0_11_1 = ("process_weights_after_loading", "get_fused_moe_quant_config",
+                      "maybe_make_prepare_finalize", "select_gemm_impl")
 
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """What the installed vLLM needs from us. ``install`` is the only field register() acts on."""
+    """What the installed vLLM needs from us. register() acts on ``install`` and ``patches``."""
 
     install: bool
     reason: str
-    findings: dict[str, bool] = field(default_factory=dict)
+    findings: dict[str, object] = field(default_factory=dict)
+    design: Optional[str] = None
+    patches: tuple[str, ...] = ()  # ledger targets ("module.attr") to apply
 
 
 def _attr(module: str, name: str):
     return getattr(importlib.import_module(module), name)
+
+
+def _has(module: str, name: str) -> bool:
+    try:
+        _attr(module, name)
+    except (ImportError, AttributeError):
+        return False
+    return True
 
 
 def probe() -> ProbeResult:
@@ -51,43 +88,107 @@ def probe() -> ProbeResult:
 def _probe() -> ProbeResult:
     from vllm.model_executor.layers.fused_moe.layer import FusedMoE, FusedMoEMethodBase
 
-    findings: dict[str, bool] = {}
+    findings: dict[str, object] = {}
     # P3: 0.11.0 builds modular kernels through FusedMoEMethodBase.init_prepare_finalize;
     # 0.11.1 moved that to FusedMoE.maybe_init_modular_kernel (v0111 layer.py:622).
-    findings["design_0_11_0"] = (hasattr(FusedMoEMethodBase, "init_prepare_finalize")
-                                 and not hasattr(FusedMoE, "maybe_init_modular_kernel"))
-    missing = [f"{m}.{a}" for m, a in _TARGETS if not _has(m, a)]
-    findings["targets_present"] = not missing
-    if not findings["design_0_11_0"]:
-        return ProbeResult(False, "vLLM's MoE internals are not the 0.11.0 design "
-                           "(FusedMoE.maybe_init_modular_kernel exists or "
-                           "init_prepare_finalize is gone)", findings)
-    if missing:
-        return ProbeResult(False, "vLLM lacks symbols this plugin replaces: " + ", ".join(missing),
-                           findings)
-    for cls_name in ("ModelOptNvFp4FusedMoE", "CompressedTensorsW4A4MoeMethod"):
-        mod = next(m for m, a in _TARGETS if a == cls_name)
-        cls = _attr(mod, cls_name)
-        gone = [m for m in _OVERRIDDEN if not callable(getattr(cls, m, None))]
-        if gone:
-            return ProbeResult(False, f"{cls_name} lacks {', '.join(gone)}", findings)
-    experts = _attr("vllm.model_executor.layers.fused_moe.flashinfer_cutlass_moe",
-                    "FlashInferExperts")
+    has_init_pf = hasattr(FusedMoEMethodBase, "init_prepare_finalize")
+    has_maybe_init = hasattr(FusedMoE, "maybe_init_modular_kernel")
+    findings["design_0_11_0"] = has_init_pf and not has_maybe_init
+    findings["design_0_11_1"] = (has_maybe_init and not has_init_pf
+                                 and _has(_MM, "FusedMoEModularMethod"))
     # P1: 0.11.1's TP fix added FlashInferExperts(use_dp=...) (v0111 flashinfer_cutlass_moe.py:59).
-    findings["tp_fix_present"] = "use_dp" in inspect.signature(experts.__init__).parameters
+    findings["tp_fix_present"] = (_has(_FX, "FlashInferExperts") and "use_dp" in
+                                  inspect.signature(_attr(_FX, "FlashInferExperts").__init__)
+                                  .parameters)
     # P2: 0.11.1's ModelOpt DP fix (v0111 flashinfer_utils.py:292).
-    fu = importlib.import_module("vllm.model_executor.layers.quantization.utils.flashinfer_utils")
-    findings["modelopt_dp_fix_present"] = hasattr(fu, "is_flashinfer_supporting_global_sf")
-    if findings["tp_fix_present"] or findings["modelopt_dp_fix_present"]:
-        return ProbeResult(False, "vLLM already carries part of the upstream fix "
-                           "(#27223/#26135); the 0.11.0 patches would fight it", findings)
-    return ProbeResult(True, "vLLM 0.11.0 MoE design with the per-expert GEMM1 scale bug",
+    findings["modelopt_dp_fix_present"] = _has(_FU, "is_flashinfer_supporting_global_sf")
+    if findings["design_0_11_0"]:
+        return _probe_0_11_0(findings)
+    if findings["design_0_11_1"]:
+        return _probe_0_11_1(findings)
+    return ProbeResult(False, "vLLM's MoE internals are neither the 0.11.0 nor the 0.11.1 "
+                       "design this plugin knows (see docs/SUPPORT.md); nothing to patch",
                        findings)
 
 
-def _has(module: str, name: str) -> bool:
+def _probe_0_11_0(findings: dict) -> ProbeResult:
+    missing = [f"{m}.{a}" for m, a in _TARGETS_0_11_0 if not _has(m, a)]
+    findings["targets_present"] = not missing
+    if missing:
+        return ProbeResult(False, "vLLM lacks symbols this plugin replaces: " + ", ".join(missing),
+                           findings, DESIGN_0_11_0)
+    for mod, cls_name in _TARGETS_0_11_0[:2]:
+        gone = [m for m in _OVERRIDDEN_0_11_0 if not callable(getattr(_attr(mod, cls_name), m,
+                                                                      None))]
+        if gone:
+            return ProbeResult(False, f"{cls_name} lacks {', '.join(gone)}", findings,
+                               DESIGN_0_11_0)
+    if findings["tp_fix_present"] or findings["modelopt_dp_fix_present"]:
+        return ProbeResult(False, "vLLM already carries part of the upstream fix "
+                           "(#27223/#26135); the 0.11.0 patches would fight it", findings,
+                           DESIGN_0_11_0)
+    from vllm_fp4_moe_plugin.patches import targets_for_design
+    return ProbeResult(True, "vLLM 0.11.0 MoE design with the per-expert GEMM1 scale bug",
+                       findings, DESIGN_0_11_0, targets_for_design(DESIGN_0_11_0))
+
+
+def compressed_tensors_nvfp4_class_name() -> Optional[str]:
+    """The name under which this vLLM's compressed-tensors module defines the NVFP4 MoE method."""
+    return next((n for n in CT_NVFP4_CLASS_NAMES if _has(_CT, n)), None)
+
+
+def all2allv_tp_prequantizes() -> bool:
+    """P6, behavioural: does the all-to-all prepare still quantize when there is no DP?
+
+    0.11.1 taught the all-gather prepare to pass bf16 through without DP (v0111 PF:184-185) but
+    not the all-to-all one (v0111 PF:104-113), while ``FlashInferExperts(use_dp=False)`` sizes
+    its output for bf16 input. Calls ``prepare`` on two CPU tokens: the fixed code returns the
+    input tensor itself; the unfixed code tries to quantize (FlashInfer refuses CPU tensors, so
+    no kernel ever runs here) or returns something else.
+    """
+    import torch
+    from vllm.model_executor.layers.fused_moe.config import nvfp4_moe_quant_config
+
+    from vllm_fp4_moe_plugin.patches.patching import original_attr
+
+    pf_cls = original_attr(_PF, "FlashInferAllToAllMoEPrepareAndFinalize")
+    one = torch.ones(1)
+    cfg = nvfp4_moe_quant_config(g1_alphas=one, g2_alphas=one, a1_gscale=one, a2_gscale=one,
+                                 w1_scale=one, w2_scale=one)
+    a1 = torch.zeros(2, 32, dtype=torch.bfloat16)
     try:
-        _attr(module, name)
-    except (ImportError, AttributeError):
-        return False
-    return True
+        out = pf_cls(use_dp=False).prepare(a1, torch.ones(2, 1), torch.zeros(2, 1,
+                                           dtype=torch.int32), 2, None, False, cfg)
+    except Exception:
+        return True
+    return out[0] is not a1
+
+
+def _probe_0_11_1(findings: dict) -> ProbeResult:
+    from vllm_fp4_moe_plugin.patches import targets_for_design
+
+    ct_name = compressed_tensors_nvfp4_class_name()
+    findings["compressed_tensors_class"] = ct_name
+    if not (findings["tp_fix_present"] and findings["modelopt_dp_fix_present"]):
+        return ProbeResult(False, "vLLM has the 0.11.1 MoE design without the upstream TP/DP "
+                           "fixes (#27223/#26135) this plugin builds on", findings,
+                           DESIGN_0_11_1)
+    wanted = []
+    if ct_name is not None:
+        gone = [m for m in _OVERRIDDEN_0_11_1
+                if not callable(getattr(_attr(_CT, ct_name), m, None))]
+        if gone:
+            return ProbeResult(False, f"{ct_name} lacks {', '.join(gone)}", findings,
+                               DESIGN_0_11_1)
+        wanted.append(f"{_CT}.{ct_name}")
+    findings["all2allv_tp_prequantizes"] = (_has(_PF, "FlashInferAllToAllMoEPrepareAndFinalize")
+                                            and all2allv_tp_prequantizes())
+    if findings["all2allv_tp_prequantizes"]:
+        wanted.append(f"{_PF}.FlashInferAllToAllMoEPrepareAndFinalize")
+    targets = tuple(t for t in targets_for_design(DESIGN_0_11_1) if t in wanted)
+    if not targets:
+        return ProbeResult(False, "vLLM 0.11.1-era MoE design with no hole left that this "
+                           "plugin fixes", findings, DESIGN_0_11_1)
+    return ProbeResult(True, "vLLM 0.11.1-era MoE design: upstream fixed ModelOpt and TP; "
+                       "compressed-tensors DP dispatch (and TP with flashinfer_all2allv) still "
+                       "quantize with expert 0's scale", findings, DESIGN_0_11_1, targets)

@@ -34,27 +34,52 @@ class LayerCheck:
     reason: str
 
 
+def _experts_take_use_dp() -> bool:
+    """0.11.1 design: ``FlashInferExperts(use_dp=...)`` sizes its output for what prepare does."""
+    import inspect
+
+    from vllm.model_executor.layers.fused_moe.flashinfer_cutlass_moe import FlashInferExperts
+
+    return "use_dp" in inspect.signature(FlashInferExperts.__init__).parameters
+
+
+def _prepare_behaviour(prepare_finalize, experts) -> tuple[bool, bool]:
+    """(does prepare quantize before the kernel?, is the experts' output shape right for it?)"""
+    from vllm_fp4_moe_plugin.patches.flashinfer_cutlass import (
+        KernelOutputShapeFlashInferExperts, KernelQuantizedPrepareAndFinalize)
+
+    if isinstance(prepare_finalize, KernelQuantizedPrepareAndFinalize):  # ours, 0.11.0
+        pre = bool(prepare_finalize.use_dp)
+    elif experts is not None and hasattr(experts, "use_dp"):  # 0.11.1 design
+        passthrough = (getattr(prepare_finalize, "fp4_moe_bf16_passthrough", False)
+                       or type(prepare_finalize).__name__
+                       == "FlashInferAllGatherMoEPrepareAndFinalize")
+        pre = bool(prepare_finalize.use_dp) or not passthrough
+        return pre, bool(experts.use_dp) == pre
+    else:  # stock 0.11.0: every FlashInfer prepare quantizes
+        pre = True
+    return pre, pre or isinstance(experts, KernelOutputShapeFlashInferExperts)
+
+
 def check_layer(layer: torch.nn.Module, quant_config, prepare_finalize=None,
                 experts=None) -> Optional[LayerCheck]:
     """None when the layer is not on the FlashInfer NVFP4 path; else the verdict."""
-    from vllm_fp4_moe_plugin.patches.flashinfer_cutlass import (
-        KernelOutputShapeFlashInferExperts, KernelQuantizedPrepareAndFinalize,
-        flashinfer_cutlass_moe_fp4)
-
     if quant_config is None or quant_config.quant_dtype != "nvfp4":
         return None
     name = getattr(layer, "layer_name", "") or type(layer).__name__
     if prepare_finalize is None:
         import vllm.model_executor.layers.fused_moe.flashinfer_cutlass_moe as fx
 
+        from vllm_fp4_moe_plugin.patches.flashinfer_cutlass import flashinfer_cutlass_moe_fp4
+
         path = "direct"
-        pre_quantizes = fx.flashinfer_cutlass_moe_fp4 is not flashinfer_cutlass_moe_fp4
-        output_ok = True  # stock direct call: packed input; ours: builds the fixed experts
+        # 0.11.0 stock direct call: packed input; ours, and 0.11.1's (use_dp=False): bf16.
+        pre_quantizes = not (fx.flashinfer_cutlass_moe_fp4 is flashinfer_cutlass_moe_fp4
+                             or _experts_take_use_dp())
+        output_ok = True
     else:
         path = type(prepare_finalize).__name__
-        pre_quantizes = not (isinstance(prepare_finalize, KernelQuantizedPrepareAndFinalize)
-                             and not prepare_finalize.use_dp)
-        output_ok = pre_quantizes or isinstance(experts, KernelOutputShapeFlashInferExperts)
+        pre_quantizes, output_ok = _prepare_behaviour(prepare_finalize, experts)
     a1 = quant_config.a1_gscale.detach().float().reshape(-1)
     alphas = quant_config.g1_alphas.detach().float().reshape(-1)
     ws2 = layer.w13_weight_scale_2.detach().float().reshape(-1)
@@ -76,8 +101,8 @@ def check_layer(layer: torch.nn.Module, quant_config, prepare_finalize=None,
                           f"w13_weight_scale_2[{worst}]: expert {worst}'s GEMM1 output is off by "
                           "that factor")
     if not output_ok:
-        return LayerCheck(name, path, False, "bf16 input but the experts size the output "
-                          "(M, 2H) (stock FlashInferExperts.workspace_shapes)")
+        return LayerCheck(name, path, False, "the experts size the output for the other kind "
+                          "of input (FlashInferExperts.workspace_shapes): the layer cannot run")
     return LayerCheck(name, path, True, how)
 
 

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.cpu
 DOC = Path(__file__).resolve().parents[2] / "docs" / "PATCHES.md"
 
 
-@pytest.mark.parametrize("patch", LEDGER, ids=lambda p: p.target)
+@pytest.mark.parametrize("patch", LEDGER, ids=lambda p: f"{p.target}@{p.designs[0]}")
 def test_entry_is_complete(patch):
     for field in ("why", "how", "upstream", "remove_when"):
         assert len(getattr(patch, field).strip()) > 20, (patch.target, field)

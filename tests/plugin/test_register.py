@@ -74,7 +74,8 @@ def test_register_twice_is_a_no_op(fresh_plugin, monkeypatch, caplog_plugin):
 
 
 def test_other_moe_design_stays_inactive(fresh_plugin, monkeypatch, caplog_plugin):
-    """A vLLM with 0.11.1's modular-kernel design (maybe_init_modular_kernel) is left alone."""
+    """A mixed design (0.11.0's init_prepare_finalize *and* 0.11.1's maybe_init_modular_kernel)
+    is neither design the plugin knows: it is left alone, with one line saying so."""
     from vllm.model_executor.layers.fused_moe.layer import FusedMoE
 
     monkeypatch.setattr(FusedMoE, "maybe_init_modular_kernel", lambda self: None, raising=False)
@@ -83,7 +84,7 @@ def test_other_moe_design_stays_inactive(fresh_plugin, monkeypatch, caplog_plugi
     fresh_plugin.register()
     assert _current() == before
     state, reason = fresh_plugin.state()
-    assert state == "inactive" and "0.11.0 design" in reason
+    assert state == "inactive" and "neither the 0.11.0 nor the 0.11.1 design" in reason
     lines = plugin_records(caplog_plugin)
     assert len(lines) == 1 and "inactive" in lines[0].getMessage()
 

@@ -1,17 +1,21 @@
-"""The patch ledger: every vLLM 0.11.0 symbol this plugin replaces, and why.
+"""The patch ledger: every vLLM symbol this plugin replaces, and why.
 
-Each entry says why it exists, how it works, which upstream change fixes the same thing, and
-when to delete it (the vllm-ascend ledger format). ``docs/PATCHES.md`` is generated from this
-list (``python -m vllm_fp4_moe_plugin.patches``) and a test keeps the two in sync.
+Each entry says why it exists, how it works, which upstream change fixes the same thing, when to
+delete it (the vllm-ascend ledger format), and which MoE design (``compat.DESIGN_*``) it belongs
+to. ``compat.probe()`` picks the design and the entries whose hole the installed vLLM still has;
+nothing else is ever applied. ``docs/PATCHES.md`` is generated from this list
+(``python -m vllm_fp4_moe_plugin.patches``) and a test keeps the two in sync.
 """
 
 from __future__ import annotations
 
+from vllm_fp4_moe_plugin.compat import DESIGN_0_11_0, DESIGN_0_11_1
 from vllm_fp4_moe_plugin.patches.patching import ModulePatch, applied_targets
 
 _MO = "vllm.model_executor.layers.quantization.modelopt"
 _CT = "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe"
 _FX = "vllm.model_executor.layers.fused_moe.flashinfer_cutlass_moe"
+_PF = "vllm.model_executor.layers.fused_moe.flashinfer_cutlass_prepare_finalize"
 
 
 def _build_modelopt(original):
@@ -22,6 +26,28 @@ def _build_modelopt(original):
 def _build_compressed_tensors(original):
     from vllm_fp4_moe_plugin.patches.nvfp4_moe_methods import build_compressed_tensors_method
     return build_compressed_tensors_method(original)
+
+
+def _build_compressed_tensors_dp(original):
+    from vllm_fp4_moe_plugin.patches.compressed_tensors_dp import (
+        build_compressed_tensors_dp_method)
+    return build_compressed_tensors_dp_method(original)
+
+
+def _build_all2allv(original):
+    from vllm_fp4_moe_plugin.patches.all2allv_passthrough import build_all2allv_prepare
+    return build_all2allv_prepare(original)
+
+
+_CT_DP_WHY = ("vLLM 0.11.1 fixed ModelOpt's DP path (#26135) but not compressed-tensors': with DP "
+              "dispatch its per-expert w13_input_scale_quant is still pre-quantized with element "
+              "0 while g1_alphas stay per expert (v0111 CT:358-368, v0120 CT:395-405).")
+_CT_DP_HOW = ("Subclass with the same name, rebound where CompressedTensorsMoEMethod."
+              "get_moe_method looks it up. Only with DP + FlashInfer CUTLASS: validates the raw "
+              "scales, runs upstream's process_weights_after_loading, then sets every element of "
+              "w13_input_scale_quant to the MIN over the EP group and rebuilds g1_alphas (no-op "
+              "when the group's scales are already equal). select_gemm_impl adds the read-only "
+              "load-time check. TP layouts, Marlin, TRT-LLM, CuteDSL: upstream code unchanged.")
 
 
 def _build_direct_call(original):
@@ -73,12 +99,60 @@ LEDGER: tuple[ModulePatch, ...] = (
         upstream="vllm-project/vllm#27223 (direct call passes use_dp=False), vLLM 0.11.1.",
         remove_when="Same probe as the ModelOpt entry (tp_fix_present).",
     ),
+    ModulePatch(
+        module=_CT, attr="CompressedTensorsW4A4MoeMethod", build=_build_compressed_tensors_dp,
+        designs=(DESIGN_0_11_1,),
+        why=_CT_DP_WHY + " Name used by vLLM 0.11.1 and 0.11.2.",
+        how=_CT_DP_HOW,
+        upstream="None known through vLLM 0.12.0 (see docs/SUPPORT.md).",
+        remove_when=("A release gives compressed-tensors one shared GEMM1 scale under DP (the "
+                     "matrix test on that release shows stock consistent), or leaves the 0.11.1 "
+                     "design (compat probe 'design_0_11_1' false)."),
+    ),
+    ModulePatch(
+        module=_CT, attr="CompressedTensorsW4A4Nvfp4MoEMethod",
+        build=_build_compressed_tensors_dp, designs=(DESIGN_0_11_1,),
+        why=_CT_DP_WHY + " Name used by vLLM 0.12.0 (renamed there, CT:195).",
+        how=_CT_DP_HOW,
+        upstream="None known through vLLM 0.12.0 (see docs/SUPPORT.md).",
+        remove_when="As for the CompressedTensorsW4A4MoeMethod entry of this design.",
+    ),
+    ModulePatch(
+        module=_PF, attr="FlashInferAllToAllMoEPrepareAndFinalize", build=_build_all2allv,
+        designs=(DESIGN_0_11_1,),
+        why=("With --all2all-backend flashinfer_all2allv and DP=1, the all-to-all prepare still "
+             "quantizes with element 0 of the per-expert scale (v0120 PF:104-114), while "
+             "FlashInferExperts(use_dp=False) sizes its output for bf16 input: the layer fails "
+             "(ModelOpt and compressed-tensors alike)."),
+        how=("Same-named subclass rebound in its module, where create_flashinfer_prepare_"
+             "finalize looks it up at call time; prepare() passes bf16 through when not use_dp "
+             "(upstream's all-gather rule, #27223); the DP branch is upstream's."),
+        upstream="None known through vLLM 0.12.0; the all-gather twin was fixed in #27223.",
+        remove_when=("compat probe 'all2allv_tp_prequantizes' is false (the behavioural probe "
+                     "sees prepare return bf16 input unchanged)."),
+    ),
 )
 
 
+def targets_for_design(design: str) -> tuple[str, ...]:
+    return tuple(p.target for p in LEDGER if design in p.designs)
+
+
 def apply_all() -> list[str]:
-    """Apply every ledger patch; returns the targets newly replaced (empty if already done)."""
-    return [p.target for p in LEDGER if p.apply()]
+    """Apply what ``compat.probe()`` asks for on the installed vLLM; returns the targets newly
+    replaced (empty if already done, or if the probe says the plugin has nothing to do here)."""
+    from vllm_fp4_moe_plugin import compat
+
+    result = compat.probe()
+    if not result.install:
+        return []
+    return apply_targets(result.design, result.patches)
+
+
+def apply_targets(design: str, targets) -> list[str]:
+    """Apply the ledger entries of ``design`` named in ``targets``."""
+    wanted = set(targets)
+    return [p.target for p in LEDGER if design in p.designs and p.target in wanted and p.apply()]
 
 
 def revert_all() -> list[str]:
@@ -90,10 +164,12 @@ def render_ledger_markdown() -> str:
              "Generated from `vllm_fp4_moe_plugin/patches/__init__.py` by "
              "`python -m vllm_fp4_moe_plugin.patches`; a test keeps it in sync.", ""]
     for p in LEDGER:
-        lines += [f"## `{p.target}`", "", f"- **Why:** {p.why}", f"- **How:** {p.how}",
+        lines += [f"## `{p.target}` (vLLM {', '.join(p.designs)} design)", "",
+                  f"- **Why:** {p.why}", f"- **How:** {p.how}",
                   f"- **Upstream:** {p.upstream}", f"- **Remove when:** {p.remove_when}", ""]
     return "\n".join(lines)
 
 
-__all__ = ["LEDGER", "ModulePatch", "apply_all", "applied_targets", "revert_all",
+__all__ = ["LEDGER", "ModulePatch", "apply_all", "apply_targets", "applied_targets",
+           "revert_all", "targets_for_design",
            "render_ledger_markdown"]

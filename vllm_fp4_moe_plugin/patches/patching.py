@@ -34,6 +34,7 @@ class ModulePatch:
     how: str
     upstream: str
     remove_when: str
+    designs: tuple[str, ...] = ("0.11.0",)  # compat.DESIGN_* this entry belongs to
 
     @property
     def target(self) -> str:
@@ -75,6 +76,13 @@ class ModulePatch:
         if key in _APPLIED:
             return _APPLIED[key][0]
         return getattr(importlib.import_module(self.module), self.attr)
+
+
+def original_attr(module: str, attr: str) -> Any:
+    """What vLLM defines under ``module.attr``, looking through our own patch if applied."""
+    if (module, attr) in _APPLIED:
+        return _APPLIED[(module, attr)][0]
+    return getattr(importlib.import_module(module), attr)
 
 
 def applied_targets() -> list[str]:

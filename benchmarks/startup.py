@@ -1,0 +1,84 @@
+"""Item 1: what the plugin costs every process vLLM starts, next to ``import vllm``.
+
+Why fresh subprocesses: vLLM imports the entry point and calls ``register()`` once per process,
+cold. Each probe process imports vLLM first (as vLLM's plugin loader does), then our entry-point
+module, then calls ``register()``, then imports the two NVFP4 MoE quant modules whose first
+import triggers the probe and the patches (``vllm_fp4_moe_plugin.TRIGGER_MODULES``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+from benchmarks.rows import Row
+
+_PROBE = r"""
+import json, time
+t0 = time.perf_counter()
+import vllm
+t1 = time.perf_counter()
+import vllm_fp4_moe_plugin
+t2 = time.perf_counter()
+vllm_fp4_moe_plugin.register()
+t3 = time.perf_counter()
+import vllm.model_executor.layers.quantization.modelopt
+import vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe
+t4 = time.perf_counter()
+print("BENCH" + json.dumps({"import_vllm": t1 - t0, "import_entry_point": t2 - t1,
+                            "register": t3 - t2, "quant_modules": t4 - t3,
+                            "state": vllm_fp4_moe_plugin.state()[0]}))
+"""
+
+# VLLM_FP4_MOE_PLUGIN value per mode; None = unset (the read-only watch mode).
+MODES = {"on": "1", "off": "0", "unset": None}
+
+
+def probe(mode: str) -> dict:
+    env = dict(os.environ)
+    env.pop("VLLM_FP4_MOE_PLUGIN", None)
+    if MODES[mode] is not None:
+        env["VLLM_FP4_MOE_PLUGIN"] = MODES[mode]
+    env.setdefault("TORCHDYNAMO_DISABLE", "1")
+    out = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True,
+                         text=True, timeout=300, check=True)
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("BENCH"))
+    return json.loads(line[len("BENCH"):])
+
+
+def measure(runs: int) -> dict[str, list[dict]]:
+    """``runs`` probes per mode, interleaved so drift hits every mode alike."""
+    res: dict[str, list[dict]] = {m: [] for m in MODES}
+    for _ in range(runs):
+        for mode in MODES:
+            res[mode].append(probe(mode))
+    return res
+
+
+def _ms_median(samples: list[dict], key: str) -> float:
+    return 1e3 * statistics.median(s[key] for s in samples)
+
+
+def rows(runs: int) -> list[Row]:
+    res = measure(runs)
+    on, off, unset = res["on"], res["off"], res["unset"]
+    vllm_ms = _ms_median(on + off + unset, "import_vllm")
+    n = f"median of {runs} fresh processes"
+    states = sorted({s["state"] for s in on})
+    reg_on = _ms_median(on, "register")
+    reg_unset = _ms_median(unset, "register")
+    return [
+        Row(1, "register(), VLLM_FP4_MOE_PLUGIN=1", "ms", reg_on, vllm_ms, "import vllm",
+            "< 10 ms", reg_on < 10.0, {"note": n, "state_after_trigger": states}),
+        Row(1, "register(), switch unset (watch mode)", "ms", reg_unset, vllm_ms, "import vllm",
+            "< 10 ms", reg_unset < 10.0, {"note": n}),
+        Row(1, "import entry point (after vllm)", "ms", _ms_median(on, "import_entry_point"),
+            vllm_ms, "import vllm", "info", None, {"note": n}),
+        Row(1, "first import of NVFP4 MoE modules (probe+patch)", "ms",
+            _ms_median(on, "quant_modules"), _ms_median(off, "quant_modules"),
+            "same import, plugin off", "info", None,
+            {"note": n + "; plugin includes compat.probe() and patches.apply_all()"}),
+    ]

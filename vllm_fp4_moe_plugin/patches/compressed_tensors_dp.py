@@ -1,0 +1,89 @@
+"""vLLM 0.11.1-era compressed-tensors NVFP4 MoE: one shared GEMM1 scale under DP dispatch.
+
+0.11.1 fixed TP for everyone (the all-gather prepare passes bf16 through, v0111 PF:184-185) and
+DP for ModelOpt only (#26135: every expert's input scale collapsed to the global max). The
+compressed-tensors method still hands the DP prepare a per-expert ``w13_input_scale_quant``
+(v0111 CT:358-368, v0120 CT:395-405), of which ``fp4_quantize`` reads element 0, while
+``g1_alphas`` stay per expert. This subclass keeps the class name and everything upstream does,
+and changes only the DP + FlashInfer CUTLASS case: after upstream's own processing, the scale
+becomes the min over the whole EP group (what ModelOpt's global max of ``input_scale`` is, in
+compressed-tensors' inverted convention) and ``g1_alphas`` are rebuilt to match. Where the
+scales are already one value across the group it changes nothing (design note §10, P5).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn import Parameter
+
+from vllm_fp4_moe_plugin import consistency, scales
+from vllm_fp4_moe_plugin.log import get_logger
+
+logger = get_logger("methods")
+
+_RAW = ("w13_input_global_scale", "w2_input_global_scale", "w13_weight_global_scale",
+        "w2_weight_global_scale")
+
+
+def _layer_name(layer: torch.nn.Module) -> str:
+    return getattr(layer, "layer_name", "") or type(layer).__name__
+
+
+class SharedGemm1ScaleForDpMixin:
+    """Overrides of the 0.11.1-era compressed-tensors NVFP4 MoE method (see module docstring)."""
+
+    def _fp4_uses_cutlass(self) -> bool:
+        from vllm.model_executor.layers.quantization.utils.flashinfer_utils import (
+            FlashinferMoeBackend)
+        return (bool(getattr(self, "allow_flashinfer", False))
+                and not getattr(self, "use_marlin", False)
+                and getattr(self, "flashinfer_moe_backend", None) == FlashinferMoeBackend.CUTLASS)
+
+    def _fp4_dp_dispatch(self) -> bool:
+        """DP prepares quantize before dispatch (v0111 fp4 utils: use_dp = dp_size > 1)."""
+        return self._fp4_uses_cutlass() and self.moe.moe_parallel_config.dp_size > 1
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        dp = self._fp4_dp_dispatch()
+        if dp:  # validate what we are about to reduce over, before upstream inverts it
+            for attr in _RAW:
+                scales.check_positive_finite(getattr(layer, attr), layer=_layer_name(layer),
+                                             name=attr)
+        super().process_weights_after_loading(layer)
+        if dp:
+            self._fp4_share_gemm1_scale(layer)
+
+    def _fp4_share_gemm1_scale(self, layer: torch.nn.Module) -> None:
+        from vllm.distributed import get_ep_group
+
+        group = get_ep_group().cpu_group
+        vec = layer.w13_input_scale_quant.data
+        g_min = scales.agree_min_scale(vec, group)
+        g_max = -scales.agree_min_scale(-vec, group)
+        if torch.equal(g_min, g_max):  # already one value on every rank: nothing to fix
+            logger.debug("%s: GEMM1 activation scales already shared (%.6g)", _layer_name(layer),
+                         float(g_min))
+            return
+        chosen = scales.shared_scalar_scales(g_min, layer.w13_weight_scale_2.data)
+        layer.w13_input_scale_quant = Parameter(
+            chosen.a1_gscale.to(vec.dtype).expand(vec.shape).contiguous(), requires_grad=False)
+        layer.g1_alphas = Parameter(chosen.g1_alphas.to(layer.g1_alphas.dtype),
+                                    requires_grad=False)
+        logger.debug("%s: DP dispatch, one GEMM1 activation scale %.6g for all experts",
+                     _layer_name(layer), float(g_min))
+
+    def select_gemm_impl(self, prepare_finalize, layer: torch.nn.Module):
+        experts = super().select_gemm_impl(prepare_finalize, layer)
+        if self._fp4_uses_cutlass():  # read-only: the load-time check of what was built
+            consistency.run_check(layer, self.moe_quant_config, prepare_finalize, experts)
+        return experts
+
+    def create_weights(self, layer: torch.nn.Module, *args, **kwargs):
+        if self._fp4_uses_cutlass():
+            consistency.expect_layer()
+        return super().create_weights(layer, *args, **kwargs)
+
+
+def build_compressed_tensors_dp_method(original: type) -> type:
+    return type(original.__name__, (SharedGemm1ScaleForDpMixin, original),
+                {"__doc__": original.__doc__, "__module__": __name__})

@@ -26,9 +26,14 @@ def test_readme_opens_with_demo_and_test_commands():
     text = (ROOT / "README.md").read_text()
     head = text[: text.index("## ")] if "## " in text else text
     assert "./scripts/bootstrap.sh && .venv/bin/vllm-fp4-moe demo" in head
-    assert "./scripts/bootstrap.sh --with-engine && .venv/bin/python -m pytest" in head
+    assert "./scripts/test.sh" in head
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "./scripts/bootstrap.sh --with-engine" in ci and ".venv/bin/python -m pytest" in ci
+    assert "./scripts/test.sh" in ci
+    test_sh = (ROOT / "scripts" / "test.sh").read_text()
+    for step in ("./scripts/bootstrap.sh --with-engine", "./scripts/bootstrap-release.sh",
+                 ".venv/bin/python -m pytest", "VLLM_FP4_MOE_EXPECT_DESIGN=0.11.1",
+                 "tests/upstream"):
+        assert step in test_sh
 
 
 @pytest.mark.parametrize("layout,expect", [("tp4_ep", "--tensor-parallel-size 4"),

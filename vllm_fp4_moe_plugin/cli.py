@@ -26,14 +26,22 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([r.as_dict() for r in rows], indent=2))
     else:
-        print("NVFP4 MoE consistency matrix: real vLLM 0.11.0 code on CPU, SM100 simulated, "
-              "FlashInfer 0.3.1 emulated.")
+        from vllm_fp4_moe_plugin.simulation.matrix import installed_release
+
+        version, design = installed_release()
+        print(f"NVFP4 MoE consistency matrix: real vLLM {version} code on CPU (plugin design: "
+              f"{design or 'none, inactive'}), SM100 simulated, FlashInfer's NVFP4 MoE contract "
+              "emulated.")
         print(f"Fixture: E={scenario.num_experts} H={scenario.hidden} I={scenario.intermediate} "
               f"top-{scenario.top_k}, {scenario.tokens} tokens/rank, per-expert input scales "
               f"spread {scenario.input_scale_spread:g}x, seed {scenario.seed}.")
         print("Errors are ||out - ref|| / ||ref|| against the ideal NVFP4 reference of the "
               "layout; 'noise floor' is that reference against fp32.\n")
         print(format_table(rows))
+        for r in rows:
+            for mode, err in (("stock", r.stock_error), ("plugin", r.plugin_error)):
+                if err:
+                    print(f"{mode} {r.format}/{r.layout} cannot run: {err}")
     return 0 if all(r.ok for r in rows) else 1
 
 

@@ -9,7 +9,7 @@ Two designs are patched, each with its own part of the ledger (``patches.LEDGER`
 - ``0.11.0``: quant methods build their modular kernel in ``init_prepare_finalize``; every
   FlashInfer CUTLASS layout pre-quantizes with expert 0's scale. All three 0.11.0 patches.
 - ``0.11.1``: ``FusedMoE.maybe_init_modular_kernel`` swaps the quant method for a
-  ``FusedMoEModularMethod`` (0.11.1, 0.11.2, 0.12.0). Upstream fixed TP (#27223) and ModelOpt
+  ``FusedMoEModularMethod``, and there is no NVFP4 backend oracle yet (0.11.1 to 0.13.0). Upstream fixed TP (#27223) and ModelOpt
   DP (#26135); compressed-tensors DP is still inconsistent, and TP with
   ``flashinfer_all2allv`` still pre-quantizes. Only those two patches, only while probed holes.
 
@@ -20,6 +20,7 @@ alone, with the reason in the one log line.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 from dataclasses import dataclass, field
 from typing import Optional
@@ -30,6 +31,7 @@ _FX = "vllm.model_executor.layers.fused_moe.flashinfer_cutlass_moe"
 _PF = "vllm.model_executor.layers.fused_moe.flashinfer_cutlass_prepare_finalize"
 _FU = "vllm.model_executor.layers.quantization.utils.flashinfer_utils"
 _MM = "vllm.model_executor.layers.fused_moe.fused_moe_modular_method"
+_ORACLE = "vllm.model_executor.layers.fused_moe.oracle.nvfp4"
 
 DESIGN_0_11_0 = "0.11.0"
 DESIGN_0_11_1 = "0.11.1"
@@ -94,8 +96,13 @@ def _probe() -> ProbeResult:
     has_init_pf = hasattr(FusedMoEMethodBase, "init_prepare_finalize")
     has_maybe_init = hasattr(FusedMoE, "maybe_init_modular_kernel")
     findings["design_0_11_0"] = has_init_pf and not has_maybe_init
+    # 0.14.0 added the NVFP4 backend oracle (fused_moe/oracle/nvfp4.py, PR #31692): quant methods
+    # no longer own their scales' layout, and the 0.11.1-era patches no longer fit.
+    findings["nvfp4_oracle"] = importlib.util.find_spec(_ORACLE.rsplit(".", 1)[0]) is not None \
+        and importlib.util.find_spec(_ORACLE) is not None
     findings["design_0_11_1"] = (has_maybe_init and not has_init_pf
-                                 and _has(_MM, "FusedMoEModularMethod"))
+                                 and _has(_MM, "FusedMoEModularMethod")
+                                 and not findings["nvfp4_oracle"])
     # P1: 0.11.1's TP fix added FlashInferExperts(use_dp=...) (v0111 flashinfer_cutlass_moe.py:59).
     findings["tp_fix_present"] = (_has(_FX, "FlashInferExperts") and "use_dp" in
                                   inspect.signature(_attr(_FX, "FlashInferExperts").__init__)
@@ -106,6 +113,11 @@ def _probe() -> ProbeResult:
         return _probe_0_11_0(findings)
     if findings["design_0_11_1"]:
         return _probe_0_11_1(findings)
+    if findings["nvfp4_oracle"]:
+        return ProbeResult(False, "vLLM has the NVFP4 MoE backend oracle (0.14.0+ design, "
+                           "fused_moe/oracle/nvfp4.py); this plugin only patches the 0.11.0 and "
+                           "0.11.1 designs, see docs/SUPPORT.md for what that leaves open",
+                           findings)
     return ProbeResult(False, "vLLM's MoE internals are neither the 0.11.0 nor the 0.11.1 "
                        "design this plugin knows (see docs/SUPPORT.md); nothing to patch",
                        findings)

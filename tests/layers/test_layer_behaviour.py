@@ -112,7 +112,7 @@ def test_uniform_scales_control():
     not an artefact of the emulator or the references."""
     scenario = Scenario(input_scale_spread=1.0)
     r = spawn(LAYOUTS["single"], f"{JOBS}:uniform_scales_control")[0]
-    ideal, _ = references(scenario, 0, shared_scalar=False)
+    ideal, _ = references(scenario, 0, "per_expert")
     for fmt in FORMATS:
         stock = rel_err(r.outputs[f"{fmt}/stock"], ideal)
         plugin = rel_err(r.outputs[f"{fmt}/plugin"], ideal)

@@ -241,3 +241,22 @@ def test_unquantized_bf16_weights(m, device):
             want += torch.nn.functional.one_hot(torch.tensor(t), m).to(device).float()[:, None] \
                 * weights[t, k] * y
     assert rel_err(out, want.to(BF16)) <= TIGHT_BOUND
+
+
+def test_input_sf_is_read_through_its_pointer(device):
+    """vLLM 0.12.0 slices the 1-D interleaved SF to ``[0:M]`` before the kernel
+    (modular_kernel.py:1134); the kernel only takes ``data_ptr()``, so the result must not
+    change, and a storage that really is too short must fail."""
+    import torch
+
+    from vllm_fp4_moe_plugin import nvfp4
+    from vllm_fp4_moe_plugin.nvfp4.fused_moe_emulator import _bytes_behind_pointer
+
+    torch.manual_seed(0)
+    x = torch.randn(5, 64, device=device, dtype=torch.bfloat16)
+    _, sf = nvfp4.fp4_quantize(x, torch.tensor([1.0], device=device), is_sf_swizzled_layout=False)
+    full = nvfp4.block_scale_interleave(sf.view(torch.uint8))
+    # Reference check: the whole buffer, and the [0:5] view of it, give the same bytes.
+    assert torch.equal(_bytes_behind_pointer(full[:5], 5, 4), full)
+    with pytest.raises(ValueError, match="storage holds"):
+        _bytes_behind_pointer(full[:5].clone(), 5, 4)

@@ -97,6 +97,28 @@ def _act_scale(scale: torch.Tensor, e: int) -> torch.Tensor:
     return scale[e] if scale.dim() == 1 else scale
 
 
+def _bytes_behind_pointer(input_sf: torch.Tensor, m: int, ks: int) -> torch.Tensor:
+    """The swizzled SF bytes the kernel reads for ``m`` rows, as the kernel reads them.
+
+    The binding passes only ``input_sf.data_ptr()`` to the kernel (fi 0.3.1 and 0.5.3
+    flashinfer_cutlass_fused_moe_sm100_binding.cu:386), with no shape check. vLLM 0.12.0 hands
+    it ``a1q_scale[0:M]`` of the 1-D interleaved buffer (modular_kernel.py:1134, _slice_scales,
+    even with one chunk); on the GPU that is harmless because the storage behind the pointer is
+    whole. So when the view is shorter than the 128x4 buffer, read the same bytes from its
+    storage, and fail only where the real kernel would read past the allocation.
+    """
+    raw = input_sf.view(torch.uint8) if input_sf.dtype.itemsize == 1 else input_sf
+    need = ((m + 127) // 128 * 128) * ((ks + 3) // 4 * 4)
+    if raw.numel() >= need or not raw.is_contiguous():
+        return raw.contiguous().reshape(-1)
+    storage = raw.untyped_storage()
+    if storage.nbytes() - raw.storage_offset() < need:
+        raise ValueError(f"input_sf's storage holds {storage.nbytes() - raw.storage_offset()} "
+                         f"bytes after its pointer; the kernel reads {need} for {m} rows")
+    return torch.empty(0, dtype=torch.uint8, device=raw.device).set_(
+        storage, raw.storage_offset(), (need,))
+
+
 def _nvfp4_operands(input, input_sf, fc1, fc2, quant_scales, e_local):
     """Validate like fi.ops:914-969 and return decoded weights + scales."""
     w1 = fc1.view(torch.uint8) if fc1.dtype == torch.int64 else fc1
@@ -139,7 +161,8 @@ def _nvfp4_operands(input, input_sf, fc1, fc2, quant_scales, e_local):
         _check(input.shape[1] * 2 == hidden, "FP4 input must be [num_tokens, hidden_size / 2]")
         if input_sf is None:
             raise ValueError("FP4 input needs input_sf (the real kernel would read zero scales)")
-        in_sf = unswizzle_128x4(input_sf.contiguous().view(torch.uint8).reshape(-1),
+        in_sf = unswizzle_128x4(_bytes_behind_pointer(input_sf, input.shape[0],
+                                                      hidden // BLOCK_SIZE),
                                 input.shape[0], hidden // BLOCK_SIZE)
         in_vals = _block_values(unpack_fp4(input), in_sf.view(torch.float8_e4m3fn))
     elif input.dtype in _HALF_TYPES:

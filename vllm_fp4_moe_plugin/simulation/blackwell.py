@@ -104,7 +104,8 @@ def _cpu_reduce_scatterv(self, input_: torch.Tensor, dim: int = -1,
 
 
 def _cpu_alltoall_dispatch(all2all_manager, global_num_tokens_cpu, x, gs, topk_ids,
-                           topk_weights, top_k, num_experts, quant_config):
+                           topk_weights, top_k, num_experts, quant_config,
+                           use_deepseek_fp8_block_scale: bool = False):
     """Stock ``flashinfer_alltoall_dispatch`` (PF:207-264) with MNNVL swapped for gloo.
 
     The numerics are kept: the *sender* quantizes with ``gs`` in linear SF layout, the receiver
@@ -114,6 +115,8 @@ def _cpu_alltoall_dispatch(all2all_manager, global_num_tokens_cpu, x, gs, topk_i
     from vllm.distributed import get_ep_group
     from vllm.model_executor.layers.fused_moe.utils import moe_kernel_quantize_input
 
+    if use_deepseek_fp8_block_scale:  # vLLM 0.12.0's FP8 block-scale variant: not NVFP4
+        raise NotImplementedError("the CPU all-to-all twin covers NVFP4 only")
     pf = importlib.import_module(_PF)
     xq, x_sf = moe_kernel_quantize_input(
         x, gs, quant_config.quant_dtype, quant_config.per_act_token_quant,
@@ -164,9 +167,11 @@ class _Patcher:
     def __init__(self) -> None:
         self._undo: list[tuple[Any, str, Any]] = []
 
-    def set(self, owner: Any, attr: str, value: Any) -> None:
+    def set(self, owner: Any, attr: str, value: Any, *, only_if_present: bool = False) -> None:
         if isinstance(owner, str):
             owner = importlib.import_module(owner)
+        if only_if_present and not hasattr(owner, attr):
+            return
         self._undo.append((owner, attr, getattr(owner, attr)))
         setattr(owner, attr, value)
 
@@ -174,6 +179,21 @@ class _Patcher:
         while self._undo:
             owner, attr, value = self._undo.pop()
             setattr(owner, attr, value)
+
+
+def _flashinfer_0_5_call(moe_kernel):
+    """vLLM 0.11.1+ call FlashInfer 0.5's ``cutlass_fused_moe`` with ``activation_type``
+    (FlashInferExperts.apply there). The NVFP4 contract is otherwise 0.3.1's: the same six
+    quant scales, scalar-or-per-local-expert act scales (fi 0.5.3
+    flashinfer_cutlass_fused_moe_sm100_binding.cu:1036-1062) and ``SFScale[0]`` in the
+    quantizer (quantization.cuh:763). Only SwiGLU is emulated; anything else is refused."""
+
+    def call(*args, activation_type=None, **kwargs):
+        if activation_type is not None and getattr(activation_type, "name", "Swiglu") != "Swiglu":
+            raise NotImplementedError(f"emulator covers SwiGLU only, not {activation_type!r}")
+        return moe_kernel(*args, **kwargs)
+
+    return call
 
 
 @contextlib.contextmanager
@@ -210,8 +230,13 @@ def simulated_blackwell(*, backend: str = "throughput",
         p.set(f"{q}.utils.flashinfer_fp4_moe", "is_flashinfer_fp4_cutlass_moe_available",
               _fi_cutlass_moe_available)
         p.set("vllm.model_executor.layers.fused_moe.flashinfer_cutlass_moe",
-              "flashinfer_cutlass_fused_moe", moe_kernel)
-        p.set("vllm.model_executor.layers.fused_moe.utils", "fp4_quantize", nvfp4.fp4_quantize)
+              "flashinfer_cutlass_fused_moe", _flashinfer_0_5_call(moe_kernel))
+        # 0.11.0 imports flashinfer's quantizer as `fp4_quantize`, 0.11.1+ through vLLM's lazy
+        # wrapper as `flashinfer_fp4_quantize` (which caches the real one on first call).
+        p.set("vllm.model_executor.layers.fused_moe.utils", "fp4_quantize", nvfp4.fp4_quantize,
+              only_if_present=True)
+        p.set("vllm.model_executor.layers.fused_moe.utils", "flashinfer_fp4_quantize",
+              nvfp4.fp4_quantize, only_if_present=True)
         p.set(flashinfer, "fp4_quantize", nvfp4.fp4_quantize)
         p.set(_PF, "nvfp4_block_scale_interleave", nvfp4.block_scale_interleave)
         p.set(_PF, "flashinfer_alltoall_dispatch", _cpu_alltoall_dispatch)

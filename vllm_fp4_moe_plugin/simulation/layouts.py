@@ -20,7 +20,8 @@ from typing import Any, Optional
 
 import torch
 
-LAYOUT_NAMES = ("single", "pp", "tp", "tp_ep", "dp_ep_allgather", "dp_ep_all2allv", "dp")
+LAYOUT_NAMES = ("single", "pp", "tp", "tp_ep", "tp_all2allv", "dp_ep_allgather",
+                "dp_ep_all2allv", "dp")
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,8 @@ LAYOUTS: dict[str, Layout] = {
     "pp": Layout("pp", pp=2),
     "tp": Layout("tp", tp=2),
     "tp_ep": Layout("tp_ep", tp=2, ep=True),
+    # --all2all-backend flashinfer_all2allv without DP (design note §7, "still does not match" 2)
+    "tp_all2allv": Layout("tp_all2allv", tp=2, all2all="flashinfer_all2allv"),
     "dp_ep_allgather": Layout("dp_ep_allgather", dp=2, ep=True),
     "dp_ep_all2allv": Layout("dp_ep_all2allv", dp=2, ep=True, all2all="flashinfer_all2allv"),
     "dp": Layout("dp", dp=2),
@@ -89,6 +92,7 @@ class RankOutput:
     dp_rank: int
     outputs: dict[str, torch.Tensor] = field(default_factory=dict)  # "fmt/mode" -> [T, H]
     info: dict[str, Any] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)  # "fmt/mode" -> why forward failed
 
 
 def _free_port() -> int:
@@ -140,6 +144,8 @@ def _run_job(rank: int, layout: Layout, job: str, args: tuple, ports: list[int])
         data_parallel_size=layout.dp, data_parallel_rank=dp_rank,
         enable_expert_parallel=layout.ep, data_parallel_master_ip="127.0.0.1",
         expert_placement_strategy=layout.placement)
+    if "all2all_backend" in getattr(ParallelConfig, "__dataclass_fields__", {}):
+        parallel.all2all_backend = layout.all2all  # 0.11.1+: a config field, not only an env
     parallel._data_parallel_master_port_list = list(ports[1:])
     cfg = VllmConfig(device_config=DeviceConfig(device="cpu"), parallel_config=parallel)
     with set_current_vllm_config(cfg), simulated_blackwell():
@@ -216,11 +222,15 @@ def stock_and_plugin_outputs(ctx: RankContext, scenario: Scenario, formats: tupl
                 built = moe_layer.build_layer(experts, fmt, top_k=scenario.top_k, index=index)
                 index += 1
                 moe_layer.prepare_modular_kernel(built.layer)
-                out = moe_layer.forward(built.layer, x, logits, vllm_config=ctx.vllm_config,
-                                        num_tokens_across_dp=across_dp)
                 key = f"{fmt}/{mode}"
-                result.outputs[key] = out.float()
                 result.info[key] = describe_layer(built.layer)
+                try:
+                    out = moe_layer.forward(built.layer, x, logits, vllm_config=ctx.vllm_config,
+                                            num_tokens_across_dp=across_dp)
+                except Exception as exc:  # a layout stock cannot run at all is a row too
+                    result.errors[key] = f"{type(exc).__name__}: {exc}"
+                    continue
+                result.outputs[key] = out.float()
                 if mode == "plugin":  # the load-time check's verdict on this very layer
                     last = consistency.last_result()
                     result.info[key]["check"] = (last.ok, last.path) if last else None

@@ -1,14 +1,18 @@
 """The consistency matrix: every format x layout x backend, stock vs plugin, on the same inputs.
 
-Each row compares the real vLLM 0.11.0 layer output (SM100 simulated, FlashInfer emulated) with
-two plain loop-over-experts references computed here from the same seeds:
+Each row compares the real vLLM layer output of the installed release (SM100 simulated,
+FlashInfer emulated) with two plain loop-over-experts references computed here from the same
+seeds:
 
 * the fp32 reference: dequantized weights, unquantized activations;
-* the ideal NVFP4 reference *for that layout*: activations quantized per expert inside the
-  kernel (TP-like layouts), or with the one shared scalar ``min_e gs_e`` (DP layouts).
+* the ideal NVFP4 reference *for that layout and release*: activations quantized per expert
+  inside the kernel, or with the one shared scalar ``min_e gs_e`` over all experts (DP layouts;
+  and every ModelOpt layout from 0.11.1, whose #26135 collapses the scales in all layouts).
 
 ``noise_floor`` is the ideal reference against fp32: the error NVFP4 itself costs. A correct
-layer sits at about 0 from the ideal reference and at about the noise floor from fp32.
+layer sits at about 0 from the ideal reference and at about the noise floor from fp32. A row is
+a *hole* when stock is at least ``AFFECTED_FACTOR`` x the bound away from the ideal; on every
+other row the plugin must be bit-identical to stock (it is inert there).
 """
 
 from __future__ import annotations
@@ -42,6 +46,12 @@ class Row:
     plugin_fp32_err: float
     stock_fp32_err: float
     stock_affected: bool
+    bit_identical: bool  # plugin output == stock output, bit for bit, on every rank
+    reference_scheme: str  # one of SCHEMES
+    vllm_version: str
+    design: Optional[str]
+    stock_error: Optional[str]  # set when stock's forward raised (the layer cannot run)
+    plugin_error: Optional[str]
     ok: bool
     plugin_prepare_finalize: str
     plugin_a1_gscale_shape: Optional[list]
@@ -57,8 +67,9 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
-def references(scenario: Scenario, dp_rank: int, shared_scalar: bool):
-    """(ideal NVFP4 reference, fp32 reference) for one rank's tokens."""
+def references(scenario: Scenario, dp_rank: int, scheme: str):
+    """(ideal NVFP4 reference, fp32 reference) for one rank's tokens, under ``scheme``
+    (see :func:`reference_scheme`)."""
     from vllm_fp4_moe_plugin.nvfp4 import moe_reference_fp32, moe_reference_nvfp4
     from vllm_fp4_moe_plugin.simulation.blackwell import cpu_topk_softmax_routing
 
@@ -66,43 +77,88 @@ def references(scenario: Scenario, dp_rank: int, shared_scalar: bool):
     x, logits = scenario.inputs(dp_rank)
     weights, ids = cpu_topk_softmax_routing(x, logits, scenario.top_k, True)
     gs = experts.w13_input_gs.float()
-    a1 = gs.min().reshape(()) if shared_scalar else gs
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown reference scheme {scheme!r}")
+    a1 = gs if scheme == "per_expert" else gs.min().reshape(())
+    a2 = (experts.w2_input_gs.float().min().expand_as(experts.w2_input_gs)
+          if scheme == "shared_gemm1_gemm2" else None)
     # bf16 where the kernel stores GEMM outputs and the SwiGLU result (fused_moe_emulator.py).
-    ideal = moe_reference_nvfp4(x, experts, weights, ids, a1_gs=a1,
+    ideal = moe_reference_nvfp4(x, experts, weights, ids, a1_gs=a1, a2_gs=a2,
                                 intermediate_dtype=torch.bfloat16)
     fp32 = moe_reference_fp32(x, experts, weights, ids)
     return ideal, fp32
 
 
+# per_expert: each expert's own GEMM1 input scale (kernel-side quantization);
+# shared_gemm1: one GEMM1 scale, the min of gs over all experts (DP dispatch);
+# shared_gemm1_gemm2: that, and GEMM2's scale collapsed the same way (ModelOpt from 0.11.1,
+#   #26135: w13_input_scale.max() and w2_input_scale.max() in every layout, v0111 MO:1488-1525).
+SCHEMES = ("per_expert", "shared_gemm1", "shared_gemm1_gemm2")
+
+
+def reference_scheme(design: Optional[str], fmt: str, layout) -> str:
+    """Which activation scales a *correct* layer uses on this release and layout."""
+    from vllm_fp4_moe_plugin.compat import DESIGN_0_11_1
+
+    if design == DESIGN_0_11_1 and fmt == "modelopt":
+        return "shared_gemm1_gemm2"
+    if layout.dispatches_quantized:
+        return "shared_gemm1"
+    return "per_expert"
+
+
+def installed_release() -> tuple[str, Optional[str]]:
+    """(vLLM version, MoE design the plugin's probe sees) of the installed vLLM."""
+    import vllm
+
+    from vllm_fp4_moe_plugin import compat
+
+    return vllm.__version__, compat.probe().design
+
+
 def rows_for_layout(layout_name: str, scenario: Scenario,
                     formats=("modelopt", "compressed-tensors")) -> list[Row]:
     layout = LAYOUTS[layout_name]
+    version, design = installed_release()
     ranks = run_layout(layout, scenario, formats=formats)
     refs = {}
     rows = []
     for fmt in formats:
+        scheme = reference_scheme(design, fmt, layout)
         errs = {"stock": [], "plugin": []}
         fp32_errs = {"stock": [], "plugin": []}
         noise = []
+        failures: dict[str, Optional[str]] = {"stock": None, "plugin": None}
         for r in ranks:
-            if r.dp_rank not in refs:
-                refs[r.dp_rank] = references(scenario, r.dp_rank, layout.dispatches_quantized)
-            ideal, fp32 = refs[r.dp_rank]
+            if (r.dp_rank, scheme) not in refs:
+                refs[r.dp_rank, scheme] = references(scenario, r.dp_rank, scheme)
+            ideal, fp32 = refs[r.dp_rank, scheme]
             noise.append(rel_err(ideal, fp32))
             for mode in errs:
-                out = r.outputs[f"{fmt}/{mode}"]
+                out = r.outputs.get(f"{fmt}/{mode}")
+                if out is None:  # forward raised: the layer cannot run in this layout
+                    errs[mode].append(float("inf"))
+                    fp32_errs[mode].append(float("inf"))
+                    failures[mode] = failures[mode] or r.errors[f"{fmt}/{mode}"]
+                    continue
                 errs[mode].append(rel_err(out, ideal))
                 fp32_errs[mode].append(rel_err(out, fp32))
         stock, plugin = max(errs["stock"]), max(errs["plugin"])
         floor = max(noise)
         plugin_fp32 = max(fp32_errs["plugin"])
         info = ranks[0].info[f"{fmt}/plugin"]
+        affected = stock >= AFFECTED_FACTOR * PLUGIN_BOUND
+        identical = not any(failures.values()) and all(
+            torch.equal(r.outputs[f"{fmt}/stock"], r.outputs[f"{fmt}/plugin"]) for r in ranks)
+        correct = plugin <= PLUGIN_BOUND and plugin_fp32 <= FP32_FACTOR * floor
         rows.append(Row(
             format=fmt, layout=layout_name, backend=BACKEND,
             stock_rel_err=stock, plugin_rel_err=plugin, bound=PLUGIN_BOUND, noise_floor=floor,
             plugin_fp32_err=plugin_fp32, stock_fp32_err=max(fp32_errs["stock"]),
-            stock_affected=stock >= AFFECTED_FACTOR * PLUGIN_BOUND,
-            ok=plugin <= PLUGIN_BOUND and plugin_fp32 <= FP32_FACTOR * floor,
+            stock_affected=affected, bit_identical=identical, reference_scheme=scheme,
+            vllm_version=version, design=design,
+            stock_error=failures["stock"], plugin_error=failures["plugin"],
+            ok=correct and (affected or identical),
             plugin_prepare_finalize=info["prepare_finalize"],
             plugin_a1_gscale_shape=info["a1_gscale_shape"],
             plugin_check=[(r.info[f"{fmt}/plugin"].get("check") or (None,))[0] for r in ranks]))
@@ -120,9 +176,12 @@ def run_matrix(layouts: Iterable[str] = tuple(LAYOUTS), scenario: Optional[Scena
 
 def format_table(rows: list[Row]) -> str:
     head = ("format", "layout", "backend", "stock err", "plugin err", "bound", "noise floor",
-            "plugin vs fp32", "ok")
-    body = [(r.format, r.layout, r.backend, f"{r.stock_rel_err:.3g}", f"{r.plugin_rel_err:.3g}",
+            "plugin vs fp32", "hole", "plugin == stock", "ok")
+    body = [(r.format, r.layout, r.backend,
+             "fails" if r.stock_error else f"{r.stock_rel_err:.3g}",
+             "fails" if r.plugin_error else f"{r.plugin_rel_err:.3g}",
              f"{r.bound:.0e}", f"{r.noise_floor:.3g}", f"{r.plugin_fp32_err:.3g}",
+             "yes" if r.stock_affected else "no", "bit-identical" if r.bit_identical else "no",
              "yes" if r.ok else "NO") for r in rows]
     widths = [max(len(str(c)) for c in col) for col in zip(head, *body)]
     fmt = " | ".join(f"{{:<{w}}}" for w in widths)

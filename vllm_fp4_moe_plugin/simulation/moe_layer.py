@@ -3,7 +3,7 @@
 Everything is vLLM's own: the quant config classes, ``FusedMoE``, its weight loader fed with
 checkpoint-named tensors through ``make_expert_params_mapping`` (exactly as a model's
 ``load_weights`` does), ``process_weights_after_loading``, ``prepare_communication_buffer_for_
-model`` (which builds the modular kernel when DP x TP > 1) and ``forward_impl``. Only the
+model`` (which builds the modular kernel when DP x TP > 1) and ``forward_native``. Only the
 hardware is simulated (:mod:`.blackwell`), and routing is vLLM's ``custom_routing_function``.
 """
 
@@ -109,10 +109,12 @@ def prepare_modular_kernel(layer: torch.nn.Module) -> None:
 
 def forward(layer: torch.nn.Module, hidden_states: torch.Tensor, router_logits: torch.Tensor,
             *, vllm_config, num_tokens_across_dp: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """One MoE forward through ``FusedMoE.forward_impl`` (the path the model's custom op takes)."""
+    """One MoE forward through ``FusedMoE.forward_native``: vLLM's ``moe_forward`` custom op
+    (which looks the layer up by name in the forward context and runs ``forward_impl``) and the
+    TP/EP all-reduce, which 0.11.0 does inside ``forward_impl`` and 0.11.1+ after the op."""
     from vllm.forward_context import set_forward_context
 
     with set_forward_context({}, vllm_config, num_tokens=hidden_states.shape[0],
                              num_tokens_across_dp=num_tokens_across_dp):
-        out = layer.forward_impl(hidden_states, router_logits)
+        out = layer.forward_native(hidden_states, router_logits)
     return out.clone()

@@ -1,0 +1,78 @@
+"""On a 0.11.1-era vLLM the plugin installs only the two fixes upstream still lacks.
+
+ModelOpt (fixed by #27223/#26135) must stay vLLM's own class object: vLLM 0.11.1's weight loader
+gates the global input-scale load on the class *name* ``ModelOptNvFp4FusedMoE`` (layer.py:968
+there), and a renamed or re-wrapped class would silently load only local rows.
+"""
+
+import importlib
+
+import pytest
+
+from vllm_fp4_moe_plugin import compat, patches
+
+pytestmark = [pytest.mark.cpu, pytest.mark.compat]
+
+_MO = "vllm.model_executor.layers.quantization.modelopt"
+_CT = "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe"
+_PF = "vllm.model_executor.layers.fused_moe.flashinfer_cutlass_prepare_finalize"
+_FX = "vllm.model_executor.layers.fused_moe.flashinfer_cutlass_moe"
+_UNTOUCHED = ((_MO, "ModelOptNvFp4FusedMoE"), (_FX, "flashinfer_cutlass_moe_fp4"),
+              (_FX, "FlashInferExperts"), (_PF, "FlashInferAllGatherMoEPrepareAndFinalize"),
+              ("vllm.model_executor.layers.fused_moe.layer", "FusedMoE"))
+
+
+def _get(module, attr):
+    return getattr(importlib.import_module(module), attr)
+
+
+def test_probe_sees_the_0_11_1_design_and_its_two_holes():
+    result = compat.probe()
+    ct = compat.compressed_tensors_nvfp4_class_name()
+    assert result.install and result.design == compat.DESIGN_0_11_1, result.reason
+    assert result.findings["tp_fix_present"] and result.findings["modelopt_dp_fix_present"]
+    assert set(result.patches) == {f"{_CT}.{ct}",
+                                   f"{_PF}.FlashInferAllToAllMoEPrepareAndFinalize"}
+
+
+def test_register_leaves_upstream_fixed_symbols_alone(fresh_plugin, monkeypatch, caplog_plugin):
+    before = {t: _get(*t) for t in _UNTOUCHED}
+    ct_name = compat.compressed_tensors_nvfp4_class_name()
+    ct_before = _get(_CT, ct_name)
+    monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN", "1")
+    fresh_plugin.register()
+    assert fresh_plugin.state()[0] == "active"
+    for target, obj in before.items():
+        assert _get(*target) is obj, f"{'.'.join(target)} was replaced"
+    assert _get(_MO, "ModelOptNvFp4FusedMoE").__name__ == "ModelOptNvFp4FusedMoE"
+    ct_after = _get(_CT, ct_name)
+    assert ct_after is not ct_before and ct_after.__name__ == ct_name
+    assert issubclass(ct_after, ct_before)
+    assert sorted(patches.applied_targets()) == sorted(compat.probe().patches)
+    lines = [r.getMessage() for r in caplog_plugin.records if "plugin active" in r.getMessage()]
+    assert len(lines) == 1 and "ModelOpt" not in lines[0]
+
+
+def test_no_0_11_0_patch_applies_on_this_design():
+    for p in patches.LEDGER:
+        if compat.DESIGN_0_11_1 not in p.designs:
+            assert p.target not in compat.probe().patches
+
+
+def test_all2allv_probe_flips_once_patched(fresh_plugin, monkeypatch):
+    assert compat.all2allv_tp_prequantizes()
+    monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN", "1")
+    fresh_plugin.register()
+    import torch
+    from vllm.model_executor.layers.fused_moe.config import nvfp4_moe_quant_config
+
+    one = torch.ones(1)
+    cfg = nvfp4_moe_quant_config(g1_alphas=one, g2_alphas=one, a1_gscale=one, a2_gscale=one,
+                                 w1_scale=one, w2_scale=one)
+    a1 = torch.zeros(2, 32, dtype=torch.bfloat16)
+    pf = _get(_PF, "FlashInferAllToAllMoEPrepareAndFinalize")(use_dp=False)
+    out = pf.prepare(a1, torch.ones(2, 1), torch.zeros(2, 1, dtype=torch.int32), 2, None, False,
+                     cfg)
+    assert out[0] is a1 and out[1] is None
+    # The probe looks through our own patch: doctor still reports the upstream hole.
+    assert compat.all2allv_tp_prequantizes()

@@ -38,6 +38,8 @@ class Layout:
             a2a = os.environ.get("VLLM_ALL2ALL_BACKEND") == "flashinfer_all2allv"
             return "dp_ep_all2allv" if a2a else "dp_ep_allgather"
         if self.tp > 1:
+            if os.environ.get("VLLM_ALL2ALL_BACKEND") == "flashinfer_all2allv":
+                return "tp_all2allv"
             return "tp_ep" if self.ep else "tp"
         return "pp" if self.pp > 1 else "single"
 
@@ -89,6 +91,7 @@ def probes() -> dict:
 
     result = compat.probe()
     return {"would_install": result.install, "reason": result.reason,
+            "design": result.design, "patches": list(result.patches),
             "findings": dict(result.findings)}
 
 
@@ -111,21 +114,49 @@ def kernel_path(capability: Optional[str], fmt: Optional[str]) -> tuple[Optional
     return None, f"SM{major}{minor} cannot run NVFP4 MoE in vLLM 0.11.0"
 
 
-def layer_paths(report: dict, layout: Layout, path: Optional[str], plugin_active: bool) -> list:
+def _stock_hole(design: Optional[str], fmt: str, layout: Layout, path: Optional[str],
+                affected: bool) -> Optional[bool]:
+    """Does stock vLLM of ``design`` compute this layer inconsistently? None: not modelled.
+    The 0.11.1-era holes are the ones docs/SUPPORT.md lists (compressed-tensors with DP
+    dispatch; flashinfer_all2allv without DP)."""
+    from vllm_fp4_moe_plugin.compat import DESIGN_0_11_0, DESIGN_0_11_1
+
+    flashinfer = path in ("flashinfer_cutlass", "flashinfer_trtllm")
+    if design == DESIGN_0_11_0:
+        return flashinfer and affected
+    if design == DESIGN_0_11_1:
+        if path != "flashinfer_cutlass":
+            return False
+        return layout.name == "tp_all2allv" or (
+            fmt == "compressed-tensors" and layout.dp > 1 and affected)
+    return None
+
+
+def layer_paths(report: dict, layout: Layout, path: Optional[str], plugin_active: bool,
+                design: Optional[str] = "0.11.0") -> list:
     """Per MoE layer: is it consistent without and with the plugin, in this layout?"""
     rows = []
     for layer in report["layers"]:
         affected = bool(layer["affected"].get(layout.name, True))
         flashinfer = path in ("flashinfer_cutlass", "flashinfer_trtllm")
-        stock_ok = None if path is None else not (flashinfer and affected)
-        uneven = layout.ep and layer["num_experts"] % (layout.tp * layout.dp) != 0
-        plugin_ok = None if path is None else (
-            stock_ok if not flashinfer else (plugin_active and not uneven))
+        hole = None if path is None else _stock_hole(design, report["format"], layout, path,
+                                                     affected)
+        stock_ok = None if hole is None else not hole
+        # The 0.11.0 patches refuse uneven expert splits; the 0.11.1-era ones only fill holes.
+        uneven = (design == "0.11.0" and layout.ep
+                  and layer["num_experts"] % (layout.tp * layout.dp) != 0)
+        if stock_ok is None:
+            plugin_ok = None
+        elif design == "0.11.0":
+            plugin_ok = stock_ok if not flashinfer else (plugin_active and not uneven)
+        else:
+            plugin_ok = plugin_active if hole else stock_ok
         rows.append({"layer": layer["layer"], "w13_spread": layer["w13_spread"],
                      "kernel": path, "stock_consistent": stock_ok,
                      "plugin_consistent": plugin_ok,
                      "note": "experts not divisible by DP*TP: the plugin refuses it" if uneven
-                     else ""})
+                     else ("this vLLM's MoE design is not modelled here: see docs/SUPPORT.md"
+                           if hole is None and path is not None else "")})
     return rows
 
 
@@ -151,7 +182,8 @@ def run_doctor(checkpoint: Optional[str] = None, layout: Layout = Layout(),
     report["plugin"] = {"would_load": loaded, "would_be_active": active}
     report["layout"] = {"name": layout.name, "tp": layout.tp, "dp": layout.dp, "pp": layout.pp,
                         "ep": layout.ep, "kernel": path, "why": why}
-    report["layers"] = layer_paths(ckpt, layout, path, active) if ckpt else []
+    design = report["probes"]["design"] if report["probes"] else None
+    report["layers"] = layer_paths(ckpt, layout, path, active, design) if ckpt else []
     report["verdict"] = _verdict(report)
     report["verdict_text"] = VERDICTS[report["verdict"]]
     return report
@@ -195,7 +227,9 @@ def format_doctor(r: dict) -> str:
     else:
         action = "install its fixes" if p["would_install"] else "stay inactive"
         lines.append(f"probes: the plugin would {action} ({p['reason']})")
+        lines.append(f"  {'design':<26} {p['design'] or 'unknown'} (docs/SUPPORT.md)")
         lines += [f"  {k:<26} {v}" for k, v in p["findings"].items()]
+        lines += [f"  would replace              {t}" for t in p["patches"]]
     lines += ["", f"plugin: would load {yes(r['plugin']['would_load'])}, "
               f"would be active {yes(r['plugin']['would_be_active'])}"]
     lay = r["layout"]

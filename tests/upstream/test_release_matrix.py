@@ -42,7 +42,10 @@ def test_holes_fixed_and_everything_else_untouched(layout, fmt):
         assert row.stock_error or row.stock_rel_err >= AFFECTED_FACTOR * PLUGIN_BOUND, row
         assert row.stock_error or row.stock_fp32_err >= 2 * row.noise_floor, row
         assert not row.bit_identical
-        assert all(row.plugin_check), row.plugin_check  # load-time check passes on every rank
+        if fmt == "compressed-tensors":  # our subclass runs the load-time check on every rank
+            assert all(row.plugin_check), row.plugin_check
+        else:  # ModelOpt stays vLLM's own class on this design: nothing of ours runs there
+            assert not any(row.plugin_check), row.plugin_check
     else:
         assert row.bit_identical, f"the plugin changed an upstream-fixed path: {row}"
         assert row.stock_error is None and not row.stock_affected

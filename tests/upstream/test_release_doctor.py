@@ -1,0 +1,50 @@
+"""doctor on a 0.11.1-era release: it names the design and judges layers by *its* holes."""
+
+import pytest
+
+from vllm_fp4_moe_plugin import doctor
+from vllm_fp4_moe_plugin.checkpoint.writer import write_checkpoint
+
+pytestmark = pytest.mark.cpu
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    out = {}
+    for fmt in ("modelopt", "compressed-tensors"):
+        path = tmp_path_factory.mktemp(fmt)
+        write_checkpoint(path, fmt=fmt, arch="qwen3_moe", input_scale_spread=4.0)
+        out[fmt] = path
+    return out
+
+
+@pytest.fixture
+def env(monkeypatch):
+    for k in doctor.VLLM_ENV + doctor.OWN_ENV:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("VLLM_USE_FLASHINFER_MOE_FP4", "1")
+    return monkeypatch
+
+
+@pytest.mark.parametrize("fmt,layout,stock_ok", [
+    ("modelopt", doctor.Layout(dp=2, ep=True), True),           # #26135
+    ("compressed-tensors", doctor.Layout(tp=2, ep=True), True),  # #27223
+    ("compressed-tensors", doctor.Layout(dp=2, ep=True), False),  # the hole left open
+])
+def test_layers_judged_by_this_releases_holes(env, checkpoints, fmt, layout, stock_ok):
+    r = doctor.run_doctor(str(checkpoints[fmt]), layout, capability="10.0")
+    assert r["probes"]["design"] == "0.11.1"
+    assert r["layers"] and all(row["stock_consistent"] is stock_ok for row in r["layers"])
+    assert r["verdict"] == (doctor.FINE if stock_ok else doctor.AT_RISK)  # plugin off
+    env.setenv("VLLM_FP4_MOE_PLUGIN", "1")
+    r = doctor.run_doctor(str(checkpoints[fmt]), layout, capability="10.0")
+    assert r["plugin"]["would_be_active"] and r["verdict"] == doctor.FINE
+    assert all(row["plugin_consistent"] for row in r["layers"])
+
+
+def test_all2allv_without_dp_is_a_hole_for_modelopt_too(env, checkpoints):
+    env.setenv("VLLM_ALL2ALL_BACKEND", "flashinfer_all2allv")
+    r = doctor.run_doctor(str(checkpoints["modelopt"]), doctor.Layout(tp=2), capability="10.0")
+    assert r["layout"]["name"] == "tp_all2allv"
+    assert r["verdict"] == doctor.AT_RISK
+    assert "would replace" in doctor.format_doctor(r)

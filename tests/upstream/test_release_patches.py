@@ -76,3 +76,21 @@ def test_all2allv_probe_flips_once_patched(fresh_plugin, monkeypatch):
     assert out[0] is a1 and out[1] is None
     # The probe looks through our own patch: doctor still reports the upstream hole.
     assert compat.all2allv_tp_prequantizes()
+
+
+def test_compressed_tensors_without_backend_attribute_means_cutlass():
+    """0.11.1/0.11.2's compressed-tensors method has no ``flashinfer_moe_backend`` (it has no
+    TRT-LLM path): FlashInfer there is CUTLASS, so the DP fix must still apply. (Found by the
+    matrix run on 0.11.1, where it first did not.)"""
+    from vllm.model_executor.layers.quantization.utils.flashinfer_utils import (
+        FlashinferMoeBackend)
+
+    from vllm_fp4_moe_plugin.patches.compressed_tensors_dp import SharedGemm1ScaleForDpMixin
+
+    method = object.__new__(SharedGemm1ScaleForDpMixin)
+    method.allow_flashinfer, method.use_marlin = True, False
+    assert method._fp4_uses_cutlass()
+    method.flashinfer_moe_backend = FlashinferMoeBackend.TENSORRT_LLM
+    assert not method._fp4_uses_cutlass()
+    method.flashinfer_moe_backend, method.use_marlin = FlashinferMoeBackend.CUTLASS, True
+    assert not method._fp4_uses_cutlass()

@@ -35,9 +35,12 @@ class SharedGemm1ScaleForDpMixin:
     def _fp4_uses_cutlass(self) -> bool:
         from vllm.model_executor.layers.quantization.utils.flashinfer_utils import (
             FlashinferMoeBackend)
+        # 0.11.1/0.11.2 have no TRT-LLM path for compressed-tensors, hence no
+        # flashinfer_moe_backend attribute: FlashInfer there always means CUTLASS (v0111 CT:191).
+        backend = getattr(self, "flashinfer_moe_backend", FlashinferMoeBackend.CUTLASS)
         return (bool(getattr(self, "allow_flashinfer", False))
                 and not getattr(self, "use_marlin", False)
-                and getattr(self, "flashinfer_moe_backend", None) == FlashinferMoeBackend.CUTLASS)
+                and backend == FlashinferMoeBackend.CUTLASS)
 
     def _fp4_dp_dispatch(self) -> bool:
         """DP prepares quantize before dispatch (v0111 fp4 utils: use_dp = dp_size > 1)."""

@@ -74,6 +74,11 @@ def test_item4_plugin_error_at_most_upstream_and_far_below_stock(report):
             assert r["plugin"] < r["baseline"], r
 
 
+def test_item2_times_each_layer_on_its_own_path(report):
+    for r in _rows(report, 2):
+        assert r["extra"]["pre_kernel_passes"] == {"stock": 1, "plugin": 0, "stock#2": 1}, r
+
+
 def test_loose_timing_sanity(report):
     assert _one(report, 1, "VLLM_FP4_MOE_PLUGIN=1")["plugin"] < 200  # ms; target 10
     assert _one(report, 5, "audit")["plugin"] < 60  # s; target 5

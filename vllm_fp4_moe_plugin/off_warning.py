@@ -5,7 +5,9 @@ read-only torch hook watches parameter registration, which happens only at load 
 0.11.0 registers ``w13_input_scale_quant`` on every NVFP4 MoE layer in
 ``process_weights_after_loading`` (modelopt.py:1317, compressed_tensors_moe.py:307). If that
 per-expert vector is not uniform on a FlashInfer path, stock vLLM computes the layer wrongly in
-every layout. The hook removes itself after warning once (or never fires): no per-forward cost.
+every layout; on a 0.11.1-era vLLM only compressed-tensors with DP dispatch is still wrong (0.11.1
+ModelOpt's vector is already uniform). The hook removes itself after warning once (or never
+fires): no per-forward cost.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from vllm_fp4_moe_plugin.log import get_logger
 
 logger = get_logger("off")
 WATCHED = "w13_input_scale_quant"
-METHODS = ("ModelOptNvFp4FusedMoE", "CompressedTensorsW4A4MoeMethod")
+METHODS = ("ModelOptNvFp4FusedMoE", "CompressedTensorsW4A4MoeMethod",
+           "CompressedTensorsW4A4Nvfp4MoEMethod")
 
 _handle = None
 
@@ -31,13 +34,37 @@ def _on_parameter(module, name: str, param) -> None:
     v = param.detach().float().reshape(-1)
     if v.numel() < 2 or bool(v.max() == v.min()):
         return None
+    where = _at_risk_where(module)
+    if where is None:
+        return None
     layer = getattr(module, "layer_name", "") or type(module).__name__
     logger.warning(
         "vllm-fp4-moe-plugin is installed but off, and accuracy is at risk: %s has per-expert "
-        "GEMM1 input scales spread %.3gx, which stock vLLM 0.11.0's FlashInfer NVFP4 MoE computes "
-        "wrongly in every parallel layout. Set VLLM_FP4_MOE_PLUGIN=1 to enable the fix "
-        "(VLLM_FP4_MOE_PLUGIN=0 silences this warning).", layer, float(v.max() / v.min()))
+        "GEMM1 input scales spread %.3gx, which this vLLM's FlashInfer NVFP4 MoE computes "
+        "wrongly %s. Set VLLM_FP4_MOE_PLUGIN=1 to enable the fix "
+        "(VLLM_FP4_MOE_PLUGIN=0 silences this warning).", layer, float(v.max() / v.min()), where)
     remove()
+    return None
+
+
+_design: Optional[str] = None
+_probed = False
+
+
+def _at_risk_where(module) -> Optional[str]:
+    """None if stock vLLM of the installed design computes this layer right (docs/SUPPORT.md);
+    else the words for where it does not."""
+    global _design, _probed
+    from vllm_fp4_moe_plugin import compat
+
+    if not _probed:  # once per process, at the first NVFP4 MoE layer
+        _design, _probed = compat.probe().design, True
+    if _design == compat.DESIGN_0_11_0:
+        return "in every parallel layout"
+    if _design == compat.DESIGN_0_11_1:
+        cfg = getattr(module, "moe_parallel_config", None)
+        if getattr(cfg, "dp_size", 1) > 1:  # compressed-tensors with DP dispatch
+            return "with data-parallel dispatch"
     return None
 
 

@@ -94,3 +94,16 @@ def test_compressed_tensors_without_backend_attribute_means_cutlass():
     assert not method._fp4_uses_cutlass()
     method.flashinfer_moe_backend, method.use_marlin = FlashinferMoeBackend.CUTLASS, True
     assert not method._fp4_uses_cutlass()
+
+
+@pytest.mark.multiproc
+def test_off_warning_only_where_this_release_is_wrong():
+    """Switch unset: the one WARNING fires for compressed-tensors under DP dispatch (the hole
+    left open), not for TP-like layouts, which 0.11.1 computes right."""
+    from vllm_fp4_moe_plugin.simulation.layouts import LAYOUTS, spawn
+
+    single = spawn(LAYOUTS["single"], "tests.layers.jobs:off_warning")[0]
+    assert single["unset/4.0"] == [], single
+    dp = spawn(LAYOUTS["dp"], "tests.layers.jobs:off_warning")[0]
+    assert len(dp["unset/4.0"]) == 1 and "data-parallel dispatch" in dp["unset/4.0"][0]
+    assert dp["unset/1.0"] == [] and dp["0/4.0"] == []

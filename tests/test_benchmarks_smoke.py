@@ -64,14 +64,17 @@ def test_item3_no_pre_kernel_quantization_in_tp_layouts(report):
 
 
 def test_item4_plugin_error_at_most_upstream_and_far_below_stock(report):
-    upstream = [r for r in _rows(report, 4) if r["baseline_name"].startswith("upstream")]
+    upstream = [r for r in _rows(report, 4) if r["baseline_name"].startswith("upstream")
+                and "seeds" not in r["name"]]
     assert {s for r in upstream for s in ("1.5x", "4x") if s in r["name"]} == {"1.5x", "4x"}
     for r in upstream:
         assert r["plugin"] <= r["baseline"] * (1 + 1e-3), r
         # vs fp32 both carry NVFP4's own noise (~0.15); stock's mismatch comes on top of it
         assert r["extra"]["stock"] > (3 if "4x" in r["name"] else 1.3) * r["plugin"], r
-        if any(f", {lay}," in r["name"] for lay in TP_LIKE):
-            assert r["plugin"] < r["baseline"], r
+    # No strict "plugin < upstream" here: over other seeds the sign flips in some cases (the
+    # seed-sweep row shows it), so asserting it would pin a property of one fixture.
+    sweep = _one(report, 4, "seeds")
+    assert 0 <= sweep["extra"]["plugin_lower_in"] <= sweep["extra"]["cases"]
 
 
 def test_item2_times_each_layer_on_its_own_path(report):

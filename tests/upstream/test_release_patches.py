@@ -53,10 +53,17 @@ def test_register_leaves_upstream_fixed_symbols_alone(fresh_plugin, monkeypatch,
     assert len(lines) == 1 and "ModelOpt" not in lines[0]
 
 
-def test_no_0_11_0_patch_applies_on_this_design():
-    for p in patches.LEDGER:
-        if compat.DESIGN_0_11_1 not in p.designs:
-            assert p.target not in compat.probe().patches
+def test_no_0_11_0_patch_applies_on_this_design(fresh_plugin, monkeypatch):
+    """0.11.1 keeps the compressed-tensors class name of 0.11.0, so the targets can coincide:
+    what is installed must be built by this design's ledger entries."""
+    monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN", "1")
+    fresh_plugin.register()
+    ours = {"vllm_fp4_moe_plugin.patches.compressed_tensors_dp",
+            "vllm_fp4_moe_plugin.patches.all2allv_passthrough"}
+    for target in patches.applied_targets():
+        module, _, attr = target.rpartition(".")
+        assert _get(module, attr).__module__ in ours, target
+    assert not any(t.endswith("flashinfer_cutlass_moe_fp4") for t in patches.applied_targets())
 
 
 def test_all2allv_probe_flips_once_patched(fresh_plugin, monkeypatch):

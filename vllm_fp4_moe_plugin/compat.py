@@ -79,6 +79,13 @@ def _has(module: str, name: str) -> bool:
     return True
 
 
+def _nvfp4_oracle_present() -> bool:
+    """0.14.0+ (PR #31692): ``fused_moe/oracle/nvfp4.py``. Checked without importing it."""
+    parent = _ORACLE.rsplit(".", 1)[0]
+    return (importlib.util.find_spec(parent) is not None
+            and importlib.util.find_spec(_ORACLE) is not None)
+
+
 def probe() -> ProbeResult:
     """Never raises: any surprise becomes ``install=False`` with the reason."""
     try:
@@ -98,8 +105,7 @@ def _probe() -> ProbeResult:
     findings["design_0_11_0"] = has_init_pf and not has_maybe_init
     # 0.14.0 added the NVFP4 backend oracle (fused_moe/oracle/nvfp4.py, PR #31692): quant methods
     # no longer own their scales' layout, and the 0.11.1-era patches no longer fit.
-    findings["nvfp4_oracle"] = importlib.util.find_spec(_ORACLE.rsplit(".", 1)[0]) is not None \
-        and importlib.util.find_spec(_ORACLE) is not None
+    findings["nvfp4_oracle"] = _nvfp4_oracle_present()
     findings["design_0_11_1"] = (has_maybe_init and not has_init_pf
                                  and _has(_MM, "FusedMoEModularMethod")
                                  and not findings["nvfp4_oracle"])

@@ -168,3 +168,23 @@ def test_register_is_cheap_and_patches_when_vllm_imports_moe_code():
     ms = float(proc.stdout.split("REGISTER_MS")[1].split()[0])
     assert ms < 50, ms
     assert (proc.stdout + proc.stderr).count("vllm-fp4-moe-plugin active") == 1
+
+
+def test_oracle_design_stays_inactive_with_its_reason(fresh_plugin, monkeypatch, caplog_plugin):
+    """0.14.0+: no init_prepare_finalize, maybe_init_modular_kernel present, and the NVFP4
+    backend oracle. Neither patched design: one line naming the oracle, nothing replaced."""
+    from vllm.model_executor.layers.fused_moe.layer import FusedMoE, FusedMoEMethodBase
+
+    from vllm_fp4_moe_plugin import compat
+
+    monkeypatch.delattr(FusedMoEMethodBase, "init_prepare_finalize")
+    monkeypatch.setattr(FusedMoE, "maybe_init_modular_kernel", lambda self: None, raising=False)
+    monkeypatch.setattr(compat, "_nvfp4_oracle_present", lambda: True)
+    before = _current()
+    monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN", "1")
+    fresh_plugin.register()
+    assert _current() == before
+    state, reason = fresh_plugin.state()
+    assert state == "inactive" and "oracle" in reason and "docs/SUPPORT.md" in reason
+    lines = plugin_records(caplog_plugin)
+    assert len(lines) == 1 and "inactive" in lines[0].getMessage()

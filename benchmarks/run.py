@@ -1,0 +1,133 @@
+"""``python -m benchmarks.run [--smoke] [--json PATH]``: issue #7's benchmarks, one table.
+
+Every row is a ratio measured side by side in this run (plugin vs a named baseline) with the
+issue's target. A missed target prints MISSED but does not fail the exit code; only a crash
+does. ``--smoke`` uses tiny sizes and a subset of layouts so the test suite can run it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.rows import Row, format_table
+
+HERE = Path(__file__).resolve().parent
+GPU_JSON = HERE / "emulator_h200.json"
+ITEMS = (1, 2, 3, 4, 5, 6, 7)
+SMOKE_LAYOUTS = ("single", "tp", "dp_ep_allgather")
+
+
+def _layout_sizes(smoke: bool):
+    from benchmarks.layout_runs import Sizes
+    from vllm_fp4_moe_plugin.simulation.layouts import LAYOUTS, Scenario
+
+    if smoke:
+        return Sizes(scenario=Scenario(), layouts=SMOKE_LAYOUTS, apply_calls=20,
+                     load_ranks=(2,))
+    return Sizes(scenario=Scenario(tokens=64), layouts=tuple(LAYOUTS), apply_calls=1000,
+                 load_ranks=(2, 4))
+
+
+def emulator_rows(smoke: bool, gpu_json: Path, raw: dict) -> list[Row]:
+    from benchmarks import emulator_device as ed
+
+    shape = ({"experts": 8, "hidden": 256, "intermediate": 512, "top_k": 2} if smoke
+             else dict(ed.DEEPSEEK))
+    tokens = (16,) if smoke else (16, 256)
+    # CPU: the first 8 experts' work, scaled to 256 (emulator_device.py explains why).
+    cpu = ed.run("cpu", tokens, chunk=8, experts_timed=8, shape=shape)
+    gpu = None
+    if gpu_json.exists():
+        gpu = json.loads(gpu_json.read_text())
+        if gpu.get("shape") != shape:
+            gpu = None
+    raw["emulator"] = {"cpu": cpu, "gpu": gpu, "gpu_json": str(gpu_json)}
+    by_tokens = {r["tokens"]: r for r in (gpu or {}).get("results", [])}
+    label = "not run" if gpu is None else f"{gpu['device_name']} {gpu['date'][:10]}"
+    rows = []
+    for r in cpu["results"]:
+        g = by_tokens.get(r["tokens"])
+        for what in ("emulator", "reference"):
+            rows.append(Row(7, f"{what}, E={shape['experts']} H={shape['hidden']} "
+                               f"I={shape['intermediate']}, tokens={r['tokens']}", "s",
+                            g[f"{what}_s"] if g else None, r[f"{what}_s"],
+                            "CPU (this machine)", "info", None,
+                            {"gpu": label, "cpu_extrapolated_from_experts":
+                             r["experts_timed"] if r["extrapolated"] else None}))
+    return rows
+
+
+def collect(smoke: bool, items, gpu_json: Path, raw: dict) -> list[Row]:
+    rows: list[Row] = []
+    if 1 in items:
+        from benchmarks import startup
+        rows += startup.rows(runs=1 if smoke else 5)
+    if any(i in items for i in (2, 3, 4, 6)):
+        from benchmarks import accuracy, layout_runs, load_time, overhead, quant_work
+
+        sizes = _layout_sizes(smoke)
+        results = layout_runs.run_all(sizes)
+        if 2 in items:
+            rows += overhead.rows(results, sizes.apply_calls)
+        if 3 in items:
+            rows += quant_work.rows(results, max(sizes.spreads))
+        if 4 in items:
+            errs = accuracy.errors(results, sizes.scenario, sizes.spreads)
+            raw["errors"] = {k: {str(s): v for s, v in d.items()} for k, d in errs.items()}
+            rows += accuracy.rows(errs)
+            rows.append(accuracy.seed_sweep_row(sizes.scenario, sizes.spreads,
+                                                range(2) if smoke else range(6)))
+        if 6 in items:
+            rows += load_time.rows(results, sizes.load_ranks)
+    if 5 in items:
+        from benchmarks import audit_time
+        rows += audit_time.rows(repeats=1 if smoke else 3)
+    if 7 in items:
+        rows += emulator_rows(smoke, gpu_json, raw)
+    return sorted(rows, key=lambda r: r.item)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes, a few layouts")
+    ap.add_argument("--json", default=None,
+                    help="output JSON (default benchmarks/results.json, "
+                         "benchmarks/results-smoke.json with --smoke)")
+    ap.add_argument("--items", default=",".join(map(str, ITEMS)),
+                    help="comma-separated subset of items 1-7")
+    ap.add_argument("--gpu-json", default=str(GPU_JSON),
+                    help="item 7 GPU numbers from emulator_device.py --json")
+    a = ap.parse_args(argv)
+    items = {int(i) for i in a.items.split(",") if i}
+    os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+    t0 = time.perf_counter()
+    raw: dict = {}
+    rows = collect(a.smoke, items, Path(a.gpu_json), raw)
+    wall = time.perf_counter() - t0
+    print(format_table(rows))
+    missed = [r for r in rows if r.ok is False]
+    print(f"\n{len(rows)} rows, {len(missed)} MISSED, {wall:.0f} s "
+          f"({'smoke' if a.smoke else 'full'})")
+    for r in missed:
+        print(f"MISSED: item {r.item}: {r.name} (target {r.target})")
+    path = Path(a.json) if a.json else HERE / ("results-smoke.json" if a.smoke
+                                                else "results.json")
+    doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "mode": "smoke" if a.smoke else "full", "wall_s": wall,
+           "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                       "python": sys.version.split()[0]},
+           "rows": [r.as_dict() for r in rows], "raw": raw}
+    path.write_text(json.dumps(doc, indent=2, default=str))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

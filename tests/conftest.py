@@ -39,3 +39,14 @@ def fresh_plugin(monkeypatch):
 def plugin_records(caplog, level=logging.INFO):
     return [r for r in caplog.records
             if r.name.startswith("vllm.fp4_moe_plugin") and r.levelno >= level]
+
+
+@pytest.fixture
+def blackwell_env(monkeypatch):
+    """doctor tests: none of the variables doctor reads, except the FlashInfer MoE switch."""
+    from vllm_fp4_moe_plugin import doctor
+
+    for k in doctor.VLLM_ENV + doctor.OWN_ENV:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("VLLM_USE_FLASHINFER_MOE_FP4", "1")
+    return monkeypatch

@@ -24,14 +24,6 @@ def checkpoints(tmp_path_factory):
     return out
 
 
-@pytest.fixture
-def blackwell_env(monkeypatch):
-    for k in doctor.VLLM_ENV + doctor.OWN_ENV:
-        monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("VLLM_USE_FLASHINFER_MOE_FP4", "1")
-    return monkeypatch
-
-
 def test_sections_on_a_machine_without_gpu(blackwell_env):
     r = doctor.run_doctor()
     assert r["versions"]["vllm"] == "0.11.0" and r["versions"]["vllm-fp4-moe-plugin"]

@@ -19,11 +19,8 @@ def checkpoints(tmp_path_factory):
 
 
 @pytest.fixture
-def env(monkeypatch):
-    for k in doctor.VLLM_ENV + doctor.OWN_ENV:
-        monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("VLLM_USE_FLASHINFER_MOE_FP4", "1")
-    return monkeypatch
+def env(blackwell_env):
+    return blackwell_env
 
 
 @pytest.mark.parametrize("fmt,layout,stock_ok", [

@@ -9,9 +9,10 @@ Two designs are patched, each with its own part of the ledger (``patches.LEDGER`
 - ``0.11.0``: quant methods build their modular kernel in ``init_prepare_finalize``; every
   FlashInfer CUTLASS layout pre-quantizes with expert 0's scale. All three 0.11.0 patches.
 - ``0.11.1``: ``FusedMoE.maybe_init_modular_kernel`` swaps the quant method for a
-  ``FusedMoEModularMethod``, and there is no NVFP4 backend oracle yet (0.11.1 to 0.13.0). Upstream fixed TP (#27223) and ModelOpt
-  DP (#26135); compressed-tensors DP is still inconsistent, and TP with
-  ``flashinfer_all2allv`` still pre-quantizes. Only those two patches, only while probed holes.
+  ``FusedMoEModularMethod``, and there is no NVFP4 backend oracle yet (0.11.1 to 0.13.0).
+  Upstream fixed TP (#27223) and ModelOpt DP (#26135); compressed-tensors DP is still
+  inconsistent, and TP with ``flashinfer_all2allv`` still pre-quantizes. Only those two
+  patches, and only while the probes see the holes.
 
 Anything else (a later design, or a mix such as 0.11.0 with part of the fix backported) is left
 alone, with the reason in the one log line.

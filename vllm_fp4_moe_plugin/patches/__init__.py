@@ -41,7 +41,7 @@ def _build_all2allv(original):
 
 _CT_DP_WHY = ("vLLM 0.11.1 fixed ModelOpt's DP path (#26135) but not compressed-tensors': with DP "
               "dispatch its per-expert w13_input_scale_quant is still pre-quantized with element "
-              "0 while g1_alphas stay per expert (v0111 CT:358-368, v0120 CT:395-405).")
+              "0 while g1_alphas stay per expert (v0111 CT:358-368, v0120 CT:378-393).")
 _CT_DP_HOW = ("Subclass with the same name, rebound where CompressedTensorsMoEMethod."
               "get_moe_method looks it up. Only with DP + FlashInfer CUTLASS: validates the raw "
               "scales, runs upstream's process_weights_after_loading, then sets every element of "
@@ -58,6 +58,7 @@ def _build_direct_call(original):
 LEDGER: tuple[ModulePatch, ...] = (
     ModulePatch(
         module=_MO, attr="ModelOptNvFp4FusedMoE", build=_build_modelopt,
+        designs=(DESIGN_0_11_0,),
         why=("Its quant config gives the FlashInfer CUTLASS prepare step a per-expert GEMM1 "
              "activation-scale vector, of which fp4_quantize reads only element 0, while GEMM1 "
              "is dequantized per expert: wrong results whenever experts' input scales differ "
@@ -78,18 +79,22 @@ LEDGER: tuple[ModulePatch, ...] = (
     ),
     ModulePatch(
         module=_CT, attr="CompressedTensorsW4A4MoeMethod", build=_build_compressed_tensors,
+        designs=(DESIGN_0_11_0,),
         why=("Same defect as ModelOpt: per-expert w13_input_scale_quant pre-quantized with "
              "element 0 in every FlashInfer CUTLASS layout."),
         how=("Subclass with the same name, rebound where CompressedTensorsMoEMethod."
              "get_moe_method looks it up (compressed_tensors_moe.py:134); same overrides as the "
              "ModelOpt entry."),
-        upstream=("TP layouts: vllm-project/vllm#27223 (0.11.1). DP layouts: no upstream fix "
-                  "through vLLM 0.12.0 (CT keeps per-expert vectors, see design note §7)."),
+        upstream=("TP layouts: vllm-project/vllm#27223 (0.11.1). DP layouts: still open in "
+                  "0.11.1-0.13.0 (the 0.11.1-design entry below); 0.14.0's oracle (#31692) fixes "
+                  "DP without EP, DP+EP stays open through 0.34.0 except with --enable-eplb "
+                  "(0.28.0+). See docs/SUPPORT.md."),
         remove_when=("Never on 0.11.0. On later releases only the DP part remains needed; see "
                      "the support matrix."),
     ),
     ModulePatch(
         module=_FX, attr="flashinfer_cutlass_moe_fp4", build=_build_direct_call,
+        designs=(DESIGN_0_11_0,),
         why=("The direct path (single GPU, PP with TP=1: EP group of one, so no modular kernel "
              "is built) pre-quantizes with element 0 too, and its FlashInferExperts sizes the "
              "output (M, 2H) for bf16 input."),
@@ -104,7 +109,8 @@ LEDGER: tuple[ModulePatch, ...] = (
         designs=(DESIGN_0_11_1,),
         why=_CT_DP_WHY + " Name used by vLLM 0.11.1 and 0.11.2.",
         how=_CT_DP_HOW,
-        upstream="None known through vLLM 0.12.0 (see docs/SUPPORT.md).",
+        upstream=("None in the 0.11.1 design (0.11.1-0.13.0); 0.14.0 changed the design "
+                  "(#31692). See docs/SUPPORT.md."),
         remove_when=("A release gives compressed-tensors one shared GEMM1 scale under DP (the "
                      "matrix test on that release shows stock consistent), or leaves the 0.11.1 "
                      "design (compat probe 'design_0_11_1' false)."),
@@ -114,7 +120,8 @@ LEDGER: tuple[ModulePatch, ...] = (
         build=_build_compressed_tensors_dp, designs=(DESIGN_0_11_1,),
         why=_CT_DP_WHY + " Name used by vLLM 0.12.0 (renamed there, CT:195).",
         how=_CT_DP_HOW,
-        upstream="None known through vLLM 0.12.0 (see docs/SUPPORT.md).",
+        upstream=("None in the 0.11.1 design (0.11.1-0.13.0); 0.14.0 changed the design "
+                  "(#31692). See docs/SUPPORT.md."),
         remove_when="As for the CompressedTensorsW4A4MoeMethod entry of this design.",
     ),
     ModulePatch(
@@ -127,7 +134,8 @@ LEDGER: tuple[ModulePatch, ...] = (
         how=("Same-named subclass rebound in its module, where create_flashinfer_prepare_"
              "finalize looks it up at call time; prepare() passes bf16 through when not use_dp "
              "(upstream's all-gather rule, #27223); the DP branch is upstream's."),
-        upstream="None known through vLLM 0.12.0; the all-gather twin was fixed in #27223.",
+        upstream=("None in 0.11.1-0.13.0 (the all-gather twin was fixed in #27223); 0.14.0 "
+                  "builds MoEPrepareAndFinalizeNoEP without DP instead."),
         remove_when=("compat probe 'all2allv_tp_prequantizes' is false (the behavioural probe "
                      "sees prepare return bf16 input unchanged)."),
     ),

@@ -3,7 +3,7 @@
 0.11.1 fixed TP for everyone (the all-gather prepare passes bf16 through, v0111 PF:184-185) and
 DP for ModelOpt only (#26135: every expert's input scale collapsed to the global max). The
 compressed-tensors method still hands the DP prepare a per-expert ``w13_input_scale_quant``
-(v0111 CT:358-368, v0120 CT:395-405), of which ``fp4_quantize`` reads element 0, while
+(v0111 CT:358-368, v0120 CT:378-393), of which ``fp4_quantize`` reads element 0, while
 ``g1_alphas`` stay per expert. This subclass keeps the class name and everything upstream does,
 and changes only the DP + FlashInfer CUTLASS case: after upstream's own processing, the scale
 becomes the min over the whole EP group (what ModelOpt's global max of ``input_scale`` is, in

@@ -41,7 +41,7 @@ def run_engine(checkpoint, *, plugin: str, kernel: str = "emulator", tp: int = 1
     log = proc.stdout + proc.stderr
     if proc.returncode != 0:
         raise RuntimeError(f"engine run failed ({' '.join(cmd[2:])}):\n{log[-4000:]}")
-    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
     return json.loads(line[len("RESULT "):]), log
 
 

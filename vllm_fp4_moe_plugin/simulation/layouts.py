@@ -223,12 +223,15 @@ def stock_and_plugin_outputs(ctx: RankContext, scenario: Scenario, formats: tupl
                 index += 1
                 moe_layer.prepare_modular_kernel(built.layer)
                 key = f"{fmt}/{mode}"
-                result.info[key] = describe_layer(built.layer)
                 try:
                     out = moe_layer.forward(built.layer, x, logits, vllm_config=ctx.vllm_config,
                                             num_tokens_across_dp=across_dp)
                 except Exception as exc:  # a layout stock cannot run at all is a row too
                     result.errors[key] = f"{type(exc).__name__}: {exc}"
+                    out = None
+                # After the forward: the direct path builds its quant config lazily.
+                result.info[key] = describe_layer(built.layer)
+                if out is None:
                     continue
                 result.outputs[key] = out.float()
                 if mode == "plugin":  # the load-time check's verdict on this very layer

@@ -80,6 +80,13 @@ def _has(module: str, name: str) -> bool:
     return True
 
 
+def experts_take_use_dp() -> bool:
+    """P1: 0.11.1's TP fix (#27223) added ``FlashInferExperts(use_dp=...)``, which sizes the
+    output for what prepare hands over (v0111 flashinfer_cutlass_moe.py:59)."""
+    return (_has(_FX, "FlashInferExperts") and "use_dp" in
+            inspect.signature(_attr(_FX, "FlashInferExperts").__init__).parameters)
+
+
 def _nvfp4_oracle_present() -> bool:
     """0.14.0+ (PR #31692): ``fused_moe/oracle/nvfp4.py``. Checked without importing it."""
     parent = _ORACLE.rsplit(".", 1)[0]
@@ -110,10 +117,7 @@ def _probe() -> ProbeResult:
     findings["design_0_11_1"] = (has_maybe_init and not has_init_pf
                                  and _has(_MM, "FusedMoEModularMethod")
                                  and not findings["nvfp4_oracle"])
-    # P1: 0.11.1's TP fix added FlashInferExperts(use_dp=...) (v0111 flashinfer_cutlass_moe.py:59).
-    findings["tp_fix_present"] = (_has(_FX, "FlashInferExperts") and "use_dp" in
-                                  inspect.signature(_attr(_FX, "FlashInferExperts").__init__)
-                                  .parameters)
+    findings["tp_fix_present"] = experts_take_use_dp()
     # P2: 0.11.1's ModelOpt DP fix (v0111 flashinfer_utils.py:292).
     findings["modelopt_dp_fix_present"] = _has(_FU, "is_flashinfer_supporting_global_sf")
     if findings["design_0_11_0"]:

@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from vllm_fp4_moe_plugin.log import get_logger
+from vllm_fp4_moe_plugin.log import get_logger, layer_label
 
 logger = get_logger("check")
 RTOL = 1e-5
@@ -32,15 +32,6 @@ class LayerCheck:
     path: str  # "direct" or the prepare/finalize class name
     ok: bool
     reason: str
-
-
-def _experts_take_use_dp() -> bool:
-    """0.11.1 design: ``FlashInferExperts(use_dp=...)`` sizes its output for what prepare does."""
-    import inspect
-
-    from vllm.model_executor.layers.fused_moe.flashinfer_cutlass_moe import FlashInferExperts
-
-    return "use_dp" in inspect.signature(FlashInferExperts.__init__).parameters
 
 
 def _prepare_behaviour(prepare_finalize, experts) -> tuple[bool, bool]:
@@ -66,16 +57,17 @@ def check_layer(layer: torch.nn.Module, quant_config, prepare_finalize=None,
     """None when the layer is not on the FlashInfer NVFP4 path; else the verdict."""
     if quant_config is None or quant_config.quant_dtype != "nvfp4":
         return None
-    name = getattr(layer, "layer_name", "") or type(layer).__name__
+    name = layer_label(layer)
     if prepare_finalize is None:
         import vllm.model_executor.layers.fused_moe.flashinfer_cutlass_moe as fx
 
+        from vllm_fp4_moe_plugin.compat import experts_take_use_dp
         from vllm_fp4_moe_plugin.patches.flashinfer_cutlass import flashinfer_cutlass_moe_fp4
 
         path = "direct"
         # 0.11.0 stock direct call: packed input; ours, and 0.11.1's (use_dp=False): bf16.
         pre_quantizes = not (fx.flashinfer_cutlass_moe_fp4 is flashinfer_cutlass_moe_fp4
-                             or _experts_take_use_dp())
+                             or experts_take_use_dp())
         output_ok = True
     else:
         path = type(prepare_finalize).__name__

@@ -114,6 +114,9 @@ def kernel_path(capability: Optional[str], fmt: Optional[str]) -> tuple[Optional
     return None, f"SM{major}{minor} cannot run NVFP4 MoE in vLLM 0.11.0"
 
 
+_FLASHINFER = ("flashinfer_cutlass", "flashinfer_trtllm")
+
+
 def _stock_hole(design: Optional[str], fmt: str, layout: Layout, path: Optional[str],
                 affected: bool) -> Optional[bool]:
     """Does stock vLLM of ``design`` compute this layer inconsistently? None: not modelled.
@@ -121,9 +124,8 @@ def _stock_hole(design: Optional[str], fmt: str, layout: Layout, path: Optional[
     dispatch; flashinfer_all2allv without DP)."""
     from vllm_fp4_moe_plugin.compat import DESIGN_0_11_0, DESIGN_0_11_1
 
-    flashinfer = path in ("flashinfer_cutlass", "flashinfer_trtllm")
     if design == DESIGN_0_11_0:
-        return flashinfer and affected
+        return path in _FLASHINFER and affected
     if design == DESIGN_0_11_1:
         if path != "flashinfer_cutlass":
             return False
@@ -135,19 +137,21 @@ def _stock_hole(design: Optional[str], fmt: str, layout: Layout, path: Optional[
 def layer_paths(report: dict, layout: Layout, path: Optional[str], plugin_active: bool,
                 design: Optional[str] = "0.11.0") -> list:
     """Per MoE layer: is it consistent without and with the plugin, in this layout?"""
+    from vllm_fp4_moe_plugin.compat import DESIGN_0_11_0
+
     rows = []
     for layer in report["layers"]:
         affected = bool(layer["affected"].get(layout.name, True))
-        flashinfer = path in ("flashinfer_cutlass", "flashinfer_trtllm")
+        flashinfer = path in _FLASHINFER
         hole = None if path is None else _stock_hole(design, report["format"], layout, path,
                                                      affected)
         stock_ok = None if hole is None else not hole
         # The 0.11.0 patches refuse uneven expert splits; the 0.11.1-era ones only fill holes.
-        uneven = (design == "0.11.0" and layout.ep
+        uneven = (design == DESIGN_0_11_0 and layout.ep
                   and layer["num_experts"] % (layout.tp * layout.dp) != 0)
         if stock_ok is None:
             plugin_ok = None
-        elif design == "0.11.0":
+        elif design == DESIGN_0_11_0:
             plugin_ok = stock_ok if not flashinfer else (plugin_active and not uneven)
         else:
             plugin_ok = plugin_active if hole else stock_ok

@@ -12,3 +12,8 @@ LOGGER_NAME = "vllm.fp4_moe_plugin"
 
 def get_logger(suffix: str = "") -> logging.Logger:
     return logging.getLogger(LOGGER_NAME + (f".{suffix}" if suffix else ""))
+
+
+def layer_label(layer) -> str:
+    """How messages name an MoE layer: vLLM's prefix (``model.layers.3.mlp.experts``) if set."""
+    return getattr(layer, "layer_name", "") or type(layer).__name__

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from vllm_fp4_moe_plugin.log import get_logger
+from vllm_fp4_moe_plugin.log import get_logger, layer_label
 
 logger = get_logger("off")
 WATCHED = "w13_input_scale_quant"
@@ -37,7 +37,7 @@ def _on_parameter(module, name: str, param) -> None:
     where = _at_risk_where(module)
     if where is None:
         return None
-    layer = getattr(module, "layer_name", "") or type(module).__name__
+    layer = layer_label(module)
     logger.warning(
         "vllm-fp4-moe-plugin is installed but off, and accuracy is at risk: %s has per-expert "
         "GEMM1 input scales spread %.3gx, which this vLLM's FlashInfer NVFP4 MoE computes "

@@ -104,26 +104,18 @@ LEDGER: tuple[ModulePatch, ...] = (
         upstream="vllm-project/vllm#27223 (direct call passes use_dp=False), vLLM 0.11.1.",
         remove_when="Same probe as the ModelOpt entry (tp_fix_present).",
     ),
-    ModulePatch(
-        module=_CT, attr="CompressedTensorsW4A4MoeMethod", build=_build_compressed_tensors_dp,
-        designs=(DESIGN_0_11_1,),
-        why=_CT_DP_WHY + " Name used by vLLM 0.11.1 and 0.11.2.",
+    *(ModulePatch(
+        module=_CT, attr=name, build=_build_compressed_tensors_dp, designs=(DESIGN_0_11_1,),
+        why=f"{_CT_DP_WHY} Name used by vLLM {releases}.",
         how=_CT_DP_HOW,
         upstream=("None in the 0.11.1 design (0.11.1-0.13.0); 0.14.0 changed the design "
                   "(#31692). See docs/SUPPORT.md."),
         remove_when=("A release gives compressed-tensors one shared GEMM1 scale under DP (the "
                      "matrix test on that release shows stock consistent), or leaves the 0.11.1 "
                      "design (compat probe 'design_0_11_1' false)."),
-    ),
-    ModulePatch(
-        module=_CT, attr="CompressedTensorsW4A4Nvfp4MoEMethod",
-        build=_build_compressed_tensors_dp, designs=(DESIGN_0_11_1,),
-        why=_CT_DP_WHY + " Name used by vLLM 0.12.0 (renamed there, CT:195).",
-        how=_CT_DP_HOW,
-        upstream=("None in the 0.11.1 design (0.11.1-0.13.0); 0.14.0 changed the design "
-                  "(#31692). See docs/SUPPORT.md."),
-        remove_when="As for the CompressedTensorsW4A4MoeMethod entry of this design.",
-    ),
+    ) for name, releases in (("CompressedTensorsW4A4MoeMethod", "0.11.1 and 0.11.2"),
+                             ("CompressedTensorsW4A4Nvfp4MoEMethod",
+                              "0.12.0 and 0.13.0 (renamed there, v0120 CT:195)"))),
     ModulePatch(
         module=_PF, attr="FlashInferAllToAllMoEPrepareAndFinalize", build=_build_all2allv,
         designs=(DESIGN_0_11_1,),

@@ -17,16 +17,12 @@ import torch
 from torch.nn import Parameter
 
 from vllm_fp4_moe_plugin import consistency, scales
-from vllm_fp4_moe_plugin.log import get_logger
+from vllm_fp4_moe_plugin.log import get_logger, layer_label
 
 logger = get_logger("methods")
 
 _RAW = ("w13_input_global_scale", "w2_input_global_scale", "w13_weight_global_scale",
         "w2_weight_global_scale")
-
-
-def _layer_name(layer: torch.nn.Module) -> str:
-    return getattr(layer, "layer_name", "") or type(layer).__name__
 
 
 class SharedGemm1ScaleForDpMixin:
@@ -50,7 +46,7 @@ class SharedGemm1ScaleForDpMixin:
         dp = self._fp4_dp_dispatch()
         if dp:  # validate what we are about to reduce over, before upstream inverts it
             for attr in _RAW:
-                scales.check_positive_finite(getattr(layer, attr), layer=_layer_name(layer),
+                scales.check_positive_finite(getattr(layer, attr), layer=layer_label(layer),
                                              name=attr)
         super().process_weights_after_loading(layer)
         if dp:
@@ -64,7 +60,7 @@ class SharedGemm1ScaleForDpMixin:
         g_min = scales.agree_min_scale(vec, group)
         g_max = -scales.agree_min_scale(-vec, group)
         if torch.equal(g_min, g_max):  # already one value on every rank: nothing to fix
-            logger.debug("%s: GEMM1 activation scales already shared (%.6g)", _layer_name(layer),
+            logger.debug("%s: GEMM1 activation scales already shared (%.6g)", layer_label(layer),
                          float(g_min))
             return
         chosen = scales.shared_scalar_scales(g_min, layer.w13_weight_scale_2.data)
@@ -73,7 +69,7 @@ class SharedGemm1ScaleForDpMixin:
         layer.g1_alphas = Parameter(chosen.g1_alphas.to(layer.g1_alphas.dtype),
                                     requires_grad=False)
         logger.debug("%s: DP dispatch, one GEMM1 activation scale %.6g for all experts",
-                     _layer_name(layer), float(g_min))
+                     layer_label(layer), float(g_min))
 
     def select_gemm_impl(self, prepare_finalize, layer: torch.nn.Module):
         experts = super().select_gemm_impl(prepare_finalize, layer)

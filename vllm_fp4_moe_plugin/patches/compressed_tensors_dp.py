@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch.nn import Parameter
 
-from vllm_fp4_moe_plugin import consistency, scales
+from vllm_fp4_moe_plugin import compat, consistency, scales
 from vllm_fp4_moe_plugin.log import get_logger, layer_label
 
 logger = get_logger("methods")
@@ -78,11 +78,8 @@ class SharedGemm1ScaleForDpMixin:
         return experts
 
     def create_weights(self, layer: torch.nn.Module, *args, **kwargs):
-        from vllm.distributed import get_ep_group
-
-        # The check runs where a modular kernel is built: EP group of more than one rank
-        # (v0111 base_device_communicator.py:276); one GPU runs upstream's direct call.
-        if self._fp4_uses_cutlass() and get_ep_group().world_size > 1:
+        # The check runs where a modular kernel is built; one GPU runs upstream's direct call.
+        if self._fp4_uses_cutlass() and compat.builds_modular_kernel():
             consistency.expect_layer()
         return super().create_weights(layer, *args, **kwargs)
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.nn import Parameter
 
-from vllm_fp4_moe_plugin import consistency, scales
+from vllm_fp4_moe_plugin import compat, consistency, scales
 from vllm_fp4_moe_plugin.log import get_logger, layer_label
 from vllm_fp4_moe_plugin.patches import flashinfer_cutlass
 
@@ -31,12 +31,6 @@ _RAW_SCALES = {
 
 class UnsupportedLayoutError(ValueError):
     """A parallel layout the FlashInfer NVFP4 MoE kernels cannot compute correctly."""
-
-
-def _ep_group_size() -> int:
-    from vllm.distributed import get_ep_group
-
-    return get_ep_group().world_size
 
 
 def check_flashinfer_layout(layer: torch.nn.Module) -> None:
@@ -112,7 +106,7 @@ class ConsistentNvFp4MoEMixin:
         super().process_weights_after_loading(layer)
         if self._fp4_uses_cutlass():
             self._fp4_set_cutlass_scales(layer)
-            if _ep_group_size() == 1:  # no modular kernel will be built: the direct call runs
+            if not compat.builds_modular_kernel():  # the direct call runs: check it here
                 consistency.run_check(layer, self.get_fused_moe_quant_config(layer))
         elif self._fp4_uses_trtllm():
             self._fp4_set_trtllm_scales(layer)

@@ -23,5 +23,5 @@ trap 'rm -rf "$TMPDIR"' EXIT
 
 # dedupe_venvs: hard-link the files the test virtualenvs share (scripts/dedupe_venvs.py).
 dedupe_venvs() {
-  "${PYTHON:-python3}" scripts/dedupe_venvs.py .venv .venv-engine .venv-vllm-0.12.0
+  "${PYTHON:-python3}" scripts/dedupe_venvs.py .venv .venv-engine .venv-vllm-0.12.0 .venv-vllm-0.34.0
 }

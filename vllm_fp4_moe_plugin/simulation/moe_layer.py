@@ -68,8 +68,12 @@ def build_layer(experts: QuantizedExperts, fmt: str, *, top_k: int, index: int,
     ``FusedMoE`` (e.g. grouped top-k); ``process=False`` stops before
     ``process_weights_after_loading``.
     """
-    from vllm.model_executor.layers.fused_moe.layer import FusedMoE
+    from vllm.model_executor.layers.fused_moe import layer as fused_moe_layer
 
+    if hasattr(fused_moe_layer, "FusedMoEFactory"):
+        return _build_runner(experts, fmt, top_k=top_k, index=index, dtype=dtype,
+                             overrides=overrides, process=process, **layer_kwargs)
+    FusedMoE = fused_moe_layer.FusedMoE
     mlp = MLP_PREFIX.format(index=index)
     layer = FusedMoE(
         num_experts=experts.num_experts, top_k=top_k, hidden_size=experts.hidden,
@@ -100,8 +104,44 @@ def build_layer(experts: QuantizedExperts, fmt: str, *, top_k: int, index: int,
     return BuiltLayer(layer=layer, prefix=f"{mlp}.experts")
 
 
+def _build_runner(experts: QuantizedExperts, fmt: str, *, top_k: int, index: int,
+                  dtype: torch.dtype, overrides: Optional[dict], process: bool,
+                  **layer_kwargs) -> BuiltLayer:
+    """The NVFP4-oracle design (0.14.0+; read on 0.34.0): ``FusedMoEFactory`` returns a
+    ``MoERunner`` holding a ``RoutedExperts`` (v0.34.0 FM/layer.py:93-475), as a model's MoE
+    block builds it (models/qwen3_moe.py:203-217). Weights go through the runner's
+    ``load_weights`` with names relative to it, as ``AutoWeightsLoader`` hands them
+    (FM/runner/moe_runner.py:306-312 -> FM/routed_experts.py:1022-1127); the model loader then
+    runs the quant method's ``process_weights_after_loading`` on the module that owns it
+    (model_executor/model_loader/utils.py:164-199), which picks the backend and builds the
+    modular kernel, and the runner's own."""
+    from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory
+
+    mlp = MLP_PREFIX.format(index=index)
+    prefix = f"{mlp}.experts"
+    runner = FusedMoEFactory(
+        num_experts=experts.num_experts, top_k=top_k, hidden_size=experts.hidden,
+        intermediate_size=experts.intermediate, params_dtype=dtype, reduce_results=True,
+        renormalize=True, quant_config=make_quant_config(fmt), prefix=prefix,
+        custom_routing_function=cpu_topk_softmax_routing, **layer_kwargs)
+    tensors = expert_tensors(experts, fmt, prefix)
+    for name, tensor in (overrides or {}).items():
+        if name not in tensors:
+            raise KeyError(f"override {name} is not a checkpoint tensor of this layer")
+        tensors[name] = tensor
+    list(runner.load_weights((name[len(prefix) + 1:], t) for name, t in tensors.items()))
+    if process:
+        routed = runner.routed_experts
+        routed.quant_method.process_weights_after_loading(routed)
+        runner.process_weights_after_loading()
+    return BuiltLayer(layer=runner, prefix=prefix)
+
+
 def prepare_modular_kernel(layer: torch.nn.Module) -> None:
-    """What ``GPUModelRunner.load_model`` does after loading (gpu_model_runner.py:2656)."""
+    """What ``GPUModelRunner.load_model`` does after loading (gpu_model_runner.py:2656).
+    The oracle design builds the kernel in ``process_weights_after_loading`` instead."""
+    if hasattr(layer, "routed_experts"):
+        return
     from vllm.distributed.parallel_state import prepare_communication_buffer_for_model
 
     prepare_communication_buffer_for_model(layer)
@@ -116,5 +156,8 @@ def forward(layer: torch.nn.Module, hidden_states: torch.Tensor, router_logits: 
 
     with set_forward_context({}, vllm_config, num_tokens=hidden_states.shape[0],
                              num_tokens_across_dp=num_tokens_across_dp):
-        out = layer.forward_native(hidden_states, router_logits)
+        if hasattr(layer, "routed_experts"):  # oracle design: MoERunner.forward
+            out = layer.forward(hidden_states, router_logits)
+        else:
+            out = layer.forward_native(hidden_states, router_logits)
     return out.clone()

@@ -1,0 +1,387 @@
+"""The Blackwell (SM100) seam for vLLM's NVFP4-oracle MoE design (vLLM 0.14.0+; read on 0.34.0).
+
+Like :mod:`.blackwell` (the 0.11.x seam), nothing here is used by ``register()``. Tests and the
+``matrix`` command enter :func:`simulated_blackwell` to run vLLM's *own* NVFP4 MoE code on a CPU:
+its quant methods, ``FusedMoEFactory`` / ``RoutedExperts`` / ``MoERunner``, the weight loader,
+``process_weights_after_loading`` (where the backend oracle picks ``FLASHINFER_CUTLASS`` and the
+modular kernel is built), the prepare/finalize classes and ``FlashInferExperts``. Every
+replacement stands in for hardware, or for a CUDA-only package (FlashInfer 0.7.3, ``vllm._C``),
+and nothing else. Selected by :func:`applies` (the oracle module and ``FusedMoEFactory`` exist),
+never by a version string. Citations: ``v0.34.0 path:line`` (paths under ``vllm/``),
+``fi 0.7.3 path:line`` (FlashInfer source; the mirror read has 0.6.18 as its newest version,
+whose ``cutlass_fused_moe`` NVFP4 contract is the one described here).
+
+=====================================================  ===========================================
+vLLM 0.34.0 symbol replaced                            why it has to be replaced on CPU
+=====================================================  ===========================================
+``type(current_platform).get_device_capability``       capability probe: reports SM100 (10, 0), so
+                                                       ``_supports_quant_scheme`` (v0.34.0
+                                                       FM/experts/flashinfer_cutlass_moe.py:177-
+                                                       199) sees NVFP4 support; ``is_cuda()`` stays
+                                                       False everywhere else
+``FlashInferExperts._supports_current_device``        capability probe (:162-173): keeps the SM100
+                                                       and FlashInfer checks, drops ``is_cuda()``
+``flashinfer_cutlass_moe.has_flashinfer_cutlass_``     FlashInfer is not installed (0.7.3 is not on
+``fused_moe``                                          the index); its kernel is emulated below
+``flashinfer_cutlass_moe.flashinfer_cutlass_fused_``   FlashInfer kernel -> :func:`nvfp4.cutlass_
+``moe``                                                fused_moe` (same six NVFP4 scales, fi 0.7.3
+                                                       csrc/fused_moe/cutlass_backend/flashinfer_
+                                                       cutlass_fused_moe_binding.cu:1367-1398)
+``flashinfer_cutlass_moe.activation_to_flashinfer_``   imports ``flashinfer.fused_moe.core.Activa
+``type``                                               tionType``; a twin of that enum (fi 0.7.3
+                                                       flashinfer/tllm_enums.py:68-80)
+``vllm._custom_ops.scaled_fp4_quant``                  vLLM's CUDA op ``_C.scaled_fp4_quant`` ->
+                                                       the emulated quantizer (reads element 0 of
+                                                       the global-scale vector, like the kernel)
+``naive_dp_ep.nvfp4_block_scale_interleave``, same in  FlashInfer SF interleave -> emulator
+``flashinfer_nvlink_two_sided`` / ``_one_sided``
+``flashinfer_fp4_moe.swizzle_blockscale``              ends in ``.cuda()`` (v0.34.0 Q/utils/nvfp4_
+                                                       utils.py:53); CPU twin of the layout
+``type(current_platform).get_device_communicator_``    the platform's communicator is the no-op
+``cls``                                                base class; :class:`CpuDeviceCommunicator`
+                                                       is cuda_communicator.py's MoE half on gloo:
+                                                       vLLM's own ``AgRsAll2AllManager`` for
+                                                       ``allgather_reducescatter`` (v0.34.0
+                                                       distributed/device_communicators/all2all.py
+                                                       :57-202) over CPU ``all_gatherv`` /
+                                                       ``reduce_scatterv``
+FlashInfer NVLink two-sided / one-sided managers       MNNVL needs NVLink: the managers
+(all2all.py:676-765, :766-930)                         (``FlashInferNVLink*Manager``) are twinned
+                                                       by :class:`_GlooAllToAll`, with the same
+                                                       ``dispatch``/``combine`` contract; vLLM's
+                                                       P/F still quantizes on the SENDER
+                                                       (flashinfer_nvlink_two_sided.py:154-172,
+                                                       _one_sided.py:133-156)
+``torch.accelerator.current_device_index``             the two-sided manager asks for a device
+=====================================================  ===========================================
+
+What changed against the 0.11.x seam: activations are quantized by vLLM's own op
+(``ops.scaled_fp4_quant``), not ``flashinfer.fp4_quantize``; ``cutlass_fused_moe`` gained
+``swizzled_input_sf`` (default True, which vLLM relies on), ``use_packed_weights``,
+``use_wfp4afp8_humming``, ``use_fused_finalize``, ``profile_ids``, ``workspace_buffer``,
+``situ_beta``/``situ_linear_beta`` (fi 0.7.3 flashinfer/fused_moe/core.py:1180-1217); the NVFP4
+operands (six scales, act scales scalar or one per local expert, block scales as int32 views)
+are unchanged, so the 0.3.1 emulator is reused behind :func:`_fi_cutlass_fused_moe`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import importlib
+import importlib.util
+from types import SimpleNamespace
+from typing import Any, Iterator, Optional
+
+import torch
+import torch.distributed as dist
+
+from vllm_fp4_moe_plugin import nvfp4
+from vllm_fp4_moe_plugin.simulation.blackwell import (
+    _as_bytes,
+    _cpu_all_gatherv,
+    _cpu_reduce_scatterv,
+    _Patcher,
+    cpu_swizzle_blockscale,
+)
+
+_FM = "vllm.model_executor.layers.fused_moe"
+_FX = f"{_FM}.experts.flashinfer_cutlass_moe"
+_ORACLE = f"{_FM}.oracle.nvfp4"
+
+
+def applies() -> bool:
+    """Feature probe: vLLM's NVFP4 backend oracle and the ``FusedMoEFactory`` layer exist."""
+    try:
+        return (importlib.util.find_spec(_ORACLE) is not None
+                and hasattr(importlib.import_module(f"{_FM}.layer"), "FusedMoEFactory"))
+    except ImportError:
+        return False
+
+
+class ActivationType(enum.IntEnum):
+    """Twin of FlashInfer's ``ActivationType`` (fi 0.7.3 flashinfer/tllm_enums.py:68-80)."""
+
+    Gelu = 0
+    Relu = 1
+    Silu = 2
+    Swiglu = 3
+    Geglu = 4
+    SwigluBias = 5
+    Relu2 = 6
+    SwigluStep = 7
+    GegluTanh = 8
+    Identity = 9
+    Situ = 10
+    InvalidType = 11
+
+
+def _activation_to_flashinfer_type(activation) -> ActivationType:
+    """v0.34.0 Q/utils/flashinfer_utils.py:39-70 for the one activation the emulator covers."""
+    if getattr(activation, "name", None) != "SILU":
+        raise NotImplementedError(f"emulator covers SiLU (SwiGLU) only, not {activation!r}")
+    return ActivationType.Swiglu
+
+
+def _fi_cutlass_fused_moe(*, activation_type=ActivationType.Swiglu,
+                          swizzled_input_sf: bool = True, use_packed_weights: bool = False,
+                          use_wfp4afp8_humming: bool = False, **kwargs):
+    """FlashInfer 0.7.3 ``cutlass_fused_moe`` (fi 0.7.3 flashinfer/fused_moe/core.py:1180-1217)
+    for NVFP4 + SwiGLU, on the emulator. Anything the emulator does not model is refused."""
+    if activation_type != ActivationType.Swiglu:
+        raise NotImplementedError(f"emulator covers SwiGLU only, not {activation_type!r}")
+    if not swizzled_input_sf or use_packed_weights or use_wfp4afp8_humming:
+        raise NotImplementedError("linear input SF, packed weights and the Humming path are "
+                                  "not emulated")
+    kwargs.pop("use_fused_finalize", None)  # a kernel-fusion choice; the result is the same
+    return nvfp4.cutlass_fused_moe(**kwargs)
+
+
+def _cpu_scaled_fp4_quant(input: torch.Tensor, input_global_scale: torch.Tensor,
+                          is_sf_swizzled_layout: bool = True, backend: str = "none",
+                          padded_n: Optional[int] = None):
+    """``vllm._custom_ops.scaled_fp4_quant`` (v0.34.0 _custom_ops.py:1470-1545) on CPU.
+
+    The CUDA kernel reads ``SFScale[0]`` of the global-scale tensor (vLLM csrc
+    quantization/fp4/nvfp4_quant_kernels.cu, not shipped in the wheel); so does the emulated
+    quantizer. Scales come back as float8_e4m3fn: ``[pad128(m), pad4(n/16)]`` swizzled or
+    ``[m, n/16]`` linear (create_fp4_scale_tensor, :34-63)."""
+    if "trtllm" in backend or padded_n is not None:
+        raise NotImplementedError("the 8x4 TRT-LLM SF layout and K padding are not emulated")
+    n = input.shape[-1]
+    x = input.reshape(-1, n)
+    q, sf = nvfp4.fp4_quantize(x, input_global_scale, 16, False, is_sf_swizzled_layout)
+    if is_sf_swizzled_layout:
+        sf = sf.reshape(-1, ((n // 16 + 3) // 4) * 4)
+    else:
+        sf = sf.reshape(x.shape[0], n // 16)
+    return q, sf.view(torch.float8_e4m3fn)
+
+
+class _GlooAllToAll:
+    """The ``dispatch`` / ``combine`` contract of FlashInfer's NVLink two-/one-sided
+    ``moe_ep`` communications (as vLLM calls them: flashinfer_nvlink_two_sided.py:154-194,
+    flashinfer_nvlink_one_sided.py:133-156) over gloo.
+
+    Transport is an all-gather padded to ``runtime_max_tokens_per_rank`` rows per rank (padding
+    rows carry ``invalid_expert_id``, which no rank owns, as in the real kernel); the expert
+    kernel skips experts that are not local, so each rank computes exactly the contributions a
+    real all-to-all would deliver to it, and ``combine`` sums them back onto the sending rank.
+    Quantization stays where vLLM puts it: on the sender, before ``dispatch``."""
+
+    def __init__(self, group, num_experts: int):
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self.params = SimpleNamespace(num_experts=num_experts)
+        self._rows = 0
+
+    def _gather(self, t: torch.Tensor, rows: int, fill) -> torch.Tensor:
+        wire = _as_bytes(t.contiguous())
+        buf = wire.new_full((rows,) + tuple(wire.shape[1:]), fill)
+        buf[: wire.shape[0]] = wire
+        parts = [torch.empty_like(buf) for _ in range(self.world)]
+        dist.all_gather(parts, buf, group=self.group)
+        out = torch.cat(parts, dim=0)
+        return out.view(t.dtype) if out.dtype != t.dtype else out
+
+    def dispatch(self, hidden_states, topk_ids, topk_weights, hidden_states_scale=None,
+                 runtime_max_tokens_per_rank: Optional[int] = None):
+        rows = runtime_max_tokens_per_rank or hidden_states.shape[0]
+        self._rows, self._mine = rows, hidden_states.shape[0]
+        x = self._gather(hidden_states, rows, 0)
+        ids = self._gather(topk_ids.to(torch.int32), rows, self.params.num_experts)
+        w = self._gather(topk_weights, rows, 0)
+        sf = None
+        if hidden_states_scale is not None:
+            sf = self._gather(hidden_states_scale, rows, 0)
+        return SimpleNamespace(hidden_states=x, topk_ids=ids, topk_weights=w,
+                               hidden_states_scale=sf)
+
+    def combine(self, fused_expert_output: torch.Tensor, output=None) -> torch.Tensor:
+        total = fused_expert_output.float().contiguous()
+        dist.all_reduce(total, group=self.group)
+        start = self.rank * self._rows
+        mine = total[start:start + self._mine].to(fused_expert_output.dtype)
+        if output is None:
+            return mine
+        output.copy_(mine)
+        return output
+
+    def get_combine_input_buffer(self, dtype):
+        return torch.empty(0, dtype=dtype)  # never matches a shape: vLLM allocates its own
+
+    def destroy(self) -> None:
+        pass
+
+
+class _GlooNVLinkManager:
+    """Twin of ``FlashInferNVLinkTwoSidedManager`` / ``...OneSidedManager`` (v0.34.0
+    distributed/device_communicators/all2all.py:676-765, :766-930): same ``get_communication``
+    / ``initialize`` entry points, a :class:`_GlooAllToAll` behind them."""
+
+    def __init__(self, cpu_group, *_):
+        self.cpu_group = cpu_group
+        self.rank = dist.get_rank(cpu_group)
+        self.world_size = dist.get_world_size(cpu_group)
+        self._comm: Optional[_GlooAllToAll] = None
+
+    def initialize(self, *, num_experts: int, **_):  # one-sided (all2all.py:780-890)
+        if self._comm is None:
+            self._comm = _GlooAllToAll(self.cpu_group, num_experts)
+
+    def get_communication(self, max_num_tokens=None, top_k=None, num_experts=None,
+                          hidden_size=None) -> _GlooAllToAll:
+        if num_experts is not None:
+            self.initialize(num_experts=num_experts)
+        assert self._comm is not None, "initialize() first"
+        return self._comm
+
+    def get_handle(self, kwargs):
+        return self
+
+    def cleanup(self) -> None:
+        self._comm = None
+
+    def destroy(self) -> None:
+        self._comm = None
+
+
+def _communicator_class():
+    from vllm.distributed.device_communicators.base_device_communicator import (
+        DeviceCommunicatorBase)
+
+    class CpuDeviceCommunicator(DeviceCommunicatorBase):
+        """The MoE half of ``CudaCommunicator`` (v0.34.0 distributed/device_communicators/
+        cuda_communicator.py:213-300 and :1060-1130) on gloo: all-to-all managers built the
+        same way, ``dispatch``/``combine`` delegated to them, ``all_gatherv`` /
+        ``reduce_scatterv`` as CPU collectives over the real gloo device group."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            if not self.use_all2all:
+                return
+            backend = self.all2all_backend
+            if backend in ("naive", "allgather_reducescatter"):
+                from vllm.distributed.device_communicators.all2all import AgRsAll2AllManager
+
+                self.all2all_manager = AgRsAll2AllManager(self.cpu_group)
+            elif backend in ("flashinfer_all2allv", "flashinfer_nvlink_two_sided",
+                             "flashinfer_nvlink_one_sided"):
+                self.all2all_manager = _GlooNVLinkManager(self.cpu_group)
+            else:
+                raise NotImplementedError(f"all2all backend {backend!r} is not simulated")
+
+        all_gatherv = _cpu_all_gatherv
+        reduce_scatterv = _cpu_reduce_scatterv
+
+        def reduce_scatterv_into_output(self, input_, output, dim=0, sizes=None):
+            output.copy_(_cpu_reduce_scatterv(self, input_, dim=dim, sizes=sizes))
+            return output
+
+        def get_symmetric_memory_buffer(self, *args, **kwargs):
+            return None
+
+        def dispatch_router_logits(self, hidden_states, router_logits,
+                                   is_sequence_parallel=False, extra_tensors=None):
+            return self.all2all_manager.dispatch_router_logits(
+                hidden_states, router_logits, is_sequence_parallel, extra_tensors)
+
+        def dispatch(self, hidden_states, topk_weights, topk_ids, is_sequence_parallel=False,
+                     extra_tensors=None):
+            return self.all2all_manager.dispatch(hidden_states, topk_weights, topk_ids,
+                                                 is_sequence_parallel,
+                                                 extra_tensors=extra_tensors)
+
+        def combine(self, hidden_states, is_sequence_parallel=False):
+            return self.all2all_manager.combine(hidden_states, is_sequence_parallel)
+
+        def allocate_combine_input(self, shape, dtype, device, is_sequence_parallel=False):
+            return None
+
+        def combine_into_output(self, hidden_states, output, is_sequence_parallel=False):
+            output.copy_(self.combine(hidden_states, is_sequence_parallel))
+            return output
+
+    return CpuDeviceCommunicator
+
+
+CpuDeviceCommunicator = None  # built lazily (needs vLLM); see _communicator_class
+
+
+def _sm100():
+    from vllm.platforms.interface import DeviceCapability
+
+    return classmethod(lambda cls, device_id=0: DeviceCapability(10, 0))
+
+
+class _ClassPatcher(_Patcher):
+    """Sets class attributes and restores the class's own ``__dict__`` entry (or its absence),
+    so a classmethod inherited from a base class is not left behind as a bound method."""
+
+    _MISSING = object()
+
+    def set_cls(self, cls: type, attr: str, value: Any) -> None:
+        old = cls.__dict__.get(attr, self._MISSING)
+        self._undo.append((cls, attr, old))
+        setattr(cls, attr, value)
+
+    def undo(self) -> None:
+        while self._undo:
+            owner, attr, value = self._undo.pop()
+            if value is self._MISSING:
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, value)
+
+
+def _fi_cutlass_supports_current_device() -> bool:
+    """v0.34.0 flashinfer_cutlass_moe.py:162-173 without ``is_cuda()``."""
+    from vllm.platforms import current_platform as p
+
+    return p.is_device_capability_family(100)
+
+
+@contextlib.contextmanager
+def simulated_blackwell(*, backend: str = "throughput",
+                        kernel: str = "emulator") -> Iterator[None]:
+    """Run vLLM's oracle-design NVFP4 MoE code on CPU with the emulator as FlashInfer.
+
+    The backend is chosen the way a user does it, ``--moe-backend flashinfer_cutlass``
+    (``KernelConfig.moe_backend``; see :func:`moe_backend`); only ``backend="throughput"``
+    (CUTLASS) is simulated here."""
+    global CpuDeviceCommunicator
+    if backend != "throughput" or kernel != "emulator":
+        raise NotImplementedError("the oracle seam simulates FlashInfer CUTLASS with the "
+                                  "emulator only")
+    import vllm._custom_ops as ops
+    from vllm.platforms import current_platform
+
+    if CpuDeviceCommunicator is None:
+        CpuDeviceCommunicator = _communicator_class()
+    platform_cls = type(current_platform)
+    p = _ClassPatcher()
+    try:
+        p.set_cls(platform_cls, "get_device_capability", _sm100())
+        p.set_cls(platform_cls, "get_device_communicator_cls",
+                  classmethod(lambda cls: f"{__name__}.CpuDeviceCommunicator"))
+        fx = importlib.import_module(_FX)
+        p.set_cls(fx.FlashInferExperts, "_supports_current_device",
+                  staticmethod(_fi_cutlass_supports_current_device))
+        p.set(fx, "has_flashinfer_cutlass_fused_moe", lambda: True)
+        p.set(fx, "flashinfer_cutlass_fused_moe", _fi_cutlass_fused_moe)
+        p.set(fx, "activation_to_flashinfer_type", _activation_to_flashinfer_type)
+        p.set(ops, "scaled_fp4_quant", _cpu_scaled_fp4_quant)
+        for mod in (f"{_FM}.prepare_finalize.naive_dp_ep",
+                    f"{_FM}.prepare_finalize.flashinfer_nvlink_two_sided",
+                    f"{_FM}.prepare_finalize.flashinfer_nvlink_one_sided"):
+            p.set(mod, "nvfp4_block_scale_interleave", nvfp4.block_scale_interleave)
+        p.set("vllm.model_executor.layers.quantization.utils.flashinfer_fp4_moe",
+              "swizzle_blockscale", cpu_swizzle_blockscale)
+        p.set(torch.accelerator, "current_device_index", lambda: 0)
+        yield
+    finally:
+        p.undo()
+
+
+MOE_BACKEND = "flashinfer_cutlass"  # KernelConfig.moe_backend the layouts ask for

@@ -13,10 +13,10 @@ from typing import Optional, Sequence
 
 
 def _cmd_matrix(args: argparse.Namespace) -> int:
-    from vllm_fp4_moe_plugin.simulation.layouts import LAYOUT_NAMES, Scenario
+    from vllm_fp4_moe_plugin.simulation.layouts import Scenario, default_layouts
     from vllm_fp4_moe_plugin.simulation.matrix import format_table, run_matrix
 
-    layouts = args.layout or list(LAYOUT_NAMES)
+    layouts = args.layout or list(default_layouts())
     scenario = Scenario(seed=args.seed, input_scale_spread=args.spread, tokens=args.tokens)
     rows = run_matrix(layouts, scenario, formats=tuple(args.format or
                                                         ("modelopt", "compressed-tensors")))

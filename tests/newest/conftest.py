@@ -1,0 +1,23 @@
+"""The focused suite for a vLLM release in the NVFP4-oracle MoE design (0.14.0 to 0.34.0).
+
+It runs only when asked: ``VLLM_FP4_MOE_EXPECT_DESIGN=0.14.0`` (``scripts/test.sh`` sets it for
+``.venv-vllm-0.34.0``). The installed vLLM must then probe as that design, or the run stops
+(exit 3) instead of testing the wrong release. Without the variable, or with another design's,
+nothing here is collected, so neither the default suite (vLLM 0.11.0) nor tests/upstream (0.12.0)
+imports this release's MoE code.
+"""
+
+import os
+
+import pytest
+
+DESIGN = "0.14.0"
+_expected = os.environ.get("VLLM_FP4_MOE_EXPECT_DESIGN")
+if _expected == DESIGN:
+    from vllm_fp4_moe_plugin import compat
+
+    _design = compat.probe().design
+    if _design != _expected:
+        pytest.exit(f"VLLM_FP4_MOE_EXPECT_DESIGN={_expected} but the installed vLLM probes as "
+                    f"design {_design!r}; wrong virtualenv?", returncode=3)
+collect_ignore_glob = [] if _expected == DESIGN else ["test_*.py"]

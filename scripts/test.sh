@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
-# The whole test run (what CI runs, and the README's test command): set up the three
-# virtualenvs, then the default suite on vLLM 0.11.0 and the focused suite on vLLM 0.12.0.
+# The whole test run (what CI and the README run): set up the virtualenvs, then the default
+# suite on vLLM 0.11.0, the focused suite on vLLM 0.12.0 (0.11.1-era design) and the focused
+# suite on vLLM 0.34.0 (NVFP4-oracle design, tests/newest).
 # Extra arguments go to the default suite's pytest (e.g. -x, -k expr).
+# FP4MOE_TEST_DROP_RELEASE_VENVS=1 (CI sets it) removes each release virtualenv once its suite
+# has run, so that at most one of them (~6-10 GiB) is on disk next to .venv and .venv-engine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/bootstrap.sh --with-engine
 ./scripts/bootstrap-release.sh
 status=0
 .venv/bin/python -m pytest "$@" || status=$?
-# The focused suite refuses to run (exit 3) in a virtualenv of another MoE design.
+# The focused suites refuse to run (exit 3) in a virtualenv of another MoE design.
 VLLM_FP4_MOE_EXPECT_DESIGN=0.11.1 .venv-vllm-0.12.0/bin/python -m pytest tests/upstream \
   -p no:cacheprovider || status=$?
+if [ "${FP4MOE_TEST_DROP_RELEASE_VENVS:-0}" = 1 ]; then rm -rf .venv-vllm-0.12.0; fi
+./scripts/bootstrap-release.sh 0.34.0
+VLLM_FP4_MOE_EXPECT_DESIGN=0.14.0 .venv-vllm-0.34.0/bin/python -m pytest tests/newest \
+  -p no:cacheprovider || status=$?
+if [ "${FP4MOE_TEST_DROP_RELEASE_VENVS:-0}" = 1 ]; then rm -rf .venv-vllm-0.34.0; fi
 exit $status

@@ -54,7 +54,8 @@ FlashInfer NVLink two-sided / one-sided managers       MNNVL needs NVLink: the m
                                                        _one_sided.py:133-156)
 ``all2all_utils.flashinfer_one_sided_dispatch_``       imports FlashInfer's ``QuantFormat``; NVFP4
 ``layout``                                             payload only, a stand-in enum
-``torch.accelerator.current_device_index``             the two-sided manager asks for a device
+``torch.accelerator.current_device_index``,            the two-sided manager asks for a device;
+``torch.accelerator.empty_cache``                      0.28.0's workspace manager frees its cache
 =====================================================  ===========================================
 
 What changed against the 0.11.x seam: activations are quantized by vLLM's own op
@@ -419,8 +420,11 @@ def simulated_blackwell(*, backend: str = "throughput",
         p.set("vllm.model_executor.layers.quantization.utils.flashinfer_fp4_moe",
               "swizzle_blockscale", cpu_swizzle_blockscale)
         p.set(f"{_FM}.all2all_utils", "flashinfer_one_sided_dispatch_layout",
-              _one_sided_dispatch_layout)
+              _one_sided_dispatch_layout, only_if_present=True)  # not in 0.28.0
         p.set(torch.accelerator, "current_device_index", lambda: 0)
+        # 0.28.0's workspace manager empties the device cache when it grows (v0.28.0
+        # v1/worker/workspace.py:206); there is no device cache on CPU.
+        p.set(torch.accelerator, "empty_cache", lambda: None, only_if_present=True)
         yield
     finally:
         p.undo()

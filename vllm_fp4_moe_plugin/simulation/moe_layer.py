@@ -133,7 +133,8 @@ def _build_runner(experts: QuantizedExperts, fmt: str, *, top_k: int, index: int
     if process:
         routed = runner.routed_experts
         routed.quant_method.process_weights_after_loading(routed)
-        runner.process_weights_after_loading()
+        if hasattr(runner, "process_weights_after_loading"):  # 0.34.0, not 0.28.0
+            runner.process_weights_after_loading()
     return BuiltLayer(layer=runner, prefix=prefix)
 
 

@@ -45,6 +45,8 @@ vLLM 0.34.0 symbol replaced                            why it has to be replaced
                                                        distributed/device_communicators/all2all.py
                                                        :57-202) over CPU ``all_gatherv`` /
                                                        ``reduce_scatterv``
+``flashinfer_nvlink_two_sided.flashinfer_alltoall_``  0.28.0 only (older MnnvlMoe contract): the
+``dispatch`` / ``_combine``                            same quantize-on-sender + gloo transport
 FlashInfer NVLink two-sided / one-sided managers       MNNVL needs NVLink: the managers
 (all2all.py:676-765, :766-930)                         (``FlashInferNVLink*Manager``) are twinned
                                                        by :class:`_GlooAllToAll`, with the same
@@ -100,6 +102,19 @@ def applies() -> bool:
                 and hasattr(importlib.import_module(f"{_FM}.layer"), "FusedMoEFactory"))
     except ImportError:
         return False
+
+
+def simulates_one_sided() -> bool:
+    """Does this vLLM's one-sided NVLink manager hand out a ``moe_ep`` communication
+    (``get_communication``, v0.34.0 all2all.py:891), the contract :class:`_GlooAllToAll`
+    twins? 0.28.0's speaks FlashInfer's older payload-list ``moe_alltoall`` API instead
+    (v0.28.0 prepare_finalize/flashinfer_nvlink_one_sided.py:117-124), which is not simulated."""
+    try:
+        from vllm.distributed.device_communicators.all2all import (
+            FlashInferNVLinkOneSidedManager)
+    except ImportError:
+        return False
+    return hasattr(FlashInferNVLinkOneSidedManager, "get_communication")
 
 
 class ActivationType(enum.IntEnum):
@@ -235,6 +250,46 @@ class _GlooAllToAll:
 
     def destroy(self) -> None:
         pass
+
+
+def _mnnvl_alltoall_dispatch(all2all_manager, global_num_tokens_cpu, x, gs, topk_ids,
+                             topk_weights, top_k, num_experts, quant_config,
+                             defer_input_quant: bool = False):
+    """The older two-sided contract (v0.28.0 prepare_finalize/flashinfer_nvlink_two_sided.py:
+    125-215: FlashInfer's ``MnnvlMoe`` alltoallv), MNNVL swapped for a gloo all-gather: the
+    sender quantizes with ``gs`` in linear SF layout (:166-178), the receiver interleaves; the
+    kernel skips the experts it does not own, so every rank computes what a real all-to-all
+    would hand it. The 0.34.0 form (``moe_ep`` communications) is :class:`_GlooAllToAll`."""
+    from vllm.model_executor.layers.fused_moe.utils import moe_kernel_quantize_input
+
+    if defer_input_quant:
+        raise NotImplementedError("the two-sided twin covers NVFP4 dispatch only")
+    xq, x_sf = moe_kernel_quantize_input(
+        x, gs, quant_config.quant_dtype, quant_config.per_act_token_quant,
+        quant_config.block_shape, is_scale_swizzled=False,
+        mx_alignment=quant_config.mx_alignment)
+    comm = _GlooAllToAll(all2all_manager.cpu_group, num_experts)
+    rows = max(global_num_tokens_cpu) if global_num_tokens_cpu is not None else x.shape[0]
+    got = comm.dispatch(xq, topk_ids, topk_weights, hidden_states_scale=x_sf,
+                        runtime_max_tokens_per_rank=rows)
+    sf = got.hidden_states_scale
+    if sf is not None and quant_config.is_scale_swizzled:
+        sf = nvfp4.block_scale_interleave(sf.view(torch.uint8))
+    return comm, got.topk_ids, got.topk_weights, got.hidden_states, sf
+
+
+def _mnnvl_alltoall_combine(all2all_manager, output, top_k, token_count, alltoall_info):
+    """v0.28.0 flashinfer_nvlink_two_sided.py:218-240 over gloo: sum onto the sending rank."""
+    return alltoall_info.combine(output)
+
+
+def _two_sided_is_mnnvl() -> bool:
+    """0.28.0's two-sided P/F calls module functions with (..., top_k, num_experts, ...)."""
+    import inspect
+
+    mod = importlib.import_module(f"{_FM}.prepare_finalize.flashinfer_nvlink_two_sided")
+    fn = getattr(mod, "flashinfer_alltoall_dispatch", None)
+    return fn is not None and "top_k" in inspect.signature(fn).parameters
 
 
 def _gloo_nvlink_managers():
@@ -419,6 +474,10 @@ def simulated_blackwell(*, backend: str = "throughput",
             p.set(mod, "nvfp4_block_scale_interleave", nvfp4.block_scale_interleave)
         p.set("vllm.model_executor.layers.quantization.utils.flashinfer_fp4_moe",
               "swizzle_blockscale", cpu_swizzle_blockscale)
+        if _two_sided_is_mnnvl():  # 0.28.0
+            two = f"{_FM}.prepare_finalize.flashinfer_nvlink_two_sided"
+            p.set(two, "flashinfer_alltoall_dispatch", _mnnvl_alltoall_dispatch)
+            p.set(two, "flashinfer_alltoall_combine", _mnnvl_alltoall_combine)
         p.set(f"{_FM}.all2all_utils", "flashinfer_one_sided_dispatch_layout",
               _one_sided_dispatch_layout, only_if_present=True)  # not in 0.28.0
         p.set(torch.accelerator, "current_device_index", lambda: 0)

@@ -69,10 +69,11 @@ ORACLE_ONLY_LAYOUTS = ("dp_ep_one_sided",)
 
 def default_layouts() -> tuple[str, ...]:
     """The matrix's layouts for the installed vLLM: the eight of every design, plus the
-    one-sided NVLink dispatch where vLLM has it (the oracle design)."""
+    one-sided NVLink dispatch where vLLM has it in the form the seam simulates (0.34.0)."""
     from vllm_fp4_moe_plugin.simulation import blackwell_oracle
 
-    return LAYOUT_NAMES + (ORACLE_ONLY_LAYOUTS if blackwell_oracle.applies() else ())
+    one_sided = blackwell_oracle.applies() and blackwell_oracle.simulates_one_sided()
+    return LAYOUT_NAMES + (ORACLE_ONLY_LAYOUTS if one_sided else ())
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,7 @@ import contextlib
 import enum
 import importlib
 import importlib.util
+import sys
 from types import SimpleNamespace
 from typing import Any, Iterator, Optional
 
@@ -96,12 +97,36 @@ _ORACLE = f"{_FM}.oracle.nvfp4"
 
 
 def applies() -> bool:
-    """Feature probe: vLLM's NVFP4 backend oracle and the ``FusedMoEFactory`` layer exist."""
+    """Feature probe: vLLM has the NVFP4 backend oracle (``fused_moe/oracle/nvfp4.py``)."""
     try:
-        return (importlib.util.find_spec(_ORACLE) is not None
-                and hasattr(importlib.import_module(f"{_FM}.layer"), "FusedMoEFactory"))
+        return importlib.util.find_spec(_ORACLE) is not None
     except ImportError:
         return False
+
+
+def _experts_module():
+    """Where ``FlashInferExperts`` lives: ``fused_moe/experts/`` (0.28.0+) or
+    ``fused_moe/`` (v0.20.0 FM/flashinfer_cutlass_moe.py)."""
+    for name in (_FX, f"{_FM}.flashinfer_cutlass_moe"):
+        if importlib.util.find_spec(name) is not None:
+            return importlib.import_module(name)
+    raise ImportError("no FlashInferExperts module in this vLLM")
+
+
+def _flashinfer_enum_stub():
+    """v0.20.0 ``FlashInferExperts.apply`` imports ``flashinfer.fused_moe.core.ActivationType``
+    itself (FM/flashinfer_cutlass_moe.py:262). Without FlashInfer installed, the seam provides
+    that one module with only the :class:`ActivationType` twin, for the seam's duration."""
+    import importlib.machinery
+    import types
+
+    mods = {}
+    for name in ("flashinfer", "flashinfer.fused_moe", "flashinfer.fused_moe.core"):
+        m = types.ModuleType(name)
+        m.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+        mods[name] = m
+    mods["flashinfer.fused_moe.core"].ActivationType = ActivationType
+    return mods
 
 
 def simulates_one_sided() -> bool:
@@ -256,7 +281,7 @@ def _mnnvl_alltoall_dispatch(all2all_manager, global_num_tokens_cpu, x, gs, topk
                              topk_weights, top_k, num_experts, quant_config,
                              defer_input_quant: bool = False):
     """The older two-sided contract (v0.28.0 prepare_finalize/flashinfer_nvlink_two_sided.py:
-    125-215: FlashInfer's ``MnnvlMoe`` alltoallv), MNNVL swapped for a gloo all-gather: the
+    125-215, same in v0.20.0: FlashInfer's ``MnnvlMoe`` alltoallv), MNNVL swapped for a gloo all-gather: the
     sender quantizes with ``gs`` in linear SF layout (:166-178), the receiver interleaves; the
     kernel skips the experts it does not own, so every rank computes what a real all-to-all
     would hand it. The 0.34.0 form (``moe_ep`` communications) is :class:`_GlooAllToAll`."""
@@ -264,16 +289,24 @@ def _mnnvl_alltoall_dispatch(all2all_manager, global_num_tokens_cpu, x, gs, topk
 
     if defer_input_quant:
         raise NotImplementedError("the two-sided twin covers NVFP4 dispatch only")
+    import inspect
+
+    params = inspect.signature(moe_kernel_quantize_input).parameters
+    # linear SF for the wire; the flag's name is is_fp4_scale_swizzled in v0.20.0
+    extra = {("is_scale_swizzled" if "is_scale_swizzled" in params
+              else "is_fp4_scale_swizzled"): False}
+    if hasattr(quant_config, "mx_alignment"):  # 0.28.0, not 0.20.0
+        extra["mx_alignment"] = quant_config.mx_alignment
     xq, x_sf = moe_kernel_quantize_input(
         x, gs, quant_config.quant_dtype, quant_config.per_act_token_quant,
-        quant_config.block_shape, is_scale_swizzled=False,
-        mx_alignment=quant_config.mx_alignment)
+        quant_config.block_shape, **extra)
     comm = _GlooAllToAll(all2all_manager.cpu_group, num_experts)
     rows = max(global_num_tokens_cpu) if global_num_tokens_cpu is not None else x.shape[0]
     got = comm.dispatch(xq, topk_ids, topk_weights, hidden_states_scale=x_sf,
                         runtime_max_tokens_per_rank=rows)
     sf = got.hidden_states_scale
-    if sf is not None and quant_config.is_scale_swizzled:
+    if sf is not None and getattr(quant_config, "is_scale_swizzled",
+                                  getattr(quant_config, "is_nvfp4_scale_swizzled", True)):
         sf = nvfp4.block_scale_interleave(sf.view(torch.uint8))
     return comm, got.topk_ids, got.topk_weights, got.hidden_states, sf
 
@@ -284,7 +317,8 @@ def _mnnvl_alltoall_combine(all2all_manager, output, top_k, token_count, alltoal
 
 
 def _two_sided_is_mnnvl() -> bool:
-    """0.28.0's two-sided P/F calls module functions with (..., top_k, num_experts, ...)."""
+    """0.20.0/0.28.0's two-sided P/F calls module functions with (..., top_k, num_experts,
+    ...); 0.34.0's takes a ``moe_ep`` communication instead."""
     import inspect
 
     mod = importlib.import_module(f"{_FM}.prepare_finalize.flashinfer_nvlink_two_sided")
@@ -457,21 +491,29 @@ def simulated_blackwell(*, backend: str = "throughput",
         CpuDeviceCommunicator = _communicator_class()
     platform_cls = type(current_platform)
     p = _ClassPatcher()
+    stubbed: list[str] = []
     try:
         p.set_cls(platform_cls, "get_device_capability", _sm100())
         p.set_cls(platform_cls, "get_device_communicator_cls",
                   classmethod(lambda cls: f"{__name__}.CpuDeviceCommunicator"))
-        fx = importlib.import_module(_FX)
+        fx = _experts_module()
         p.set_cls(fx.FlashInferExperts, "_supports_current_device",
                   staticmethod(_fi_cutlass_supports_current_device))
         p.set(fx, "has_flashinfer_cutlass_fused_moe", lambda: True)
         p.set(fx, "flashinfer_cutlass_fused_moe", _fi_cutlass_fused_moe)
-        p.set(fx, "activation_to_flashinfer_type", _activation_to_flashinfer_type)
+        p.set(fx, "activation_to_flashinfer_type", _activation_to_flashinfer_type,
+              only_if_present=True)  # 0.28.0+; 0.20.0 imports FlashInfer's enum in apply
+        if (not hasattr(fx, "activation_to_flashinfer_type")
+                and importlib.util.find_spec("flashinfer") is None):
+            for name, mod in _flashinfer_enum_stub().items():
+                stubbed.append(name)
+                sys.modules[name] = mod
         p.set(ops, "scaled_fp4_quant", _cpu_scaled_fp4_quant)
         for mod in (f"{_FM}.prepare_finalize.naive_dp_ep",
                     f"{_FM}.prepare_finalize.flashinfer_nvlink_two_sided",
                     f"{_FM}.prepare_finalize.flashinfer_nvlink_one_sided"):
-            p.set(mod, "nvfp4_block_scale_interleave", nvfp4.block_scale_interleave)
+            p.set(mod, "nvfp4_block_scale_interleave", nvfp4.block_scale_interleave,
+                  only_if_present=True)
         p.set("vllm.model_executor.layers.quantization.utils.flashinfer_fp4_moe",
               "swizzle_blockscale", cpu_swizzle_blockscale)
         if _two_sided_is_mnnvl():  # 0.28.0
@@ -487,6 +529,8 @@ def simulated_blackwell(*, backend: str = "throughput",
         yield
     finally:
         p.undo()
+        for name in stubbed:
+            sys.modules.pop(name, None)
 
 
 MOE_BACKEND = "flashinfer_cutlass"  # KernelConfig.moe_backend the layouts ask for

@@ -178,6 +178,10 @@ def _run_job(rank: int, layout: Layout, job: str, args: tuple, ports: list[int])
 
         extra["kernel_config"] = KernelConfig(moe_backend=blackwell_oracle.MOE_BACKEND)
     cfg = VllmConfig(device_config=DeviceConfig(device="cpu"), parallel_config=parallel, **extra)
+    if oracle and getattr(cfg.compilation_config, "max_cudagraph_capture_size", 0) is None:
+        # A GPU engine always has one; v0.20.0's FlashInferExperts passes it to FlashInfer as
+        # tune_max_num_tokens (FM/flashinfer_cutlass_moe.py:393), a tuning hint only.
+        cfg.compilation_config.max_cudagraph_capture_size = 512
     with set_current_vllm_config(cfg), simulated_blackwell():
         init_distributed_environment(world_size=layout.tp * layout.pp, rank=rank_in_dp,
                                      distributed_init_method=f"tcp://127.0.0.1:{ports[0]}",
@@ -278,8 +282,8 @@ def stock_and_plugin_outputs(ctx: RankContext, scenario: Scenario, formats: tupl
 
 def describe_layer(layer) -> dict[str, Any]:
     """Which classes run this layer and what GEMM1 scale they were given (for rows and tests)."""
-    if hasattr(layer, "routed_experts"):  # oracle design: MoERunner -> RoutedExperts
-        return _describe_runner(layer)
+    if hasattr(layer, "routed_experts") or hasattr(layer.quant_method, "moe_kernel"):
+        return _describe_runner(layer)  # oracle design (MoERunner -> RoutedExperts from 0.28)
     qm = layer.quant_method
     fe = getattr(qm, "fused_experts", None)
     cfg = getattr(qm, "moe_quant_config", None)
@@ -296,7 +300,7 @@ def describe_layer(layer) -> dict[str, Any]:
 
 
 def _describe_runner(runner) -> dict[str, Any]:
-    routed = runner.routed_experts
+    routed = getattr(runner, "routed_experts", runner)
     qm = routed.quant_method
     mk = getattr(qm, "moe_kernel", None)
     cfg = getattr(qm, "moe_quant_config", None)

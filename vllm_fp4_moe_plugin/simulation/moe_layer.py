@@ -75,14 +75,20 @@ def build_layer(experts: QuantizedExperts, fmt: str, *, top_k: int, index: int,
                              overrides=overrides, process=process, **layer_kwargs)
     FusedMoE = fused_moe_layer.FusedMoE
     mlp = MLP_PREFIX.format(index=index)
+    import inspect
+
+    if "reduce_results" in inspect.signature(FusedMoE.__init__).parameters:
+        layer_kwargs.setdefault("reduce_results", True)  # v0.20.0's FusedMoE always reduces
     layer = FusedMoE(
         num_experts=experts.num_experts, top_k=top_k, hidden_size=experts.hidden,
-        intermediate_size=experts.intermediate, params_dtype=dtype, reduce_results=True,
+        intermediate_size=experts.intermediate, params_dtype=dtype,
         renormalize=True, quant_config=make_quant_config(fmt), prefix=f"{mlp}.experts",
         custom_routing_function=cpu_topk_softmax_routing, **layer_kwargs)
     params = dict(layer.named_parameters())
-    mapping = FusedMoE.make_expert_params_mapping("gate_proj", "down_proj", "up_proj",
-                                                  experts.num_experts)
+    names = ("gate_proj", "down_proj", "up_proj", experts.num_experts)
+    if "model" in inspect.signature(FusedMoE.make_expert_params_mapping).parameters:
+        names = (layer,) + names  # v0.20.0: scans the model for LoRA's base_layer prefix
+    mapping = FusedMoE.make_expert_params_mapping(*names)
     tensors = expert_tensors(experts, fmt, f"{mlp}.experts")
     for name, tensor in (overrides or {}).items():
         if name not in tensors:
@@ -157,8 +163,8 @@ def forward(layer: torch.nn.Module, hidden_states: torch.Tensor, router_logits: 
 
     with set_forward_context({}, vllm_config, num_tokens=hidden_states.shape[0],
                              num_tokens_across_dp=num_tokens_across_dp):
-        if hasattr(layer, "routed_experts"):  # oracle design: MoERunner.forward
-            out = layer.forward(hidden_states, router_logits)
-        else:
+        if hasattr(layer, "forward_native"):
             out = layer.forward_native(hidden_states, router_logits)
+        else:  # oracle design: MoERunner.forward (0.28.0+), FusedMoE.forward (0.20.0)
+            out = layer.forward(hidden_states, router_logits)
     return out.clone()

@@ -6,29 +6,33 @@ its quant methods, ``FusedMoEFactory`` / ``RoutedExperts`` / ``MoERunner``, the 
 ``process_weights_after_loading`` (where the backend oracle picks ``FLASHINFER_CUTLASS`` and the
 modular kernel is built), the prepare/finalize classes and ``FlashInferExperts``. Every
 replacement stands in for hardware, or for a CUDA-only package (FlashInfer 0.7.3, ``vllm._C``),
-and nothing else. Selected by :func:`applies` (the oracle module and ``FusedMoEFactory`` exist),
-never by a version string. Citations: ``v0.34.0 path:line`` (paths under ``vllm/``),
-``fi 0.7.3 path:line`` (FlashInfer source; the mirror read has 0.6.18 as its newest version,
-whose ``cutlass_fused_moe`` NVFP4 contract is the one described here).
+and nothing else. Selected by :func:`applies` (the oracle module exists), never by a version
+string; the same seam also runs vLLM 0.20.0 and 0.28.0 (their differing entry points are
+replaced only where present). Citations: ``v0.34.0 path:line`` (paths under ``vllm/``; FM =
+model_executor/layers/fused_moe, Q = model_executor/layers/quantization) and ``fi 0.6.18
+path:line``: FlashInfer's source at its 0.6.18 version commit, the newest in the source mirror
+read (no 0.7.x tag there). vLLM 0.34.0 pins FlashInfer 0.7.3, which is not on the package index,
+so its NVFP4 ``cutlass_fused_moe`` contract is taken from 0.6.18 and from how vLLM 0.34.0 calls it
+(FM/experts/flashinfer_cutlass_moe.py:252-393).
 
 =====================================================  ===========================================
 vLLM 0.34.0 symbol replaced                            why it has to be replaced on CPU
 =====================================================  ===========================================
 ``type(current_platform).get_device_capability``       capability probe: reports SM100 (10, 0), so
                                                        ``_supports_quant_scheme`` (v0.34.0
-                                                       FM/experts/flashinfer_cutlass_moe.py:177-
-                                                       199) sees NVFP4 support; ``is_cuda()`` stays
+                                                       FM/experts/flashinfer_cutlass_moe.py:153-
+                                                       189) sees NVFP4 support; ``is_cuda()`` stays
                                                        False everywhere else
-``FlashInferExperts._supports_current_device``        capability probe (:162-173): keeps the SM100
+``FlashInferExperts._supports_current_device``        capability probe (:135-146): keeps the SM100
                                                        and FlashInfer checks, drops ``is_cuda()``
 ``flashinfer_cutlass_moe.has_flashinfer_cutlass_``     FlashInfer is not installed (0.7.3 is not on
 ``fused_moe``                                          the index); its kernel is emulated below
 ``flashinfer_cutlass_moe.flashinfer_cutlass_fused_``   FlashInfer kernel -> :func:`nvfp4.cutlass_
-``moe``                                                fused_moe` (same six NVFP4 scales, fi 0.7.3
+``moe``                                                fused_moe` (same six NVFP4 scales, fi 0.6.18
                                                        csrc/fused_moe/cutlass_backend/flashinfer_
                                                        cutlass_fused_moe_binding.cu:1367-1398)
 ``flashinfer_cutlass_moe.activation_to_flashinfer_``   imports ``flashinfer.fused_moe.core.Activa
-``type``                                               tionType``; a twin of that enum (fi 0.7.3
+``type``                                               tionType``; a twin of that enum (fi 0.6.18
                                                        flashinfer/tllm_enums.py:68-80)
 ``vllm._custom_ops.scaled_fp4_quant``                  vLLM's CUDA op ``_C.scaled_fp4_quant`` ->
                                                        the emulated quantizer (reads element 0 of
@@ -45,15 +49,20 @@ vLLM 0.34.0 symbol replaced                            why it has to be replaced
                                                        distributed/device_communicators/all2all.py
                                                        :57-202) over CPU ``all_gatherv`` /
                                                        ``reduce_scatterv``
-``flashinfer_nvlink_two_sided.flashinfer_alltoall_``  0.28.0 only (older MnnvlMoe contract): the
-``dispatch`` / ``_combine``                            same quantize-on-sender + gloo transport
+``flashinfer_nvlink_two_sided.flashinfer_alltoall_``  0.20.0/0.28.0 only (older MnnvlMoe
+``dispatch`` / ``_combine``                            contract): the same quantize-on-sender +
+                                                       gloo transport
+``sys.modules["flashinfer.fused_moe.core"]``           0.20.0 only, and only while FlashInfer is
+                                                       not installed: ``FlashInferExperts.apply``
+                                                       imports ``ActivationType`` from it; a module
+                                                       holding only the enum twin
 FlashInfer NVLink two-sided / one-sided managers       MNNVL needs NVLink: the managers
 (all2all.py:676-765, :766-930)                         (``FlashInferNVLink*Manager``) are twinned
                                                        by :class:`_GlooAllToAll`, with the same
                                                        ``dispatch``/``combine`` contract; vLLM's
                                                        P/F still quantizes on the SENDER
-                                                       (flashinfer_nvlink_two_sided.py:154-172,
-                                                       _one_sided.py:133-156)
+                                                       (flashinfer_nvlink_two_sided.py:150-173,
+                                                       _one_sided.py:126-147)
 ``all2all_utils.flashinfer_one_sided_dispatch_``       imports FlashInfer's ``QuantFormat``; NVFP4
 ``layout``                                             payload only, a stand-in enum
 ``torch.accelerator.current_device_index``,            the two-sided manager asks for a device;
@@ -61,10 +70,11 @@ FlashInfer NVLink two-sided / one-sided managers       MNNVL needs NVLink: the m
 =====================================================  ===========================================
 
 What changed against the 0.11.x seam: activations are quantized by vLLM's own op
-(``ops.scaled_fp4_quant``), not ``flashinfer.fp4_quantize``; ``cutlass_fused_moe`` gained
+(``ops.scaled_fp4_quant``), not ``flashinfer.fp4_quantize``; against 0.3.1, ``cutlass_fused_moe``
+gained
 ``swizzled_input_sf`` (default True, which vLLM relies on), ``use_packed_weights``,
 ``use_wfp4afp8_humming``, ``use_fused_finalize``, ``profile_ids``, ``workspace_buffer``,
-``situ_beta``/``situ_linear_beta`` (fi 0.7.3 flashinfer/fused_moe/core.py:1180-1217); the NVFP4
+``situ_beta``/``situ_linear_beta`` (fi 0.6.18 flashinfer/fused_moe/core.py:1180-1217); the NVFP4
 operands (six scales, act scales scalar or one per local expert, block scales as int32 views)
 are unchanged, so the 0.3.1 emulator is reused behind :func:`_fi_cutlass_fused_moe`.
 """
@@ -131,7 +141,7 @@ def _flashinfer_enum_stub():
 
 def simulates_one_sided() -> bool:
     """Does this vLLM's one-sided NVLink manager hand out a ``moe_ep`` communication
-    (``get_communication``, v0.34.0 all2all.py:891), the contract :class:`_GlooAllToAll`
+    (``get_communication``, v0.34.0 distributed/device_communicators/all2all.py:895), the contract :class:`_GlooAllToAll`
     twins? 0.28.0's speaks FlashInfer's older payload-list ``moe_alltoall`` API instead
     (v0.28.0 prepare_finalize/flashinfer_nvlink_one_sided.py:117-124), which is not simulated."""
     try:
@@ -143,7 +153,7 @@ def simulates_one_sided() -> bool:
 
 
 class ActivationType(enum.IntEnum):
-    """Twin of FlashInfer's ``ActivationType`` (fi 0.7.3 flashinfer/tllm_enums.py:68-80)."""
+    """Twin of FlashInfer's ``ActivationType`` (fi 0.6.18 flashinfer/tllm_enums.py:68-80)."""
 
     Gelu = 0
     Relu = 1
@@ -169,7 +179,7 @@ def _activation_to_flashinfer_type(activation) -> ActivationType:
 def _fi_cutlass_fused_moe(*, activation_type=ActivationType.Swiglu,
                           swizzled_input_sf: bool = True, use_packed_weights: bool = False,
                           use_wfp4afp8_humming: bool = False, **kwargs):
-    """FlashInfer 0.7.3 ``cutlass_fused_moe`` (fi 0.7.3 flashinfer/fused_moe/core.py:1180-1217)
+    """FlashInfer 0.7.3 ``cutlass_fused_moe`` (fi 0.6.18 flashinfer/fused_moe/core.py:1180-1217)
     for NVFP4 + SwiGLU, on the emulator. Anything the emulator does not model is refused."""
     if activation_type != ActivationType.Swiglu:
         raise NotImplementedError(f"emulator covers SwiGLU only, not {activation_type!r}")
@@ -222,8 +232,8 @@ def _cpu_scaled_fp4_quant(input: torch.Tensor, input_global_scale: torch.Tensor,
 
 class _GlooAllToAll:
     """The ``dispatch`` / ``combine`` contract of FlashInfer's NVLink two-/one-sided
-    ``moe_ep`` communications (as vLLM calls them: flashinfer_nvlink_two_sided.py:154-194,
-    flashinfer_nvlink_one_sided.py:133-156) over gloo.
+    ``moe_ep`` communications (as vLLM calls them: flashinfer_nvlink_two_sided.py:150-197,
+    flashinfer_nvlink_one_sided.py:126-160) over gloo.
 
     Transport is an all-gather padded to ``runtime_max_tokens_per_rank`` rows per rank (padding
     rows carry ``invalid_expert_id``, which no rank owns, as in the real kernel); the expert
@@ -466,7 +476,7 @@ class _ClassPatcher(_Patcher):
 
 
 def _fi_cutlass_supports_current_device() -> bool:
-    """v0.34.0 flashinfer_cutlass_moe.py:162-173 without ``is_cuda()``."""
+    """v0.34.0 FM/experts/flashinfer_cutlass_moe.py:135-146 without ``is_cuda()``."""
     from vllm.platforms import current_platform as p
 
     return p.is_device_capability_family(100)

@@ -124,7 +124,7 @@ def _oracle_reference_scheme(fmt: str, layout) -> str:
     ``amax_for_moe_activation_quant(a_scale, enable_eplb)`` = the max over the scales the rank
     holds, all-reduced only with EPLB (Q/utils/flashinfer_fp4_moe.py:495-504,
     Q/utils/quant_utils.py:77-97). ModelOpt holds every expert's input scale on every rank
-    (Q/modelopt.py:1041-1058; loader FM/routed_experts.py:852-879), so both GEMMs use the max
+    (Q/modelopt.py:1041-1058; loader FM/routed_experts.py:764-771, 845-879), so both GEMMs use the max
     over ALL experts (= min input global scale) everywhere. Compressed-tensors holds only the
     rank's local experts' scales (compressed_tensors_moe_w4a4_nvfp4.py:189-208, 242), so its
     collapse is over the local experts: everything when there is no EP (single, pp, tp,
@@ -133,7 +133,7 @@ def _oracle_reference_scheme(fmt: str, layout) -> str:
     rank that quantizes is the one that owns the expert: true in tp_ep (replicated tokens, each
     rank quantizes its own copy, prepare_finalize/no_dp_ep.py), false under DP+EP, where the
     sender quantizes before dispatch (naive_dp_ep.py:26-54, flashinfer_nvlink_two_sided.py:
-    154-172, flashinfer_nvlink_one_sided.py:133-156): there a correct layer needs one GEMM1
+    150-173, flashinfer_nvlink_one_sided.py:126-147): there a correct layer needs one GEMM1
     scale on every rank, the max over ALL experts (what ModelOpt has, and what the plugin's
     EP-group MAX all-reduce gives)."""
     if fmt == "modelopt" or layout.ep_size == 1:

@@ -142,7 +142,8 @@ def _flashinfer_enum_stub():
 def simulates_one_sided() -> bool:
     """Does this vLLM's one-sided NVLink manager hand out a ``moe_ep`` communication
     (``get_communication``, v0.34.0 distributed/device_communicators/all2all.py:895), the
-    contract :class:`_GlooAllToAll` twins? 0.28.0's speaks FlashInfer's older payload-list ``moe_alltoall`` API instead
+    contract :class:`_GlooAllToAll` twins? 0.28.0's speaks FlashInfer's older payload-list
+    ``moe_alltoall`` API instead
     (v0.28.0 prepare_finalize/flashinfer_nvlink_one_sided.py:117-124), which is not simulated."""
     try:
         from vllm.distributed.device_communicators.all2all import (
@@ -292,7 +293,8 @@ def _mnnvl_alltoall_dispatch(all2all_manager, global_num_tokens_cpu, x, gs, topk
                              defer_input_quant: bool = False):
     """The older two-sided contract (v0.28.0 prepare_finalize/flashinfer_nvlink_two_sided.py:
     125-215, same in v0.20.0: FlashInfer's ``MnnvlMoe`` alltoallv), MNNVL swapped for a gloo
-    all-gather: the sender quantizes with ``gs`` in linear SF layout (:166-178), the receiver interleaves; the
+    all-gather: the sender quantizes with ``gs`` in linear SF layout (:166-178), the receiver
+    interleaves; the
     kernel skips the experts it does not own, so every rank computes what a real all-to-all
     would hand it. The 0.34.0 form (``moe_ep`` communications) is :class:`_GlooAllToAll`."""
     from vllm.model_executor.layers.fused_moe.utils import moe_kernel_quantize_input

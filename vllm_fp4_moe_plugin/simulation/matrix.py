@@ -125,7 +125,8 @@ def _oracle_reference_scheme(fmt: str, layout) -> str:
     holds, all-reduced only with EPLB (Q/utils/flashinfer_fp4_moe.py:495-504,
     Q/utils/quant_utils.py:77-97). ModelOpt holds every expert's input scale on every rank
     (Q/modelopt.py:1041-1058; loader FM/routed_experts.py:764-771, 845-879), so both GEMMs use
-    the max over ALL experts (= min input global scale) everywhere. Compressed-tensors holds only the
+    the max over ALL experts (= min input global scale) everywhere. Compressed-tensors holds
+    only the
     rank's local experts' scales (compressed_tensors_moe_w4a4_nvfp4.py:189-208, 242), so its
     collapse is over the local experts: everything when there is no EP (single, pp, tp,
     tp_all2allv, dp); per EP rank with EP. GEMM2 is quantized and dequantized on the expert's

@@ -20,9 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-
-class InvalidScaleError(ValueError):
-    """A checkpoint scale that would silently poison every token routed through it."""
+from vllm_fp4_moe_plugin.scale_check import InvalidScaleError, check_scale  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -38,21 +36,18 @@ class Gemm1ActivationScales:
 
 
 def check_positive_finite(tensor: torch.Tensor, *, layer: str, name: str) -> None:
-    """Raise, naming the layer, the tensor and the first bad expert, on NaN/inf/zero/negative."""
-    t = tensor.detach().float()
+    """Raise, naming the layer, the tensor and the first bad expert, on NaN/inf/zero/negative
+    or a non-float dtype (the rule of :mod:`vllm_fp4_moe_plugin.scale_check`, which audit and
+    doctor apply to the checkpoint's own tensors)."""
+    t = tensor.detach()
+    if not t.is_floating_point():
+        check_scale([], where=layer, name=name, dtype=str(t.dtype))
+    t = t.float()
     bad = ~torch.isfinite(t) | (t <= 0)
-    if not bool(bad.any()):
+    if not bool(bad.any()):  # the common case stays one vectorized pass
         return
-    first = bad.nonzero()[0].tolist() if t.dim() else []
-    value = float(t[tuple(first)])
-    kind = "NaN" if value != value else ("inf" if abs(value) == float("inf") else
-                                          ("zero" if value == 0 else "negative"))
-    where = f" at expert index {first[0]}" if first else ""
-    raise InvalidScaleError(
-        f"{layer}: checkpoint scale {name!r} is {kind} ({value!r}){where} "
-        f"[{int(bad.sum())} of {t.numel()} entries are bad]. NVFP4 global scales must be finite "
-        "and > 0; re-export or repair this tensor in the checkpoint."
-    )
+    per_expert = max(1, t[0].numel()) if t.dim() else 0
+    check_scale(t.reshape(-1).tolist(), where=layer, name=name, per_expert=per_expert)
 
 
 def per_expert_scales(gs: torch.Tensor, g1_alphas: torch.Tensor) -> Gemm1ActivationScales:

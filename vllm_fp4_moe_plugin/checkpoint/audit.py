@@ -5,8 +5,11 @@ Stock 0.11.0 pre-quantizes every FlashInfer CUTLASS MoE input with ONE expert's 
 own, so expert e's output is off by ``in_scale[e] / in_scale[e0]`` (fp4-moe-internals.md §5).
 GEMM2 is always consistent. So a layer is computed wrongly iff its experts' GEMM1 input scales
 differ, and a checkpoint can be judged from those scalars alone: this module opens each shard
-lazily (``safe_open``) and calls ``get_tensor`` on the activation-scale names only -- never on
+lazily (``safe_open``) and calls ``get_tensor`` on the per-expert global scales only (input
+scales, and the weight global scales the plugin also validates) -- never on
 ``weight``/``weight_packed``/``weight_scale`` -- so a DeepSeek-R1-sized index audits in seconds.
+Every scale read is judged by the plugin's own rule (``scale_check``): a bad one is a bad
+checkpoint (:class:`CheckpointAuditError`), not a finding.
 
 "affected", per layout (``LAYOUTS``), is computed exactly for stock 0.11.0 at the given EP size:
 
@@ -15,6 +18,9 @@ lazily (``safe_open``) and calls ``get_tensor`` on the activation-scale names on
   scale, dequantized on any receiver -> affected iff not all scales are equal.
 * tp_ep: each rank quantizes its own tokens with its first local expert's scale -> affected iff
   some rank's slice (vLLM's ``determine_expert_map``, layer.py:786-846) is not uniform.
+* every EP layout, whatever the scales, when the experts do not split into equal contiguous
+  blocks (``round_robin`` placement, or experts % EP size != 0): FlashInfer then computes the
+  wrong experts (``ep_layout_problem``).
 """
 
 from __future__ import annotations
@@ -26,14 +32,18 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Iterator, Optional
 
-from safetensors import safe_open
+from vllm_fp4_moe_plugin.scale_check import InvalidScaleError, check_scale
 
-from .tensor_index import CheckpointError, checkpoint_dir, read_json, tensor_files
+from .tensor_index import CheckpointError, checkpoint_dir, open_safetensors, read_json, \
+    tensor_files
 
 LAYOUTS = ("single", "pp", "tp", "tp_ep", "dp_ep_allgather", "dp_ep_all2allv", "dp")
 PLACEMENTS = ("linear", "round_robin")
 FORMATS = ("modelopt", "compressed-tensors")
 INPUT_SCALE = {"modelopt": "input_scale", "compressed-tensors": "input_global_scale"}
+# Per-expert weight global scales: the plugin refuses a bad one at load, so the audit reads them
+# too (scalars, as cheap as the input scales; never the weights or block scales).
+WEIGHT_SCALE = {"modelopt": "weight_scale_2", "compressed-tensors": "weight_global_scale"}
 # Checkpoint projection names -> FusedMoE shard; Mixtral-style checkpoints use w1/w3/w2.
 PROJECTION_STYLES = ({"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"},
                      {"w1": "w1", "w3": "w3", "w2": "w2"})
@@ -165,7 +175,9 @@ def _style(layer: str, projs: set[str]) -> dict[str, str]:
 
 
 def _read_scalars(names: dict[str, Path]) -> dict[str, float]:
-    """``get_tensor`` on exactly these names, one lazy ``safe_open`` per shard."""
+    """``get_tensor`` on exactly these names, one lazy ``safe_open`` per shard; each tensor is
+    judged by the plugin's own rule (:func:`scale_check.check_scale`): float dtype, one element,
+    finite and > 0."""
     by_file: dict[Path, list[str]] = defaultdict(list)
     for name, f in names.items():
         by_file[f].append(name)
@@ -175,34 +187,27 @@ def _read_scalars(names: dict[str, Path]) -> dict[str, float]:
             raise CheckpointAuditError(
                 f"{f}: shard file missing; the index maps {len(wanted)} scale tensor(s) to it, "
                 f"e.g. {wanted[0]}; copy the shard or regenerate the index")
-        with safe_open(str(f), framework="np") as handle:
+        with open_safetensors(f) as handle:
             for name in wanted:
                 try:
                     t = handle.get_tensor(name)
-                    flat = t.reshape(-1)
+                    dtype, shape, flat = str(t.dtype), list(t.shape), t.reshape(-1).tolist()
                 except TypeError:  # e.g. bf16 has no numpy dtype: read this one via torch
-                    with safe_open(str(f), framework="pt") as th:
-                        flat = th.get_tensor(name).float().reshape(-1).numpy()
+                    with open_safetensors(f, framework="pt") as th:
+                        t = th.get_tensor(name)
+                        dtype, shape = str(t.dtype), list(t.shape)
+                        flat = t.float().reshape(-1).tolist() if t.is_floating_point() else []
                 except Exception as exc:  # safetensors raises SafetensorError for absent names
                     raise CheckpointAuditError(
                         f"{f}: cannot read scale tensor {name} ({exc}); the index lists it in "
                         "this shard") from None
-                if flat.size != 1:
-                    raise CheckpointAuditError(
-                        f"{f}: scale tensor {name} has {flat.size} elements; NVFP4 per-tensor "
-                        "scales are scalars (shape [] or [1])")
+                try:
+                    check_scale(flat, where=str(f), name=name, dtype=dtype, shape=shape,
+                                expect_numel=1)
+                except InvalidScaleError as exc:
+                    raise CheckpointAuditError(str(exc)) from None
                 values[name] = float(flat[0])
     return values
-
-
-def _check_value(name: str, f: Path, value: float) -> None:
-    if math.isfinite(value) and value > 0:
-        return
-    kind = ("NaN" if value != value else "inf" if math.isinf(value) else
-            "zero" if value == 0 else "negative")
-    raise CheckpointAuditError(
-        f"{f}: scale tensor {name} is {kind} ({value!r}); NVFP4 scales must be finite and > 0 -- "
-        "re-calibrate or repair this expert's scale in the checkpoint")
 
 
 # --- the verdict ----------------------------------------------------------------------------
@@ -224,11 +229,34 @@ def ep_slices(num_experts: int, ep_size: int, placement: str = "linear") -> list
     return out
 
 
+EP_LAYOUTS = ("tp_ep", "dp_ep_allgather", "dp_ep_all2allv")
+
+
+def ep_layout_problem(num_experts: int, ep_size: int, placement: str) -> Optional[str]:
+    """Why FlashInfer's NVFP4 MoE kernel computes the wrong experts in an EP layout of
+    ``ep_size`` ranks whatever the scales are (it assumes each rank owns a contiguous, equal
+    block of experts; the plugin refuses these layouts with UnsupportedLayoutError), or None."""
+    if ep_size <= 1:
+        return None
+    if placement == "round_robin":
+        return ("round_robin expert placement: FlashInfer's NVFP4 MoE kernel assumes each EP "
+                "rank owns a contiguous block of experts and computes the wrong experts (use "
+                "the default linear placement)")
+    if num_experts % ep_size:
+        return (f"{num_experts} experts are not divisible by EP size {ep_size}: FlashInfer's "
+                "NVFP4 MoE kernel assumes equal contiguous blocks per EP rank and computes the "
+                "wrong experts (choose DP x TP dividing the number of experts)")
+    return None
+
+
 def _affected(stored: list[float], ep_size: int, placement: str) -> dict[str, bool]:
     uneven = any(v != stored[0] for v in stored)
     tp_ep = any(any(stored[e] != stored[s[0]] for e in s)
                 for s in ep_slices(len(stored), ep_size, placement) if s)
-    return {layout: (tp_ep if layout == "tp_ep" else uneven) for layout in LAYOUTS}
+    out = {layout: (tp_ep if layout == "tp_ep" else uneven) for layout in LAYOUTS}
+    if ep_layout_problem(len(stored), ep_size, placement):
+        out.update({layout: True for layout in EP_LAYOUTS})
+    return out
 
 
 def _layer_report(fmt: str, layer: str, gate: list[float], up: list[float], down: list[float],
@@ -261,11 +289,19 @@ def _layer_report(fmt: str, layer: str, gate: list[float], up: list[float], down
         "error_factor_min": min(factors),
         "gate_up_mismatch": [e for e, (g, u) in enumerate(zip(gate, up)) if g != u],
         "affected": _affected(w13, ep_size, placement),
+        "layout_problem": ep_layout_problem(len(w13), ep_size, placement),
     }
 
 
 def _summary(layers: list[dict]) -> str:
     bad = [entry for entry in layers if any(entry["affected"].values())]
+    problem = next((entry["layout_problem"] for entry in layers if entry["layout_problem"]),
+                   None)
+    if problem:  # every layer, whatever its scales, in the EP layouts
+        spread = sum(entry["w13_spread"] != 1.0 for entry in layers)
+        return (f"AFFECTED: {len(bad)} of {len(layers)} MoE layer(s) in the EP layouts "
+                f"({', '.join(EP_LAYOUTS)}): {problem}; {spread} layer(s) also have unequal "
+                "per-expert GEMM1 input scales")
     if not bad:
         return (f"not affected: all {len(layers)} MoE layer(s) have equal per-expert GEMM1 input "
                 "scales, so stock vLLM 0.11.0 computes them correctly in every layout")
@@ -310,10 +346,11 @@ def audit_checkpoint(path, *, ep_size: int = 2, expert_placement: str = "linear"
                             f"{'/'.join(style.values())}) -- re-export with calibrated input "
                             "scales for all experts")
                     wanted[name] = files[name]
+                    weight = name[: -len(INPUT_SCALE[fmt])] + WEIGHT_SCALE[fmt]
+                    if weight in files:  # absent: vLLM's loader names it; not our finding
+                        wanted[weight] = files[weight]
             plan.append((layer, names))
         values = _read_scalars(wanted)
-        for name, value in values.items():
-            _check_value(name, wanted[name], value)
     reports = [_layer_report(fmt, layer, *[[values[n] for n in names[shard]]
                                            for shard in ("w1", "w3", "w2")],
                              ep_size, expert_placement)

@@ -62,6 +62,17 @@ def tensor_files(path) -> dict[str, Path]:
         raise CheckpointError(f"{root}: no *.safetensors files and no {INDEX_NAME}")
     out: dict[str, Path] = {}
     for f in files:
-        with safe_open(str(f), framework="np") as handle:  # header only
+        with open_safetensors(f) as handle:  # header only
             out.update({name: f for name in handle.keys()})  # noqa: SIM118
     return out
+
+
+def open_safetensors(f: Path, framework: str = "np"):
+    """``safe_open`` whose errors name the file: a truncated, empty or unreadable file is a
+    :class:`CheckpointError` (safetensors' own error does not say which file)."""
+    try:
+        return safe_open(str(f), framework=framework)
+    except Exception as exc:  # SafetensorError, OSError (directory, permissions), ...
+        raise CheckpointError(
+            f"{f}: not a readable safetensors file ({type(exc).__name__}: {exc}); the file is "
+            "truncated, empty or unreadable -- copy or download it again") from None

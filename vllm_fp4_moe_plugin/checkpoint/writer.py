@@ -85,6 +85,15 @@ def _amax_like(fmt: str, stored: torch.Tensor) -> torch.Tensor:
     return s if fmt == "modelopt" else 1.0 / s
 
 
+# The largest --spread a calibrated checkpoint can hold. The experts of one layer see the same
+# hidden states; an expert whose input scale is ``spread`` x the smallest quantizes them with
+# FP8-E4M3 block scales about 448 / spread. Below E4M3's smallest subnormal, 2**-9, every block
+# scale rounds to 0 and that expert's input becomes all zeros: no calibration produces that.
+MAX_INPUT_SCALE_SPREAD = 448.0 * 2.0 ** 9  # 229376
+# Tiny checkpoints only: size overrides that would write more than this are refused up front.
+MAX_CHECKPOINT_BYTES = 2 * 1024 ** 3
+
+
 def _check_arguments(fmt, arch, spread, shard_size_bytes) -> float:
     if fmt not in FORMATS:
         raise ValueError(f"unknown checkpoint format fmt={fmt!r}; expected one of {FORMATS}")
@@ -96,6 +105,11 @@ def _check_arguments(fmt, arch, spread, shard_size_bytes) -> float:
     if not math.isfinite(spread) or spread < 1.0:
         raise ValueError(f"input_scale_spread={spread!r} must be a finite number >= 1 "
                          "(it is max/min of the experts' scales)")
+    if spread > MAX_INPUT_SCALE_SPREAD:
+        raise ValueError(
+            f"input_scale_spread={spread!r} exceeds {MAX_INPUT_SCALE_SPREAD:g} (448 / 2^-9): the "
+            "expert with the largest input scale would quantize every activation block to an "
+            "FP8-E4M3 block scale of 0, which no calibrated checkpoint holds")
     spread32 = float(torch.tensor(spread, dtype=torch.float32))
     if spread32 != spread:
         raise ValueError(
@@ -107,6 +121,11 @@ def _check_arguments(fmt, arch, spread, shard_size_bytes) -> float:
 
 def _check_sizes(arch: str, cfg: dict) -> None:
     e = cfg[configs.NUM_EXPERTS_KEY[arch]]
+    for key, value in cfg.items():
+        base = configs.BASE_CONFIGS[arch][key]
+        if isinstance(base, int) and not isinstance(base, bool) and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise ValueError(f"{key}={value!r} must be a non-negative integer")
     for key in ("hidden_size", "moe_intermediate_size"):
         if cfg[key] <= 0 or cfg[key] % 16:
             raise ValueError(f"{key}={cfg[key]} must be a positive multiple of 16 (NVFP4 "
@@ -120,6 +139,30 @@ def _check_sizes(arch: str, cfg: dict) -> None:
     if not configs.moe_layer_indices(arch, cfg):
         raise ValueError(f"{arch} config with these overrides has no MoE layer "
                          f"(num_hidden_layers={cfg['num_hidden_layers']})")
+    for key in ("vocab_size", "num_attention_heads", "num_key_value_heads", "intermediate_size"):
+        if cfg[key] < 1:
+            raise ValueError(f"{key}={cfg[key]} must be >= 1")
+    h, i = cfg["hidden_size"], cfg["moe_intermediate_size"]
+    moe_bytes = len(configs.moe_layer_indices(arch, cfg)) * e * 3 * h * i * (0.5 + 1 / 16)
+    dense_bytes = cfg["num_hidden_layers"] * 4 * h * (h + cfg["intermediate_size"]) * 2
+    estimate = moe_bytes + dense_bytes + 2 * cfg["vocab_size"] * h * 2
+    if estimate > MAX_CHECKPOINT_BYTES:
+        raise ValueError(
+            f"these sizes would write about {estimate / 1024 ** 3:.1f} GiB; this writer makes "
+            f"tiny test checkpoints (at most {MAX_CHECKPOINT_BYTES // 1024 ** 3} GiB): lower "
+            "hidden_size, moe_intermediate_size, the number of experts or of layers")
+
+
+def check_request(*, fmt: str, arch: str, input_scale_spread: float = 4.0,
+                  shard_size_bytes: Optional[int] = None, **size_overrides) -> dict:
+    """Validate :func:`write_checkpoint`'s arguments without building a tensor; return the
+    config.json it would write. Raises ValueError naming the argument."""
+    spread = _check_arguments(fmt, arch, input_scale_spread, shard_size_bytes)
+    cfg = configs.model_config(arch, size_overrides)
+    _check_sizes(arch, cfg)
+    if spread != 1.0 and cfg[configs.NUM_EXPERTS_KEY[arch]] < 2:
+        raise ValueError("input_scale_spread != 1 needs at least 2 experts")
+    return cfg
 
 
 def _attention_tensors(arch: str, cfg: dict, p: str, seed: int) -> dict:
@@ -227,17 +270,44 @@ def _shards(tensors: dict, shard_size_bytes: Optional[int]) -> list[dict]:
     return shards
 
 
-def _prepare_dir(out: Path, overwrite: bool) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    ours = [p for p in out.iterdir() if p.name in OWN_FILES
-            or (p.name.startswith("model-") and p.name.endswith(".safetensors"))]
-    others = [p.name for p in out.iterdir() if p not in ours]
-    if (ours or others) and not overwrite:
-        raise FileExistsError(f"{out} is not empty ({sorted(p.name for p in out.iterdir())}); "
-                              "pass overwrite=True or choose an empty directory")
+def output_dir_problem(out: Path, overwrite: bool) -> Optional[str]:
+    """Why ``out`` cannot receive a checkpoint (without touching it), or None. The words name
+    the problem, not the Python argument: callers add how to fix it."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        return f"{out} exists and is not a directory"
+    parent = out
+    while not parent.exists():  # the directory that would be created under
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is not a directory, so {out} cannot be created"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{parent} is not writable"
+    if not out.exists():
+        return None
+    names = sorted(p.name for p in out.iterdir())
+    others = [n for n in names if not _is_own_file(n)]
     if others:
-        raise FileExistsError(f"{out} holds files this writer did not create {sorted(others)}; "
-                              "refusing to mix them into a checkpoint")
+        return (f"{out} holds files this writer did not create {others[:5]}; refusing to mix "
+                "them into a checkpoint")
+    if names and not overwrite:
+        return f"{out} already holds a checkpoint ({names[:5]})"
+    return None
+
+
+def _is_own_file(name: str) -> bool:
+    return name in OWN_FILES or (name.startswith("model-") and name.endswith(".safetensors"))
+
+
+def _prepare_dir(out: Path, overwrite: bool, check_only: bool = False) -> None:
+    problem = output_dir_problem(out, overwrite)
+    if problem:
+        hint = (" (pass overwrite=True to replace it)" if "already holds" in problem else "")
+        raise FileExistsError(problem + hint)
+    if check_only:
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    ours = [p for p in out.iterdir() if _is_own_file(p.name)]
     for p in ours:  # stale shards would be globbed by vLLM's loader next to new ones
         p.unlink()
 
@@ -259,11 +329,10 @@ def write_checkpoint(out_dir, *, fmt: str, arch: str, seed: int = 0,
     max/min == ``input_scale_spread`` exactly; gate and up of an expert share their input scale
     and weight global scale; GEMM1 and GEMM2 scales never coincide.
     """
-    spread = _check_arguments(fmt, arch, input_scale_spread, shard_size_bytes)
-    cfg = configs.model_config(arch, size_overrides)
-    _check_sizes(arch, cfg)
-    if spread != 1.0 and cfg[configs.NUM_EXPERTS_KEY[arch]] < 2:
-        raise ValueError("input_scale_spread != 1 needs at least 2 experts")
+    cfg = check_request(fmt=fmt, arch=arch, input_scale_spread=input_scale_spread,
+                        shard_size_bytes=shard_size_bytes, **size_overrides)
+    spread = float(input_scale_spread)
+    _prepare_dir(Path(out_dir), overwrite, check_only=True)  # before building any tensor
     tensors, layers = _model_tensors(fmt, arch, cfg, seed, spread)
 
     out = Path(out_dir)

@@ -25,6 +25,8 @@ from vllm_fp4_moe_plugin.nvfp4 import E4M3_MAX, FP4_MAX, quantize_experts, rando
 
 from . import configs
 from .expert_tensors import FORMATS, INPUT_SCALE_SUFFIX, expert_tensors, stored_input_scale_tensors
+from .writer_limits import (  # noqa: F401  (re-exported: the writer's public limits)
+    MAX_CHECKPOINT_BYTES, MAX_INPUT_SCALE_SPREAD, OWN_FILES, is_own_file, output_dir_problem)
 
 # Which quantize() operation order each format's real exporter uses (nvfp4/quantize.py):
 # compressed-tensors is reproduced bit-exactly; ModelOpt's own order is not implemented there,
@@ -38,8 +40,6 @@ W13_ANCHOR = 2.0 ** -3  # activation amax 336
 W2_ANCHOR = 2.0 ** 4  # activation amax 43008
 
 WEIGHT_STD = 0.02  # bf16 masters: the configs' initializer_range
-OWN_FILES = ("config.json", "hf_quant_config.json", "model.safetensors",
-             "model.safetensors.index.json")
 
 
 def _generator(seed: int, name: str) -> torch.Generator:
@@ -83,15 +83,6 @@ def _amax_like(fmt: str, stored: torch.Tensor) -> torch.Tensor:
     """ModelOpt-sense activation scale (what GEMM1/GEMM2 dequantize with), float64."""
     s = stored.double()
     return s if fmt == "modelopt" else 1.0 / s
-
-
-# The largest --spread a calibrated checkpoint can hold. The experts of one layer see the same
-# hidden states; an expert whose input scale is ``spread`` x the smallest quantizes them with
-# FP8-E4M3 block scales about 448 / spread. Below E4M3's smallest subnormal, 2**-9, every block
-# scale rounds to 0 and that expert's input becomes all zeros: no calibration produces that.
-MAX_INPUT_SCALE_SPREAD = 448.0 * 2.0 ** 9  # 229376
-# Tiny checkpoints only: size overrides that would write more than this are refused up front.
-MAX_CHECKPOINT_BYTES = 2 * 1024 ** 3
 
 
 def _check_arguments(fmt, arch, spread, shard_size_bytes) -> float:
@@ -270,35 +261,6 @@ def _shards(tensors: dict, shard_size_bytes: Optional[int]) -> list[dict]:
     return shards
 
 
-def output_dir_problem(out: Path, overwrite: bool) -> Optional[str]:
-    """Why ``out`` cannot receive a checkpoint (without touching it), or None. The words name
-    the problem, not the Python argument: callers add how to fix it."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        return f"{out} exists and is not a directory"
-    parent = out
-    while not parent.exists():  # the directory that would be created under
-        parent = parent.parent
-    if not parent.is_dir():
-        return f"{parent} is not a directory, so {out} cannot be created"
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"{parent} is not writable"
-    if not out.exists():
-        return None
-    names = sorted(p.name for p in out.iterdir())
-    others = [n for n in names if not _is_own_file(n)]
-    if others:
-        return (f"{out} holds files this writer did not create {others[:5]}; refusing to mix "
-                "them into a checkpoint")
-    if names and not overwrite:
-        return f"{out} already holds a checkpoint ({names[:5]})"
-    return None
-
-
-def _is_own_file(name: str) -> bool:
-    return name in OWN_FILES or (name.startswith("model-") and name.endswith(".safetensors"))
-
-
 def _prepare_dir(out: Path, overwrite: bool, check_only: bool = False) -> None:
     problem = output_dir_problem(out, overwrite)
     if problem:
@@ -307,7 +269,7 @@ def _prepare_dir(out: Path, overwrite: bool, check_only: bool = False) -> None:
     if check_only:
         return
     out.mkdir(parents=True, exist_ok=True)
-    ours = [p for p in out.iterdir() if _is_own_file(p.name)]
+    ours = [p for p in out.iterdir() if is_own_file(p.name)]
     for p in ours:  # stale shards would be globbed by vLLM's loader next to new ones
         p.unlink()
 

@@ -12,6 +12,7 @@ import importlib
 import io
 import multiprocessing as mp
 import os
+import shutil
 import socket
 import tempfile
 import traceback
@@ -149,12 +150,31 @@ def _run_job(rank: int, layout: Layout, job: str, args: tuple, ports: list[int])
     parallel._data_parallel_master_port_list = list(ports[1:])
     cfg = VllmConfig(device_config=DeviceConfig(device="cpu"), parallel_config=parallel)
     with set_current_vllm_config(cfg), simulated_blackwell():
-        init_distributed_environment(world_size=layout.tp * layout.pp, rank=rank_in_dp,
-                                     distributed_init_method=f"tcp://127.0.0.1:{ports[0]}",
-                                     local_rank=rank_in_dp, backend="gloo")
-        initialize_model_parallel(layout.tp, layout.pp)
-        return fn(RankContext(rank=rank, dp_rank=dp_rank, layout=layout, vllm_config=cfg),
-                  *args)
+        try:
+            init_distributed_environment(world_size=layout.tp * layout.pp, rank=rank_in_dp,
+                                         distributed_init_method=f"tcp://127.0.0.1:{ports[0]}",
+                                         local_rank=rank_in_dp, backend="gloo")
+            initialize_model_parallel(layout.tp, layout.pp)
+            return fn(RankContext(rank=rank, dp_rank=dp_rank, layout=layout, vllm_config=cfg),
+                      *args)
+        finally:
+            _release_groups()
+
+
+def _release_groups() -> None:
+    """Tear down vLLM's groups, also after a failure: the TP group's shared-memory broadcast
+    ring is unlinked only when its last reference goes, and a rank that just exits leaves it
+    to the parent's resource tracker ("leaked shared_memory objects" at the parent's exit)."""
+    import gc
+
+    from vllm.distributed import destroy_distributed_environment, destroy_model_parallel
+
+    try:
+        destroy_model_parallel()
+        destroy_distributed_environment()
+    except Exception:  # best effort: never turn a finished job into a failure
+        pass
+    gc.collect()
 
 
 def spawn(layout: Layout, job: str, *args, timeout_s: float = 600.0,
@@ -187,6 +207,10 @@ def spawn(layout: Layout, job: str, *args, timeout_s: float = 600.0,
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
+                p.join(timeout=5)
+        queue.close()
+        if log_dir:  # the tails are already in the error, if any
+            shutil.rmtree(log_dir, ignore_errors=True)
     return [results[r] for r in sorted(results)]
 
 

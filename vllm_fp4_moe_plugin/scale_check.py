@@ -14,6 +14,7 @@ through that expert.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional, Sequence
 
@@ -24,6 +25,7 @@ class InvalidScaleError(ValueError):
     """A checkpoint scale that would silently poison every token routed through it."""
 
 
+@functools.lru_cache(maxsize=64)
 def is_float_dtype(dtype: str) -> bool:
     """``dtype`` as torch (``torch.float32``), numpy (``float32``) or safetensors (``F32``)
     spell it."""

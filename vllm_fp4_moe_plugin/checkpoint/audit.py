@@ -182,6 +182,7 @@ def _read_scalars(names: dict[str, Path]) -> dict[str, float]:
     for name, f in names.items():
         by_file[f].append(name)
     values: dict[str, float] = {}
+    dtype_names: dict = {}  # str(numpy dtype) is slow; an R1 index has ~90k scalars
     for f, wanted in sorted(by_file.items()):
         if not f.exists():
             raise CheckpointAuditError(
@@ -191,7 +192,9 @@ def _read_scalars(names: dict[str, Path]) -> dict[str, float]:
             for name in wanted:
                 try:
                     t = handle.get_tensor(name)
-                    dtype, shape, flat = str(t.dtype), list(t.shape), t.reshape(-1).tolist()
+                    dtype = dtype_names.get(t.dtype) or dtype_names.setdefault(t.dtype,
+                                                                               str(t.dtype))
+                    shape, flat = t.shape, t.reshape(-1).tolist()
                 except TypeError:  # e.g. bf16 has no numpy dtype: read this one via torch
                     with open_safetensors(f, framework="pt") as th:
                         t = th.get_tensor(name)

@@ -184,6 +184,19 @@ def test_bad_checkpoint_in_a_real_process(ckpt, tmp_path):
     assert_bad_input(r.returncode, r.stderr, "model.safetensors")
 
 
+@pytest.mark.parametrize("damage, fragment", [
+    (lambda f: (f.unlink(), f.mkdir()), "cannot read config.json"),
+    (lambda f: f.write_bytes(b"\xff\xfe\x00binary"), "not UTF-8 text"),
+    (lambda f: f.write_text("{"), "invalid JSON"),
+    (lambda f: f.write_text("[1]"), "must be a JSON object"),
+])
+def test_unreadable_config_is_named(capsys, ckpt, tmp_path, damage, fragment):
+    ck = _copy(ckpt / "uniform", tmp_path / "c")
+    damage(ck / "config.json")
+    code, _, err = run(capsys, "audit", ck)
+    assert_bad_input(code, err, "config.json", fragment)
+
+
 @pytest.mark.parametrize("args", [["audit", "/nonexistent/ckpt"], ["doctor", "--checkpoint",
                                                                      "/nonexistent/ckpt"]])
 def test_missing_checkpoint_directory(capsys, args):

@@ -160,8 +160,12 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
                   f"({oks})")
     _progress(f"matrix: {len(rows)} rows in {time.monotonic() - start:.0f} s")
     if args.save_json:
-        with open(args.save_json, "w") as f:
-            json.dump([r.as_dict() for r in rows], f, indent=2)
+        try:
+            with open(args.save_json, "w") as f:
+                json.dump([r.as_dict() for r in rows], f, indent=2)
+        except OSError as exc:
+            raise UsageError(f"--save-json {args.save_json}: cannot write "
+                             f"({exc.strerror or exc}); choose another path") from None
     if args.json:
         print(json.dumps([r.as_dict() for r in rows], indent=2))
     else:
@@ -224,9 +228,13 @@ def _cmd_make_checkpoint(args: argparse.Namespace) -> int:
     except ValueError as exc:
         flag = "--spread" if str(exc).startswith("input_scale_spread") else "--set"
         raise UsageError(f"{flag}: {exc}") from None
-    manifest = write_checkpoint(args.out, fmt=args.format, arch=args.arch, seed=args.seed,
-                                input_scale_spread=args.spread, overwrite=args.overwrite,
-                                shard_size_bytes=args.shard_size_bytes, **sizes)
+    try:
+        manifest = write_checkpoint(args.out, fmt=args.format, arch=args.arch, seed=args.seed,
+                                    input_scale_spread=args.spread, overwrite=args.overwrite,
+                                    shard_size_bytes=args.shard_size_bytes, **sizes)
+    except OSError as exc:  # disk full, permissions changed under us, ...
+        raise UsageError(f"OUT {args.out}: cannot write {exc.filename or ''} "
+                         f"({exc.strerror or exc}); free space or choose another OUT") from None
     if args.json:
         print(json.dumps(manifest, indent=2, default=str))
     else:

@@ -26,6 +26,11 @@ def read_json(path: Path, *, what: str) -> dict:
         text = path.read_text()
     except FileNotFoundError:
         raise CheckpointError(f"{path}: missing {what}") from None
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{path}: {what} is not UTF-8 text; re-export the file") from None
+    except OSError as exc:  # a directory, no permission, an I/O error
+        raise CheckpointError(f"{path}: cannot read {what} ({exc.strerror or exc}); fix the "
+                              "file or its permissions") from None
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -67,16 +67,45 @@ def shared_scalar_scales(g_star: torch.Tensor, ws2: torch.Tensor) -> Gemm1Activa
     )
 
 
-def agree_min_scale(gs_local: torch.Tensor, group=None) -> torch.Tensor:
+# Load-time agreement must not hang a deployment forever when a rank died or diverged: each
+# rank may still be loading weights (minutes on a large checkpoint), so the wait is generous.
+AGREE_TIMEOUT_S = 600.0
+
+
+class ScaleAgreementTimeout(RuntimeError):
+    """Some ranks of the EP group never reached a layer's load-time scale agreement."""
+
+
+def agree_min_scale(gs_local: torch.Tensor, group=None, *, layer: str = "",
+                    timeout_s: float = AGREE_TIMEOUT_S) -> torch.Tensor:
     """min over this rank's experts, then MIN all-reduce over ``group`` (a CPU/gloo group).
 
     Every rank of the EP group walks the MoE layers in the same order at weight-processing time,
     so this collective is matched one-to-one across ranks. ``group=None`` means a single rank.
+    A gloo ``monitored_barrier`` first: ranks that do not arrive within ``timeout_s`` are named
+    in :class:`ScaleAgreementTimeout` instead of a hang.
     """
     local = gs_local.detach().float().min().reshape(1).cpu()
     if group is not None:
         import torch.distributed as dist
 
         if dist.get_world_size(group) > 1:
+            _wait_for_all(dist, group, layer, timeout_s)
             dist.all_reduce(local, op=dist.ReduceOp.MIN, group=group)
     return local.reshape(()).to(gs_local.device)
+
+
+def _wait_for_all(dist, group, layer: str, timeout_s: float) -> None:
+    from datetime import timedelta
+
+    if dist.get_backend(group) != "gloo":  # monitored_barrier is gloo-only; CPU groups are
+        return
+    try:
+        dist.monitored_barrier(group=group, timeout=timedelta(seconds=timeout_s),
+                               wait_all_ranks=True)
+    except RuntimeError as exc:
+        raise ScaleAgreementTimeout(
+            f"{layer or 'an NVFP4 MoE layer'}: the load-time GEMM1 scale agreement over the EP "
+            f"group ({dist.get_world_size(group)} ranks) timed out after {timeout_s:g} s: "
+            f"{str(exc).strip().splitlines()[0]}. A rank died or is loading a different "
+            "model/layout; check that rank's log.") from exc

@@ -40,7 +40,7 @@ class Layout:
 
     @property
     def name(self) -> str:
-        """The matrix/audit layout name (design note §5 rows)."""
+        """The matrix/audit layout name (docs/ROOT-CAUSE.md §5 rows)."""
         if self.dp > 1:
             if not self.ep:
                 return "dp"

@@ -1,7 +1,7 @@
 """The activation-scale policy, as pure functions of per-expert scales and the parallel layout.
 
 Why a policy at all: in vLLM 0.11.0 the quant config must describe what prepare/finalize really
-does (design note shared/design/fp4-moe-internals.md §9):
+does (docs/ROOT-CAUSE.md §9):
 
 * TP-like layouts (single GPU, PP, TP, TP+EP) pass bf16 through; the FlashInfer kernel quantizes
   each routed row with its own expert's scale. The config carries the per-expert vector

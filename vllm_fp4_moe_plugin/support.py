@@ -1,7 +1,7 @@
 """Where stock vLLM's NVFP4 MoE backend-oracle design (0.14.0+) computes wrongly: vLLM-free.
 
 One place for this design's knowledge, asked by the patch (which layers to change), ``doctor``,
-``audit`` and the off-switch warning. The mechanism (docs/SUPPORT.md, "0.14.0 - 0.34.0"):
+``audit`` and the off-switch warning. The mechanism (docs/ROOT-CAUSE.md §12):
 
 * every FlashInfer NVFP4 MoE backend with one global activation scale (TRT-LLM, CUTLASS,
   CuteDSL) collapses the GEMM1 input scales to the max input amax over the experts *it

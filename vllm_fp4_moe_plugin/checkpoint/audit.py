@@ -5,7 +5,7 @@ described first):
 
 Stock 0.11.0 pre-quantizes every FlashInfer CUTLASS MoE input with ONE expert's GEMM1 input scale
 (expert 0, or the first local expert of the quantizing rank) but dequantizes with each expert's
-own, so expert e's output is off by ``in_scale[e] / in_scale[e0]`` (fp4-moe-internals.md §5).
+own, so expert e's output is off by ``in_scale[e] / in_scale[e0]`` (docs/ROOT-CAUSE.md §5).
 GEMM2 is always consistent. So a layer is computed wrongly iff its experts' GEMM1 input scales
 differ, and a checkpoint can be judged from those scalars alone: this module opens each shard
 lazily (``safe_open``) and calls ``get_tensor`` on the activation-scale names only -- never on

@@ -95,3 +95,26 @@ def test_disk_check_names_what_to_free(tmp_path):
     assert r.returncode == 1
     assert "installing X needs ~100000000 GiB free" in r.stderr and "rm -rf .venv-*" in r.stderr
     assert not list(ROOT.glob(".pip-tmp.*"))  # its temporary directory is gone with it
+
+
+@pytest.mark.parametrize("layout,expect", [("dp4_ep", "--data-parallel-size 4"),
+                                           ("tp4_ep", "--tensor-parallel-size 4")])
+def test_newest_eval_script_dry_run(layout, expect):
+    """The Blackwell confirmation on the newest release: stock then plugin, same serve command,
+    a compressed-tensors NVFP4 MoE checkpoint, vLLM's default backend and dispatch."""
+    r = subprocess.run(["bash", str(ROOT / "examples" / "eval_gsm8k_newest.sh")],
+                       capture_output=True, text=True,
+                       env={"LAYOUT": layout, "DRY_RUN": "1", "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
+    serves = [line for line in r.stdout.splitlines() if " vllm serve " in line]
+    assert [("VLLM_FP4_MOE_PLUGIN=0" in s, "VLLM_FP4_MOE_PLUGIN=1" in s) for s in serves] == [
+        (True, False), (False, True)]
+    assert all(expect in s and "--enable-expert-parallel" in s and "NVFP4" in s for s in serves)
+    assert r.stdout.count("lm_eval") == 2 and "gsm8k" in r.stdout
+
+
+def test_newest_eval_script_rejects_unknown_layout():
+    r = subprocess.run(["bash", str(ROOT / "examples" / "eval_gsm8k_newest.sh")],
+                       capture_output=True, text=True,
+                       env={"LAYOUT": "dp3", "PATH": "/usr/bin:/bin", "OUT": "/tmp"})
+    assert r.returncode == 2 and "LAYOUT must be" in r.stderr

@@ -1,4 +1,4 @@
-"""vllm-fp4-moe-plugin: correct NVFP4 MoE activation scales on vLLM 0.11.0.
+"""vllm-fp4-moe-plugin: correct NVFP4 MoE activation scales on stock vLLM (0.11.0 to 0.34.0).
 
 vLLM calls :func:`register` in every process it starts (API server, engine cores, workers) via
 the ``vllm.general_plugins`` entry point ``fp4_moe``. It is cheap (no vLLM import of its own),
@@ -16,10 +16,12 @@ import os
 __version__ = "0.1.0"
 
 # Modules whose first import triggers probe + patch; vLLM imports them while verifying a
-# ModelConfig's quantization method, before any quant method is constructed.
+# ModelConfig's quantization method, before any quant method is constructed. From 0.14.0 both
+# quant methods import the NVFP4 oracle (the module the patch changes) at their top.
 TRIGGER_MODULES = (
     "vllm.model_executor.layers.quantization.modelopt",
     "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe",
+    "vllm.model_executor.layers.fused_moe.oracle.nvfp4",
 )
 
 # None until register() runs; then "inert", "pending", "inactive", "active" or "failed" (a

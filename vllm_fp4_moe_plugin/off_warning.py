@@ -8,6 +8,12 @@ per-expert vector is not uniform on a FlashInfer path, stock vLLM computes the l
 every layout; on a 0.11.1-era vLLM only compressed-tensors with DP dispatch is still wrong (0.11.1
 ModelOpt's vector is already uniform). The hook removes itself after warning once (or never
 fires): no per-forward cost.
+
+On the 0.14.0+ design the hole (compressed-tensors under DP+EP with a sender-side dispatcher,
+``support.oracle_design_hole``) depends on the *other* ranks' scales, which one process cannot
+see without a collective. The hook therefore warns when compressed-tensors registers
+``w13_input_global_scale`` (in ``create_weights``) on a layer in such a layout, and says how to
+check the checkpoint (``vllm-fp4-moe audit``).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from vllm_fp4_moe_plugin.log import get_logger, layer_label
 
 logger = get_logger("off")
 WATCHED = "w13_input_scale_quant"
+WATCHED_ORACLE = "w13_input_global_scale"  # compressed-tensors' GEMM1 input scales, 0.14.0+
 METHODS = ("ModelOptNvFp4FusedMoE", "CompressedTensorsW4A4MoeMethod",
            "CompressedTensorsW4A4Nvfp4MoEMethod")
 
@@ -25,6 +32,8 @@ _handle = None
 
 
 def _on_parameter(module, name: str, param) -> None:
+    if name == WATCHED_ORACLE:
+        return _on_oracle_parameter(module)
     if name != WATCHED:
         return None
     qm = getattr(module, "quant_method", None)
@@ -66,6 +75,44 @@ def _at_risk_where(module) -> Optional[str]:
         if getattr(cfg, "dp_size", 1) > 1:  # compressed-tensors with DP dispatch
             return "with data-parallel dispatch"
     return None
+
+
+def _on_oracle_parameter(module) -> None:
+    """0.14.0+: warn if this compressed-tensors layer is in a layout where stock can mix ranks'
+    scales."""
+    global _design, _probed
+    from vllm_fp4_moe_plugin import compat, support
+
+    pc = getattr(getattr(module, "moe_config", None), "moe_parallel_config", None)
+    if pc is None or not getattr(pc, "use_all2all_kernels", False):
+        return None
+    if not _probed:
+        _design, _probed = compat.probe().design, True
+    if _design != compat.DESIGN_0_14_0:
+        return None
+    backend = getattr(getattr(getattr(module, "quant_method", None), "nvfp4_backend", None),
+                      "name", "")
+    if not support.oracle_design_hole(
+            "compressed-tensors", dp=max(pc.dp_size, getattr(pc, "pcp_size", 1)), ep=pc.use_ep,
+            all2all_backend=pc.all2all_backend, enable_eplb=getattr(pc, "enable_eplb", False),
+            eplb_agrees=_eplb_agrees(),
+            global_scale_backend=backend.startswith("FLASHINFER")):
+        return None
+    logger.warning(
+        "vllm-fp4-moe-plugin is installed but off, and accuracy is at risk: %s is a "
+        "compressed-tensors NVFP4 MoE layer under DP+EP with the %s dispatch, which this vLLM "
+        "computes wrongly whenever the EP ranks' largest GEMM1 input scales differ (check with "
+        "`vllm-fp4-moe audit CHECKPOINT --ep-size %d`). Set VLLM_FP4_MOE_PLUGIN=1 to enable the "
+        "fix (VLLM_FP4_MOE_PLUGIN=0 silences this warning).", layer_label(module),
+        pc.all2all_backend, pc.ep_size)
+    remove()
+    return None
+
+
+def _eplb_agrees() -> bool:
+    from vllm_fp4_moe_plugin.patches.ep_agreed_gemm1_scale import stock_agrees_under_eplb
+
+    return stock_agrees_under_eplb()
 
 
 def install() -> None:

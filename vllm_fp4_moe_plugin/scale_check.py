@@ -43,12 +43,13 @@ def _kind(value: float) -> str:
 
 def check_scale(values: Sequence[float], *, where: str, name: str, dtype: Optional[str] = None,
                 shape: Optional[Sequence[int]] = None, expect_numel: Optional[int] = None,
-                per_expert: int = 0) -> None:
+                per_expert: int = 0, index_note: str = "") -> None:
     """Raise :class:`InvalidScaleError` naming ``where`` (layer or file) and ``name`` (tensor).
 
     ``values``: the tensor's elements, flattened. ``per_expert``: elements per expert when the
     tensor stacks experts (its first dimension), so the message names the expert; 0 for a
-    per-expert checkpoint tensor (one expert, nothing to index).
+    per-expert checkpoint tensor (one expert, nothing to index). ``index_note`` qualifies that
+    index (e.g. local to an EP rank).
     """
     if dtype is not None and not is_float_dtype(dtype):
         raise InvalidScaleError(
@@ -64,7 +65,7 @@ def check_scale(values: Sequence[float], *, where: str, name: str, dtype: Option
     if not bad:
         return
     value = float(values[bad[0]])
-    at = f" at expert index {bad[0] // per_expert}" if per_expert else ""
+    at = f" at expert index {bad[0] // per_expert}{index_note}" if per_expert else ""
     raise InvalidScaleError(
         f"{where}: checkpoint scale {name!r} is {_kind(value)} ({value!r}){at} "
         f"[{len(bad)} of {len(values)} entries are bad]. NVFP4 global scales must be finite "

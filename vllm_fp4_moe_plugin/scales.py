@@ -1,7 +1,7 @@
 """The activation-scale policy, as pure functions of per-expert scales and the parallel layout.
 
 Why a policy at all: in vLLM 0.11.0 the quant config must describe what prepare/finalize really
-does (design note shared/design/fp4-moe-internals.md §9):
+does (docs/ROOT-CAUSE.md §9):
 
 * TP-like layouts (single GPU, PP, TP, TP+EP) pass bf16 through; the FlashInfer kernel quantizes
   each routed row with its own expert's scale. The config carries the per-expert vector
@@ -35,10 +35,12 @@ class Gemm1ActivationScales:
         return self.a1_gscale.dim() == 0
 
 
-def check_positive_finite(tensor: torch.Tensor, *, layer: str, name: str) -> None:
+def check_positive_finite(tensor: torch.Tensor, *, layer: str, name: str,
+                          index_note: str = "") -> None:
     """Raise, naming the layer, the tensor and the first bad expert, on NaN/inf/zero/negative
     or a non-float dtype (the rule of :mod:`vllm_fp4_moe_plugin.scale_check`, which audit and
-    doctor apply to the checkpoint's own tensors)."""
+    doctor apply to the checkpoint's own tensors). ``index_note`` qualifies the expert index
+    (e.g. local to an EP rank)."""
     t = tensor.detach()
     if not t.is_floating_point():
         check_scale([], where=layer, name=name, dtype=str(t.dtype))
@@ -47,7 +49,8 @@ def check_positive_finite(tensor: torch.Tensor, *, layer: str, name: str) -> Non
     if not bool(bad.any()):  # the common case stays one vectorized pass
         return
     per_expert = max(1, t[0].numel()) if t.dim() else 0
-    check_scale(t.reshape(-1).tolist(), where=layer, name=name, per_expert=per_expert)
+    check_scale(t.reshape(-1).tolist(), where=layer, name=name, per_expert=per_expert,
+                index_note=index_note)
 
 
 def per_expert_scales(gs: torch.Tensor, g1_alphas: torch.Tensor) -> Gemm1ActivationScales:
@@ -95,11 +98,30 @@ def agree_min_scale(gs_local: torch.Tensor, group=None, *, layer: str = "",
     return local.reshape(()).to(gs_local.device)
 
 
+def agree_max(values: torch.Tensor, group=None, *, layer: str = "",
+              timeout_s: float = AGREE_TIMEOUT_S) -> torch.Tensor:
+    """max over ``values``, then MAX all-reduce over ``group`` (a CPU/gloo group), in fp32.
+
+    The 0.14.0+ twin of :func:`agree_min_scale`: vLLM there works with the activation amax
+    (``1 / input global scale``) and collapses it with a max. The result is exactly one of the
+    inputs (a max is exact), so a rank whose own max already equals it sees no change.
+    Ranks that do not arrive within ``timeout_s`` are named (:class:`ScaleAgreementTimeout`).
+    """
+    local = values.detach().float().max().reshape(1).cpu()
+    if group is not None:
+        import torch.distributed as dist
+
+        if dist.get_world_size(group) > 1:
+            _wait_for_all(dist, group, layer, timeout_s)
+            dist.all_reduce(local, op=dist.ReduceOp.MAX, group=group)
+    return local.reshape(())
+
+
 def _wait_for_all(dist, group, layer: str, timeout_s: float) -> None:
     from datetime import timedelta
 
-    if dist.get_backend(group) != "gloo":  # monitored_barrier is gloo-only; CPU groups are
-        return
+    if dist.get_backend(group) != "gloo":  # monitored_barrier is gloo-only (vLLM's CPU
+        return  # groups are gloo)
     try:
         dist.monitored_barrier(group=group, timeout=timedelta(seconds=timeout_s),
                                wait_all_ranks=True)

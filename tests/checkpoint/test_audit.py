@@ -301,6 +301,67 @@ def test_format_audit_names_every_layer_and_layout(written):
     assert "AFFECTED" in text and "4x" in text
 
 
+# --- other releases' semantics (support.DESIGNS) ---------------------------------------------
+
+DP_EP = ("dp_ep_allgather", "dp_ep_all2allv")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("ep_size, ranks_differ", [(2, True), (4, True), (1, False)])
+def test_oracle_design_judges_the_ep_ranks_local_maxima(tmp_path, fmt, ep_size, ranks_differ):
+    """0.14.0+: only compressed-tensors under DP+EP, and only when the EP slices' maxima differ.
+    Amax per expert 1,2,...,8 (CT stores 1/amax): at EP 2 the ranks' maxima are 4 and 8."""
+    amax = [float(e + 1) for e in range(NUM_EXPERTS)]
+    w13 = [1 / a for a in amax] if fmt == "compressed-tensors" else amax
+    _, w2 = _uniform(fmt)
+    write_scales_only(tmp_path, fmt, {LAYER: (w13, w2)})
+    report = audit_checkpoint(tmp_path, ep_size=ep_size, design="0.14.0")
+    (entry,) = report["layers"]
+    # Reference check: the maxima per rank, from the amax list and vLLM's linear placement.
+    want_maxima = [max(amax[r * (NUM_EXPERTS // ep_size):(r + 1) * (NUM_EXPERTS // ep_size)])
+                   for r in range(ep_size)]
+    # The file stores fp32 (CT: 1/amax), hence the fp32 tolerance.
+    assert entry["ep_rank_max_amax"] == pytest.approx(want_maxima, rel=1e-6)
+    hole = fmt == "compressed-tensors" and ranks_differ
+    assert {lay for lay in LAYOUTS if entry["affected"][lay]} == (set(DP_EP) if hole else set())
+    if fmt == "compressed-tensors":
+        assert entry["dp_ep_off_by"] == pytest.approx(max(want_maxima) / min(want_maxima), rel=1e-6)
+    assert report["affected_layers"] == int(hole)
+    assert ("AFFECTED" in report["summary"]) is hole
+    assert "0.14.0 - 0.34.0" in format_audit(report)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_oracle_design_spread_within_ranks_only_is_not_affected(tmp_path, fmt):
+    """Experts differ, but both EP ranks hold the same largest amax: stock 0.14.0+ agrees."""
+    amax = [1.0, 4.0, 2.0, 3.0, 4.0, 1.0, 1.0, 2.0]
+    w13 = [1 / a for a in amax] if fmt == "compressed-tensors" else amax
+    _, w2 = _uniform(fmt)
+    write_scales_only(tmp_path, fmt, {LAYER: (w13, w2)})
+    (entry,) = audit_checkpoint(tmp_path, ep_size=2, design="0.14.0")["layers"]
+    assert entry["w13_spread"] == 4.0
+    assert not any(entry["affected"].values())
+    # The same checkpoint on 0.11.0 is wrong in every layout but tp_ep.
+    (old,) = audit_checkpoint(tmp_path, ep_size=2, design="0.11.0")["layers"]
+    assert all(old["affected"][lay] for lay in LAYOUTS if lay != "tp_ep")
+
+
+@pytest.mark.parametrize("fmt, want", [("modelopt", set()),
+                                       ("compressed-tensors", {"dp", *DP_EP})])
+def test_0_11_1_design_judges_only_compressed_tensors_dp(tmp_path, fmt, want):
+    amax = [float(e + 1) for e in range(NUM_EXPERTS)]
+    w13 = [1 / a for a in amax] if fmt == "compressed-tensors" else amax
+    _, w2 = _uniform(fmt)
+    write_scales_only(tmp_path, fmt, {LAYER: (w13, w2)})
+    (entry,) = audit_checkpoint(tmp_path, design="0.11.1")["layers"]
+    assert {lay for lay in LAYOUTS if entry["affected"][lay]} == want
+
+
+def test_unknown_design_is_refused_before_reading(tmp_path):
+    with pytest.raises(ValueError, match="unknown MoE design"):
+        audit_checkpoint(tmp_path / "nowhere", design="0.99")
+
+
 # --- the plugin's own scale rule, and files that cannot be read (issue #14) ----------------
 
 def _rewrite(root, name, array):

@@ -46,7 +46,10 @@ def test_failure_in_any_patch_leaves_vllm_unpatched(fresh_plugin, monkeypatch, t
     from vllm_fp4_moe_plugin import patches
 
     for trigger in fresh_plugin.TRIGGER_MODULES:  # imported: the install runs in register()
-        importlib.import_module(trigger)
+        try:
+            importlib.import_module(trigger)
+        except ModuleNotFoundError:  # a trigger of another release's design
+            pass
     before = {t: _resolve(t) for t in TARGETS}
     _inject_failure(monkeypatch, target)
     monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN", "1")

@@ -1,8 +1,11 @@
-"""Is an NVFP4 MoE checkpoint hit by vLLM 0.11.0's GEMM1 activation-scale bug? Read only scales.
+"""Is an NVFP4 MoE checkpoint hit by a vLLM release's GEMM1 activation-scale bug? Read only scales.
+
+``design`` picks the release's semantics (``support.DESIGNS``; the default is vLLM 0.11.0's,
+described first):
 
 Stock 0.11.0 pre-quantizes every FlashInfer CUTLASS MoE input with ONE expert's GEMM1 input scale
 (expert 0, or the first local expert of the quantizing rank) but dequantizes with each expert's
-own, so expert e's output is off by ``in_scale[e] / in_scale[e0]`` (fp4-moe-internals.md §5).
+own, so expert e's output is off by ``in_scale[e] / in_scale[e0]`` (docs/ROOT-CAUSE.md §5).
 GEMM2 is always consistent. So a layer is computed wrongly iff its experts' GEMM1 input scales
 differ, and a checkpoint can be judged from those scalars alone: this module opens each shard
 lazily (``safe_open``) and calls ``get_tensor`` on the per-expert global scales only (input
@@ -21,6 +24,14 @@ checkpoint (:class:`CheckpointAuditError`), not a finding.
 * every EP layout, whatever the scales, when the experts do not split into equal contiguous
   blocks (``round_robin`` placement, or experts % EP size != 0): FlashInfer then computes the
   wrong experts (``ep_layout_problem``).
+
+0.11.1 design (0.11.1 - 0.13.0): ModelOpt is consistent everywhere (#26135); compressed-tensors
+with DP dispatch (dp, dp_ep_*) still pre-quantizes with element 0 -> affected iff not all equal.
+
+0.14.0 design (0.14.0 - 0.34.0): ModelOpt is consistent everywhere; compressed-tensors under
+DP+EP (dp_ep_*) quantizes on the sender with the max amax of the *sender's* local experts and
+dequantizes with the owner's -> affected iff the EP slices' maxima differ (at ``ep_size`` =
+DP x TP, ``support.rank_local_maxima``). Single, pp, tp, tp_ep and dp without EP are consistent.
 """
 
 from __future__ import annotations
@@ -33,6 +44,8 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from vllm_fp4_moe_plugin.scale_check import InvalidScaleError, check_scale
+
+from vllm_fp4_moe_plugin import support
 
 from .tensor_index import CheckpointError, checkpoint_dir, open_safetensors, read_json, \
     tensor_files
@@ -216,29 +229,23 @@ def _read_scalars(names: dict[str, Path]) -> dict[str, float]:
 # --- the verdict ----------------------------------------------------------------------------
 
 def ep_slices(num_experts: int, ep_size: int, placement: str = "linear") -> list[list[int]]:
-    """Global expert ids per EP rank, as vLLM 0.11.0's ``determine_expert_map`` assigns them
-    (layer.py:818-841): ``linear`` gives the first ``E % ep`` ranks one extra expert."""
+    """Global expert ids per EP rank as ``determine_expert_map`` assigns them (the same in
+    0.11.0, layer.py:818-841, and 0.34.0): :func:`vllm_fp4_moe_plugin.support.ep_slices`."""
     if placement not in PLACEMENTS:
         raise ValueError(f"expert placement {placement!r} must be one of {PLACEMENTS}")
     if ep_size < 1:
         raise ValueError(f"ep_size={ep_size} must be >= 1")
-    if placement == "round_robin":
-        return [list(range(r, num_experts, ep_size)) for r in range(ep_size)]
-    base, rem = divmod(num_experts, ep_size)
-    out = []
-    for r in range(ep_size):
-        start = r * base + min(r, rem)
-        out.append(list(range(start, start + base + (1 if r < rem else 0))))
-    return out
+    return support.ep_slices(num_experts, ep_size, placement)
 
 
 EP_LAYOUTS = ("tp_ep", "dp_ep_allgather", "dp_ep_all2allv")
 
 
 def ep_layout_problem(num_experts: int, ep_size: int, placement: str) -> Optional[str]:
-    """Why FlashInfer's NVFP4 MoE kernel computes the wrong experts in an EP layout of
-    ``ep_size`` ranks whatever the scales are (it assumes each rank owns a contiguous, equal
-    block of experts; the plugin refuses these layouts with UnsupportedLayoutError), or None."""
+    """Why vLLM 0.11.0's FlashInfer NVFP4 MoE kernel computes the wrong experts in an EP layout
+    of ``ep_size`` ranks whatever the scales are (it assumes each rank owns a contiguous, equal
+    block of experts; the plugin refuses these layouts with UnsupportedLayoutError), or None.
+    Judged for the 0.11.0 design only."""
     if ep_size <= 1:
         return None
     if placement == "round_robin":
@@ -252,18 +259,36 @@ def ep_layout_problem(num_experts: int, ep_size: int, placement: str) -> Optiona
     return None
 
 
-def _affected(stored: list[float], ep_size: int, placement: str) -> dict[str, bool]:
+DP_LAYOUTS = ("dp_ep_allgather", "dp_ep_all2allv", "dp")
+DP_EP_LAYOUTS = ("dp_ep_allgather", "dp_ep_all2allv")
+
+
+def _affected(design: str, fmt: str, stored: list[float], amax: list[float], ep_size: int,
+              placement: str) -> dict[str, bool]:
+    """Per layout, does stock vLLM of ``design`` compute this layer inconsistently?
+    ``stored``: the per-expert GEMM1 value 0.11.x keeps; ``amax``: the activation amax 0.14.0+
+    collapses (max over gate/up of the input amax)."""
     uneven = any(v != stored[0] for v in stored)
-    tp_ep = any(any(stored[e] != stored[s[0]] for e in s)
-                for s in ep_slices(len(stored), ep_size, placement) if s)
-    out = {layout: (tp_ep if layout == "tp_ep" else uneven) for layout in LAYOUTS}
-    if ep_layout_problem(len(stored), ep_size, placement):
-        out.update({layout: True for layout in EP_LAYOUTS})
-    return out
+    if design == "0.11.0":
+        tp_ep = any(any(stored[e] != stored[s[0]] for e in s)
+                    for s in ep_slices(len(stored), ep_size, placement) if s)
+        out = {layout: (tp_ep if layout == "tp_ep" else uneven) for layout in LAYOUTS}
+        if ep_layout_problem(len(stored), ep_size, placement):
+            out.update({layout: True for layout in EP_LAYOUTS})
+        return out
+    ct = fmt == "compressed-tensors"
+    if design == "0.11.1":
+        return {layout: ct and layout in DP_LAYOUTS and uneven for layout in LAYOUTS}
+    if design == "0.14.0":
+        ep_slices(len(amax), ep_size, placement)  # validates placement and size
+        maxima = support.rank_local_maxima(amax, ep_size, placement)
+        ranks_differ = len({m for m in maxima if m > 0}) > 1
+        return {layout: ct and layout in DP_EP_LAYOUTS and ranks_differ for layout in LAYOUTS}
+    raise ValueError(f"unknown MoE design {design!r}: one of {[d.key for d in support.DESIGNS]}")
 
 
 def _layer_report(fmt: str, layer: str, gate: list[float], up: list[float], down: list[float],
-                  ep_size: int, placement: str) -> dict:
+                  ep_size: int, placement: str, design: str = "0.11.0") -> dict:
     # vLLM keeps one GEMM1 scale per expert: .max() over gate/up of the *stored* quantity
     # (modelopt.py:1307-1308, compressed_tensors_moe.py:300-301).
     w13 = [max(g, u) for g, u in zip(gate, up)]
@@ -276,7 +301,10 @@ def _layer_report(fmt: str, layer: str, gate: list[float], up: list[float], down
         return v[0] / v[e] if ct else v[e] / v[0]
 
     factors = [factor(w13, e) for e in range(len(w13))]
-    return {
+    # 0.14.0+: the activation amax per expert, max over gate/up (v0.34.0 CT w4a4_nvfp4.py:242,
+    # 1 / input_global_scale; ModelOpt's input_scale is already an amax-like scale).
+    amax = [max(1.0 / g, 1.0 / u) if ct else max(g, u) for g, u in zip(gate, up)]
+    report = {
         "layer": layer,
         "num_experts": len(w13),
         "stored_name": INPUT_SCALE[fmt],
@@ -291,13 +319,36 @@ def _layer_report(fmt: str, layer: str, gate: list[float], up: list[float], down
         "error_factor_max": max(factors),
         "error_factor_min": min(factors),
         "gate_up_mismatch": [e for e, (g, u) in enumerate(zip(gate, up)) if g != u],
-        "affected": _affected(w13, ep_size, placement),
-        "layout_problem": ep_layout_problem(len(w13), ep_size, placement),
+        "affected": _affected(design, fmt, w13, amax, ep_size, placement),
+        "layout_problem": (ep_layout_problem(len(w13), ep_size, placement)
+                           if design == "0.11.0" else None),
     }
+    if design == "0.14.0":
+        report["ep_rank_max_amax"] = support.rank_local_maxima(amax, ep_size, placement)
+        report["dp_ep_off_by"] = (support.stock_dp_ep_off_by(amax, ep_size, placement)
+                                  if ct else 1.0)
+    return report
 
 
-def _summary(layers: list[dict]) -> str:
+def _summary(layers: list[dict], design: str = "0.11.0", ep_size: int = 2) -> str:
     bad = [entry for entry in layers if any(entry["affected"].values())]
+    if design != "0.11.0":
+        releases = support.design(design).releases
+        if not bad:
+            return (f"not affected: stock vLLM {releases} computes all {len(layers)} MoE "
+                    f"layer(s) correctly in every layout judged (EP size {ep_size})")
+        where = sorted({lay for entry in bad for lay, hit in entry["affected"].items() if hit})
+        if design == "0.14.0":
+            worst = max(bad, key=lambda entry: entry["dp_ep_off_by"])
+            how = (f"the EP ranks' local maxima of the GEMM1 input amax differ (worst "
+                   f"{worst['layer']}: GEMM1 off by up to {worst['dp_ep_off_by']:.4g}x on tokens "
+                   "quantized by another rank)")
+        else:
+            worst = max(bad, key=lambda entry: entry["w13_spread"])
+            how = (f"DP dispatch quantizes with expert 0's scale (worst {worst['layer']}: spread "
+                   f"{worst['w13_spread']:.4g}x)")
+        return (f"AFFECTED: {len(bad)} of {len(layers)} MoE layer(s) are computed wrongly by stock "
+                f"vLLM {releases} in {', '.join(where)}: {how}")
     problem = next((entry["layout_problem"] for entry in layers if entry["layout_problem"]),
                    None)
     if problem:  # every layer, whatever its scales, in the EP layouts
@@ -316,12 +367,16 @@ def _summary(layers: list[dict]) -> str:
             "wrongly")
 
 
-def audit_checkpoint(path, *, ep_size: int = 2, expert_placement: str = "linear") -> dict:
+def audit_checkpoint(path, *, ep_size: int = 2, expert_placement: str = "linear",
+                     design: str = "0.11.0") -> dict:
     """Audit the per-expert activation scales of every NVFP4 MoE layer under ``path``.
 
-    ``ep_size``/``expert_placement`` describe the TP+EP layout judged in ``affected["tp_ep"]``
-    (default: 2 ranks, vLLM's default linear placement). Raises :class:`CheckpointAuditError`.
+    ``ep_size``/``expert_placement`` describe the EP layouts judged (0.11.0: ``tp_ep``; 0.14.0:
+    the ``dp_ep_*`` layouts, EP size = DP x TP); default 2 ranks, vLLM's default linear
+    placement. ``design``: whose semantics (``support.DESIGNS``). Raises
+    :class:`CheckpointAuditError`.
     """
+    support.design(design)  # ValueError for an unknown design, before any file is read
     with _audit_errors():
         root = checkpoint_dir(path)
         config = read_json(root / "config.json", what="config.json")
@@ -356,7 +411,7 @@ def audit_checkpoint(path, *, ep_size: int = 2, expert_placement: str = "linear"
         values = _read_scalars(wanted)
     reports = [_layer_report(fmt, layer, *[[values[n] for n in names[shard]]
                                            for shard in ("w1", "w3", "w2")],
-                             ep_size, expert_placement)
+                             ep_size, expert_placement, design)
                for layer, names in plan]
     for entry in reports:
         if entry["gate_up_mismatch"]:
@@ -369,6 +424,8 @@ def audit_checkpoint(path, *, ep_size: int = 2, expert_placement: str = "linear"
         "path": str(root),
         "format": fmt,
         "quant_config_source": source,
+        "design": design,
+        "vllm_releases": support.design(design).releases,
         "ep_size": ep_size,
         "expert_placement": expert_placement,
         "num_scale_tensors_read": len(values),
@@ -376,24 +433,30 @@ def audit_checkpoint(path, *, ep_size: int = 2, expert_placement: str = "linear"
         "affected_layers": sum(any(entry["affected"].values()) for entry in reports),
         "affected_layers_by_layout": by_layout,
         "warnings": warnings,
-        "summary": _summary(reports),
+        "summary": _summary(reports, design, ep_size),
     }
 
 
 def format_audit(report: dict, *, max_layers: Optional[int] = None) -> str:
     """A human-readable table of :func:`audit_checkpoint`'s report."""
-    head = ["NVFP4 MoE activation-scale audit (stock vLLM 0.11.0 semantics)",
+    design = report.get("design", "0.11.0")
+    ep_layouts = "tp_ep" if design == "0.11.0" else "EP layouts"
+    head = [f"NVFP4 MoE activation-scale audit (stock vLLM {support.design(design).releases} "
+            f"semantics, MoE design {design})",
             f"  checkpoint : {report['path']}",
             f"  format     : {report['format']} (from {report['quant_config_source']})",
-            f"  tp_ep      : ep_size={report['ep_size']}, {report['expert_placement']} placement",
+            f"  {ep_layouts:<11}: ep_size={report['ep_size']}, {report['expert_placement']} "
+            "placement",
             ""]
     cols = "  ".join(f"{lay:>{max(5, len(lay))}}" for lay in LAYOUTS)
+    err_head = "dp_ep off by" if design == "0.14.0" else "error vs expert 0"
     width = max([len(entry["layer"]) for entry in report["layers"]] + [5])
     lines = [f"{'layer':<{width}}  {'E':>4}  {'w13 spread':>10}  {'w2 spread':>9}  "
-             f"{'error vs expert 0':>17}  {cols}"]
+             f"{err_head:>17}  {cols}"]
     shown = report["layers"] if max_layers is None else report["layers"][:max_layers]
     for entry in shown:
-        err = f"{entry['error_factor_min']:.3g}..{entry['error_factor_max']:.3g}x"
+        err = (f"{entry['dp_ep_off_by']:.3g}x" if design == "0.14.0" else
+               f"{entry['error_factor_min']:.3g}..{entry['error_factor_max']:.3g}x")
         flags = "  ".join(f"{('yes' if entry['affected'][lay] else 'no'):>{max(5, len(lay))}}"
                           for lay in LAYOUTS)
         lines.append(f"{entry['layer']:<{width}}  {entry['num_experts']:>4}  "

@@ -1,6 +1,6 @@
 """Tiny, deterministic NVFP4 MoE checkpoints that vLLM 0.11.0 loads unchanged.
 
-Why hand-written (nvfp4-formats.md §4b): ModelOpt needs a GPU and llm-compressor pins clash with
+Why hand-written (docs/NVFP4-FORMAT.md §4b): ModelOpt needs a GPU and llm-compressor pins clash with
 vLLM 0.11.0, and neither lets a test choose the one thing the bug depends on -- every expert's
 GEMM1 activation scale. Here max/min of those scales is exactly ``input_scale_spread`` per layer.
 
@@ -30,7 +30,7 @@ from .writer_limits import (  # noqa: F401  (re-exported: the writer's public li
 
 # Which quantize() operation order each format's real exporter uses (nvfp4/quantize.py):
 # compressed-tensors is reproduced bit-exactly; ModelOpt's own order is not implemented there,
-# the kernel order is the closest (they differ on ~0.1 % of codes, §3.6).
+# the kernel order is the closest (they differ on ~0.1 % of codes, docs/NVFP4-FORMAT.md §3.6).
 CONVENTION = {"modelopt": "flashinfer", "compressed-tensors": "compressed_tensors"}
 
 # Activation scales (ModelOpt sense, amax/2688) of the expert with the smallest scale. Powers of

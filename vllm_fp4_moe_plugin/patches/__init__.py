@@ -9,13 +9,14 @@ nothing else is ever applied. ``docs/PATCHES.md`` is generated from this list
 
 from __future__ import annotations
 
-from vllm_fp4_moe_plugin.compat import DESIGN_0_11_0, DESIGN_0_11_1
+from vllm_fp4_moe_plugin.compat import DESIGN_0_11_0, DESIGN_0_11_1, DESIGN_0_14_0
 from vllm_fp4_moe_plugin.patches.patching import ModulePatch, applied_targets
 
 _MO = "vllm.model_executor.layers.quantization.modelopt"
 _CT = "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe"
 _FX = "vllm.model_executor.layers.fused_moe.flashinfer_cutlass_moe"
 _PF = "vllm.model_executor.layers.fused_moe.flashinfer_cutlass_prepare_finalize"
+_ORACLE = "vllm.model_executor.layers.fused_moe.oracle.nvfp4"
 
 
 def _build_modelopt(original):
@@ -48,6 +49,11 @@ _CT_DP_HOW = ("Subclass with the same name, rebound where CompressedTensorsMoEMe
               "w13_input_scale_quant to the MIN over the EP group and rebuilds g1_alphas (no-op "
               "when the group's scales are already equal). select_gemm_impl adds the read-only "
               "load-time check. TP layouts, Marlin, TRT-LLM, CuteDSL: upstream code unchanged.")
+
+
+def _build_agreed_prepare(original):
+    from vllm_fp4_moe_plugin.patches.ep_agreed_gemm1_scale import build_agreed_prepare
+    return build_agreed_prepare(original)
 
 
 def _build_direct_call(original):
@@ -131,6 +137,37 @@ LEDGER: tuple[ModulePatch, ...] = (
         remove_when=("compat probe 'all2allv_tp_prequantizes' is false (the behavioural probe "
                      "sees prepare return bf16 input unchanged)."),
     ),
+    *(ModulePatch(
+        module=_ORACLE, attr=name, build=_build_agreed_prepare, designs=(DESIGN_0_14_0,),
+        why=("vLLM 0.14.0+ collapses GEMM1's activation scales to the max amax over the experts "
+             "a rank loaded; compressed-tensors loads only the rank's local experts (its "
+             "use_global_sf never reaches the loader, v0.34.0 FM/routed_experts.py:764-771), so "
+             "under DP+EP a sender-side dispatcher (the default allgather_reducescatter, "
+             "FlashInfer NVLink one/two-sided, DeepEP-LL with NVFP4 dispatch) quantizes with the "
+             "sender's max while the owning rank's g1_alphas fold in its own: GEMM1 off by their "
+             "ratio. " + what),
+        how=("Wrapper rebound in the oracle module, where convert_to_nvfp4_moe_kernel_format "
+             "looks the helper up at call time. Validates the checkpoint's global scales; when "
+             "the layer uses the all-to-all kernels with EP > 1, a global-scale backend and a "
+             "sender-side dispatcher (and not EPLB on 0.28.0+, which already agrees), replaces "
+             "a13_scale by the EP group's max (one MAX all-reduce of a scalar per layer, at "
+             "load) before upstream's code collapses it and folds it into g1_alphas. Every other "
+             "call passes its arguments through unchanged; ModelOpt's local max already is the "
+             "global one, so its values do not change."),
+        upstream=("Open as of vLLM 0.34.0; #48355 (0.28.0) agrees the scale only with "
+                  "--enable-eplb. An upstream fix would load compressed-tensors' input global "
+                  "scales for every expert (as ModelOpt does) or all-reduce whenever the "
+                  "all-to-all kernels are used."),
+        remove_when=("A release's focused suite (tests/newest on that release) shows stock "
+                     "compressed-tensors consistent on the dp_ep rows; or compat probe "
+                     "'oracle_helpers_take_layer_and_a13_scale' turns false (the plugin then "
+                     "stays inactive on its own)."),
+    ) for name, what in (
+        ("prepare_nvfp4_moe_layer_for_fi_or_cutlass",
+         "This helper serves FlashInfer TRT-LLM, CUTLASS (and B12X) in every release of the "
+         "design, and CuteDSL in 0.14.x."),
+        ("prepare_nvfp4_moe_layer_for_flashinfer_cutedsl",
+         "This helper serves FlashInfer CuteDSL from vLLM 0.20.0 on."))),
 )
 
 

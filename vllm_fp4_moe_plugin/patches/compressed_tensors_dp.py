@@ -8,7 +8,7 @@ compressed-tensors method still hands the DP prepare a per-expert ``w13_input_sc
 and changes only the DP + FlashInfer CUTLASS case: after upstream's own processing, the scale
 becomes the min over the whole EP group (what ModelOpt's global max of ``input_scale`` is, in
 compressed-tensors' inverted convention) and ``g1_alphas`` are rebuilt to match. Where the
-scales are already one value across the group it changes nothing (design note §10, P5).
+scales are already one value across the group it changes nothing (docs/ROOT-CAUSE.md §10, P5).
 """
 
 from __future__ import annotations

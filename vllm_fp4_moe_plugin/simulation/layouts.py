@@ -50,7 +50,7 @@ LAYOUTS: dict[str, Layout] = {
     "pp": Layout("pp", pp=2),
     "tp": Layout("tp", tp=2),
     "tp_ep": Layout("tp_ep", tp=2, ep=True),
-    # --all2all-backend flashinfer_all2allv without DP (design note §7, "still does not match" 2)
+    # --all2all-backend flashinfer_all2allv without DP (docs/ROOT-CAUSE.md §7, "still does not match" 2)
     "tp_all2allv": Layout("tp_all2allv", tp=2, all2all="flashinfer_all2allv"),
     "dp_ep_allgather": Layout("dp_ep_allgather", dp=2, ep=True),
     "dp_ep_all2allv": Layout("dp_ep_all2allv", dp=2, ep=True, all2all="flashinfer_all2allv"),

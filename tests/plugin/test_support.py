@@ -1,0 +1,73 @@
+"""The vLLM-free support model: designs by release, EP slices, where the 0.14.0 design is wrong."""
+
+import pytest
+
+from vllm_fp4_moe_plugin import support
+
+pytestmark = pytest.mark.cpu
+
+
+@pytest.mark.parametrize("release, design", [
+    ("0.11.0", "0.11.0"), ("0.11.1", "0.11.1"), ("0.12.0+cpu", "0.11.1"), ("0.13.0", "0.11.1"),
+    ("0.14.0rc1", "0.14.0"), ("0.20.0", "0.14.0"), ("0.34.0", "0.14.0"), ("0.10.2", None),
+])
+def test_design_for_release(release, design):
+    found = support.design_for_release(release)
+    assert (found.key if found else None) == design
+
+
+@pytest.mark.parametrize("bad", ["", "latest", "v0.34"])
+def test_release_number_errors_name_the_value(bad):
+    with pytest.raises(ValueError, match="not a vLLM release number"):
+        support.parse_release(bad)
+
+
+@pytest.mark.parametrize("num_experts", [8, 7, 16])
+@pytest.mark.parametrize("ep_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("placement", ["linear", "round_robin"])
+def test_ep_slices_match_vllms_expert_map(num_experts, ep_size, placement):
+    from vllm.model_executor.layers.fused_moe.layer import determine_expert_map
+
+    slices = support.ep_slices(num_experts, ep_size, placement)
+    for rank, owned in enumerate(slices):
+        _, expert_map = determine_expert_map(ep_size, rank, num_experts, placement)
+        # Reference check: vLLM's own map, global id -> local id (-1: not on this rank).
+        want = (list(range(num_experts)) if expert_map is None
+                else [e for e in range(num_experts) if int(expert_map[e]) >= 0])
+        assert owned == want
+
+
+@pytest.mark.parametrize("backend, sender", [
+    ("allgather_reducescatter", True), ("naive", True), ("flashinfer_all2allv", True),
+    ("flashinfer_nvlink_two_sided", True), ("flashinfer_nvlink_one_sided", True),
+    ("deepep_high_throughput", False), ("deepep_v2", False), ("nixl_ep", False),
+    ("deepep_low_latency", False), ("some_future_backend", True),
+])
+def test_who_quantizes(backend, sender):
+    assert support.quantizes_on_sender(backend) is sender
+
+
+def test_deepep_ll_with_nvfp4_dispatch_quantizes_on_the_sender():
+    assert support.quantizes_on_sender("deepep_low_latency", deepep_ll_nvfp4_dispatch=True)
+
+
+@pytest.mark.parametrize("fmt", ["modelopt", "compressed-tensors"])
+@pytest.mark.parametrize("dp, ep", [(1, False), (1, True), (2, False), (2, True)])
+@pytest.mark.parametrize("eplb", [False, True])
+def test_oracle_design_hole(fmt, dp, ep, eplb):
+    hole = support.oracle_design_hole(fmt, dp=dp, ep=ep, all2all_backend="allgather_reducescatter",
+                                      enable_eplb=eplb, eplb_agrees=True)
+    assert hole is (fmt == "compressed-tensors" and dp > 1 and ep and not eplb)
+
+
+def test_no_hole_without_a_global_scale_backend():
+    assert not support.oracle_design_hole("compressed-tensors", dp=2, ep=True,
+                                          all2all_backend="allgather_reducescatter",
+                                          global_scale_backend=False)
+
+
+def test_off_by_is_the_ratio_of_the_ranks_maxima():
+    amax = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
+    assert support.rank_local_maxima(amax, 2) == [4.0, 8.0]
+    assert support.stock_dp_ep_off_by(amax, 2) == 2.0
+    assert support.stock_dp_ep_off_by(amax, 1) == 1.0

@@ -1,0 +1,152 @@
+"""vLLM 0.14.0+ (NVFP4 backend oracle): one GEMM1 activation scale agreed over the EP group.
+
+Where stock is wrong (:mod:`vllm_fp4_moe_plugin.support`): the FlashInfer backends collapse
+GEMM1's input scales to the max amax over the experts a rank loaded, and compressed-tensors
+loads only the rank's local experts. Under DP+EP a sender-side dispatcher quantizes with the
+sender's max while the owning rank's ``g1_alphas`` fold in its own: GEMM1 is off by their ratio.
+
+The fix wraps the two oracle helpers that do the collapse, as the oracle looks them up
+(``convert_to_nvfp4_moe_kernel_format`` calls them by their module-global names, v0.34.0
+FM/oracle/nvfp4.py:312-420; v0.14.0 :114-160; the CuteDSL helper exists from 0.20.0). When the
+layer's quantized activations cross ranks, the wrapper replaces ``a13_scale`` by the max over
+the whole EP group (one MAX all-reduce of one scalar, at load time) *before* upstream's code
+runs, so upstream collapses to the same value on every rank and folds it into ``g1_alphas``
+itself: quantization scale and alphas agree by construction, as ModelOpt's already do. GEMM2
+(``a2_scale``) is quantized and dequantized on the owning rank and is left alone. Every other
+layer, layout and backend goes through upstream's code with its arguments untouched.
+
+The wrapper also refuses NaN, inf, zero and negative global scales in the checkpoint, naming the
+layer, the tensor and the expert, for every layer it sees.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+
+import torch
+
+from vllm_fp4_moe_plugin import scales, support
+from vllm_fp4_moe_plugin.log import get_logger, layer_label
+
+logger = get_logger("methods")
+
+ORACLE = "vllm.model_executor.layers.fused_moe.oracle.nvfp4"
+FI_FP4_MOE = "vllm.model_executor.layers.quantization.utils.flashinfer_fp4_moe"
+# The oracle helpers whose a13_scale argument is collapsed to one global activation scale
+# (v0.34.0 Q/utils/flashinfer_fp4_moe.py:444-506 and :211-216).
+WRAPPED = ("prepare_nvfp4_moe_layer_for_fi_or_cutlass",
+           "prepare_nvfp4_moe_layer_for_flashinfer_cutedsl")
+
+# The checkpoint's global scales as each format's quant method registers them on the layer
+# (v0.34.0 CT w4a4_nvfp4.py:180-210; Q/modelopt.py:1020-1060).
+CHECKPOINT_SCALES = {
+    "compressed-tensors": ("w13_input_global_scale", "w2_input_global_scale",
+                           "w13_weight_global_scale", "w2_weight_global_scale"),
+    "modelopt": ("w13_input_scale", "w2_input_scale", "w13_weight_scale_2",
+                 "w2_weight_scale_2"),
+}
+
+_first_change_logged = False
+
+
+def layer_format(layer: torch.nn.Module) -> str | None:
+    """compressed-tensors, modelopt, or None (another quant method: nothing validated)."""
+    if hasattr(layer, "w13_input_global_scale"):
+        return "compressed-tensors"
+    if hasattr(layer, "w13_weight_scale_2") and hasattr(layer, "w13_input_scale"):
+        return "modelopt"
+    return None
+
+
+def validate_checkpoint_scales(layer: torch.nn.Module, a13_scale: torch.Tensor) -> None:
+    """InvalidScaleError for a bad global scale. Input scales are skipped in per-token
+    activation mode, where upstream replaces them by ones (``a13_scale`` all 1) and never
+    reads the checkpoint's (v0.34.0 CT w4a4_nvfp4.py:244-248)."""
+    fmt = layer_format(layer)
+    if fmt is None:
+        return
+    per_token = bool((a13_scale == 1).all())
+    ep_rank = getattr(layer.moe_config.moe_parallel_config, "ep_rank", 0)
+    ep_size = getattr(layer.moe_config.moe_parallel_config, "ep_size", 1)
+    for name in CHECKPOINT_SCALES[fmt]:
+        if per_token and "input" in name:
+            continue
+        tensor = getattr(layer, name)
+        local = fmt == "compressed-tensors" or "weight" in name
+        scales.check_positive_finite(
+            tensor, layer=layer_label(layer), name=name,
+            index_note=(f" (local to EP rank {ep_rank} of {ep_size})"
+                        if local and ep_size > 1 else ""))
+
+
+def quantized_inputs_cross_ranks(layer: torch.nn.Module, backend) -> bool:
+    """Does this layer quantize GEMM1 input on one rank with a collapsed scale, and dequantize
+    it on another? (the all-to-all kernels with EP, a global-scale backend, a sender-side
+    dispatcher, and no EPLB agreement already done by upstream)."""
+    pc = layer.moe_config.moe_parallel_config
+    if pc.ep_size <= 1 or not pc.use_all2all_kernels:
+        return False
+    if backend is not None and not importlib.import_module(
+            ORACLE).is_global_sf_supported_for_nvfp4_backend(backend):
+        return False  # per-expert scales (vLLM CUTLASS): quantized on the owning rank
+    if getattr(pc, "enable_eplb", False) and stock_agrees_under_eplb():
+        return False
+    import vllm.envs as envs
+
+    return support.quantizes_on_sender(
+        pc.all2all_backend,
+        deepep_ll_nvfp4_dispatch=bool(getattr(envs, "VLLM_DEEPEPLL_NVFP4_DISPATCH", False)))
+
+
+def stock_agrees_under_eplb() -> bool:
+    """0.28.0+: ``amax_for_moe_activation_quant`` all-reduces over the EP group when EPLB is on
+    (v0.34.0 Q/utils/quant_utils.py:77-97; v0.28.0 :65-84). 0.14.0-0.27.x have no such helper."""
+    return hasattr(importlib.import_module(FI_FP4_MOE), "amax_for_moe_activation_quant")
+
+
+def agreed_a13_scale(layer: torch.nn.Module, a13_scale: torch.Tensor) -> torch.Tensor:
+    """``a13_scale`` if this rank already holds the EP group's max amax, else a tensor of the
+    same shape and dtype filled with it (upstream collapses either to that one value)."""
+    from vllm.distributed import get_ep_group
+
+    global _first_change_logged
+    agreed = scales.agree_max(a13_scale, get_ep_group().cpu_group, layer=layer_label(layer))
+    local = a13_scale.detach().float().max().cpu()
+    label = layer_label(layer)
+    if torch.equal(local, agreed):
+        logger.debug("%s: GEMM1 activation amax %.6g is already the EP group's max", label,
+                     float(local))
+        return a13_scale
+    log = logger.debug if _first_change_logged else logger.info
+    _first_change_logged = True
+    log("vllm-fp4-moe-plugin: %s: GEMM1 activation amax agreed over the EP group, this rank's "
+        "%.6g -> %.6g (stock would be off by %.4gx on tokens from other ranks); further layers "
+        "at DEBUG", label, float(local), float(agreed), float(agreed / local))
+    return torch.full_like(a13_scale, float(agreed))
+
+
+def build_agreed_prepare(original):
+    """The wrapper of one oracle helper (see the module docstring)."""
+    sig = inspect.signature(original)
+    per_backend = "backend" in sig.parameters
+
+    def prepare(*args, **kwargs):
+        call = sig.bind(*args, **kwargs)
+        layer, a13 = call.arguments["layer"], call.arguments["a13_scale"]
+        if a13 is not None:
+            validate_checkpoint_scales(layer, a13)
+            if quantized_inputs_cross_ranks(layer, call.arguments.get("backend")
+                                            if per_backend else None):
+                call.arguments["a13_scale"] = agreed_a13_scale(layer, a13)
+        return original(*call.args, **call.kwargs)
+
+    functools.update_wrapper(prepare, original)
+    prepare.__module__ = __name__
+    return prepare
+
+
+def _reset_for_tests() -> None:
+    global _first_change_logged
+    _first_change_logged = False

@@ -1,0 +1,159 @@
+"""Where stock vLLM's NVFP4 MoE backend-oracle design (0.14.0+) computes wrongly: vLLM-free.
+
+One place for this design's knowledge, asked by the patch (which layers to change), ``doctor``,
+``audit`` and the off-switch warning. The mechanism (docs/ROOT-CAUSE.md §12):
+
+* every FlashInfer NVFP4 MoE backend with one global activation scale (TRT-LLM, CUTLASS,
+  CuteDSL) collapses the GEMM1 input scales to the max input amax over the experts *it
+  loaded*; compressed-tensors loads only the rank's local experts' scales (ModelOpt loads
+  every expert's), so under EP the collapsed value is a per-rank local max
+  (v0.34.0 Q/utils/flashinfer_fp4_moe.py:495-504, Q/compressed_tensors/compressed_tensors_moe/
+  compressed_tensors_moe_w4a4_nvfp4.py:189-208, FM/routed_experts.py:764-771);
+* GEMM1's alpha of an expert folds in the max of the rank that *owns* it, while the
+  activations are quantized by whichever rank quantizes them. Only dispatchers that quantize on
+  the sender before the all-to-all mix two ranks' scales.
+
+Citation prefixes: ``FM`` = ``vllm/model_executor/layers/fused_moe``, ``Q`` =
+``vllm/model_executor/layers/quantization`` (docs/CITATIONS.md).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+
+@dataclass(frozen=True)
+class Design:
+    """One MoE design of vLLM: what it is, and the releases read to have it (docs/SUPPORT.md).
+
+    The plugin decides which design is *installed* by feature probes (``compat``); this table
+    only serves commands that judge a release that is not installed (``audit --vllm``)."""
+
+    key: str  # the design's name in probes, the ledger and reports
+    what: str
+    first: tuple[int, int, int]
+    last: tuple[int, int, int]  # newest release read; later ones are assumed the same
+
+    @property
+    def releases(self) -> str:
+        a, b = (".".join(map(str, v)) for v in (self.first, self.last))
+        return a if a == b else f"{a} - {b}"
+
+
+DESIGNS = (
+    Design("0.11.0", "modular kernels built in init_prepare_finalize; every FlashInfer prepare "
+           "quantizes with expert 0's GEMM1 scale", (0, 11, 0), (0, 11, 0)),
+    Design("0.11.1", "FusedMoE.maybe_init_modular_kernel, no NVFP4 oracle; ModelOpt and TP "
+           "fixed upstream", (0, 11, 1), (0, 13, 0)),
+    Design("0.14.0", "the NVFP4 backend oracle; one global activation scale per rank, "
+           "collapsed over the rank's loaded experts", (0, 14, 0), (0, 34, 0)),
+)
+
+
+def parse_release(version: str) -> tuple[int, int, int]:
+    """``"0.12.0+cpu"`` -> ``(0, 12, 0)``; ValueError naming the value otherwise."""
+    m = re.match(r"^\s*(\d+)\.(\d+)(?:\.(\d+))?", version or "")
+    if not m:
+        raise ValueError(f"not a vLLM release number: {version!r} (e.g. 0.34.0)")
+    return int(m[1]), int(m[2]), int(m[3] or 0)
+
+
+def design_for_release(version: str) -> Optional[Design]:
+    """The design a vLLM release has, by the table above; None before 0.11.0."""
+    v = parse_release(version)
+    found = None
+    for d in DESIGNS:
+        if v >= d.first:
+            found = d
+    return found
+
+
+def design(key: str) -> Design:
+    for d in DESIGNS:
+        if d.key == key:
+            return d
+    raise ValueError(f"unknown MoE design {key!r}: one of {[d.key for d in DESIGNS]}")
+
+# vLLM's --all2all-backend values whose prepare step quantizes NVFP4 activations on the
+# *receiving* rank (after dispatch, with the receiver's own scale), so they are consistent
+# whatever the ranks' scales are: DeepEP high-throughput and v2 dispatch bf16 (v0.34.0
+# FM/prepare_finalize/deepep_ht.py:315-334, deepep_v2.py:355-376), NIXL-EP bf16
+# (nixl_ep.py:178-180), MORI is ROCm-only, MoonEP refuses quantized dispatch (moonep.py:343),
+# "passthrough" feeds a megakernel that quantizes dynamically (passthrough.py:30-41).
+RECEIVER_QUANTIZING_ALL2ALL = frozenset({
+    "deepep_high_throughput", "deepep_v2", "nixl_ep", "mori", "moonep", "passthrough"})
+# DeepEP low-latency dispatches bf16 unless VLLM_DEEPEPLL_NVFP4_DISPATCH=1, which makes DeepEP
+# quantize on the sender with the sender's a1_gscale (deepep_ll.py:197-216, 268-319).
+DEEPEP_LL = "deepep_low_latency"
+
+
+def quantizes_on_sender(all2all_backend: str, *, deepep_ll_nvfp4_dispatch: bool = False) -> bool:
+    """Does this all-to-all backend quantize GEMM1's input before the tokens leave their rank?
+
+    The default ``allgather_reducescatter`` (and its aliases ``naive``/``pplx``) and FlashInfer's
+    NVLink one- and two-sided dispatchers (``flashinfer_all2allv`` is an alias of two-sided) do
+    (v0.34.0 FM/prepare_finalize/naive_dp_ep.py:26-54, flashinfer_nvlink_two_sided.py:101-110,
+    flashinfer_nvlink_one_sided.py:127-137). An unknown backend counts as quantizing on the
+    sender: agreeing on one scale is consistent either way.
+    """
+    if all2all_backend == DEEPEP_LL:
+        return deepep_ll_nvfp4_dispatch
+    return all2all_backend not in RECEIVER_QUANTIZING_ALL2ALL
+
+
+def ep_slices(num_experts: int, ep_size: int, placement: str = "linear") -> list[list[int]]:
+    """The global expert ids each EP rank owns, as vLLM's ``determine_expert_map`` places them
+    (v0.34.0 FM/expert_map_manager.py:22-100): ``linear`` gives contiguous blocks, the first
+    ``num_experts % ep_size`` ranks one expert more; ``round_robin`` gives rank r the experts
+    r, r + ep_size, ..."""
+    if ep_size < 1 or num_experts < 1:
+        raise ValueError(f"need >= 1 expert and EP size >= 1, not {num_experts} and {ep_size}")
+    if placement == "round_robin":
+        return [list(range(r, num_experts, ep_size)) for r in range(ep_size)]
+    if placement != "linear":
+        raise ValueError(f"unknown expert placement {placement!r}: linear or round_robin")
+    base, extra = divmod(num_experts, ep_size)
+    out, start = [], 0
+    for r in range(ep_size):
+        n = base + (1 if r < extra else 0)
+        out.append(list(range(start, start + n)))
+        start += n
+    return out
+
+
+def rank_local_maxima(input_amax: Sequence[float], ep_size: int,
+                      placement: str = "linear") -> list[float]:
+    """Per EP rank, the max GEMM1 input amax over its local experts: the scale stock
+    compressed-tensors collapses to on that rank (``input_amax[e]`` = 1 / input global scale,
+    max over the expert's w1/w3 shards). A rank without experts has none (0.0)."""
+    return [max((input_amax[e] for e in s), default=0.0)
+            for s in ep_slices(len(input_amax), ep_size, placement)]
+
+
+def stock_dp_ep_off_by(input_amax: Sequence[float], ep_size: int,
+                       placement: str = "linear") -> float:
+    """How far stock compressed-tensors' GEMM1 can be off under DP+EP with sender-side
+    quantization: the largest ratio between two EP ranks' local maxima (1.0 = consistent)."""
+    maxima = [m for m in rank_local_maxima(input_amax, ep_size, placement) if m > 0]
+    return max(maxima) / min(maxima)
+
+
+def oracle_design_hole(fmt: str, *, dp: int, ep: bool, all2all_backend: str,
+                       enable_eplb: bool = False, eplb_agrees: bool = False,
+                       deepep_ll_nvfp4_dispatch: bool = False,
+                       global_scale_backend: bool = True) -> bool:
+    """Can stock vLLM (0.14.0+ design) compute this layer with mismatched GEMM1 scales?
+
+    True only for compressed-tensors, with EP across DP ranks (the all-to-all kernels), a
+    FlashInfer backend with one global activation scale, a dispatcher that quantizes on the
+    sender, and no EPLB on a release whose helper all-reduces with EPLB (0.28.0+,
+    ``eplb_agrees``). Whether it *does* also needs the ranks' local maxima to differ
+    (:func:`stock_dp_ep_off_by`).
+    """
+    if fmt != "compressed-tensors" or dp <= 1 or not ep or not global_scale_backend:
+        return False
+    if enable_eplb and eplb_agrees:
+        return False
+    return quantizes_on_sender(all2all_backend, deepep_ll_nvfp4_dispatch=deepep_ll_nvfp4_dispatch)

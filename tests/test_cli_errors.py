@@ -235,7 +235,7 @@ def test_doctor_settings_vllm_would_reject_are_at_risk_with_reason(capsys, black
                          "--capability", "10.0")
     assert code == cli.EXIT_FINDING, out + err
     assert "Traceback" not in err and "verdict: AT RISK" in out
-    assert f"because: " in out and reason in out
+    assert "because: " in out and reason in out
 
 
 # --- 4. make-checkpoint output paths and --set ---------------------------------------------

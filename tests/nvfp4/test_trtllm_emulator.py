@@ -28,7 +28,8 @@ import torch  # noqa: E402
 from vllm_fp4_moe_plugin.nvfp4 import (fp4_quantize, moe_reference_nvfp4,  # noqa: E402
                                        trtllm_fp4_block_scale_moe)
 from vllm_fp4_moe_plugin.nvfp4 import layout as nvfp4_layout  # noqa: E402
-from vllm_fp4_moe_plugin.nvfp4.trtllm_emulator import route  # noqa: E402
+from vllm_fp4_moe_plugin.nvfp4.trtllm_emulator import (route,  # noqa: E402
+                                                       trtllm_fp4_block_scale_moe_0_7)
 from vllm_fp4_moe_plugin.nvfp4.trtllm_layout import (gated_row_sources,  # noqa: E402
                                                      gemm1_row_sources, shuffle_gemm1,
                                                      shuffle_gemm2, to_trtllm_inputs,
@@ -418,3 +419,108 @@ def test_output_argument_is_written(device):
     with pytest.raises(RuntimeError):
         trtllm_fp4_block_scale_moe(**kw, output=torch.empty(7, SHAPE[1], device=device))
 
+
+
+# ---------------------------------------------------------------------------------------------
+# FlashInfer 0.7.x (what vLLM 0.34.0 calls): same numbers where the contracts agree, its own
+# routing dtypes and methods where they do not.
+
+SHAPE_07 = (16, 256, 128)  # the 0.7.4 docstring asks for intermediate_size % 128 == 0
+DEFAULT = 0
+ROUTINGS_07 = {
+    # name: (routing, logits dtype, bias dtype or None)
+    "default_fp32": ((DEFAULT, 2, None, None, None), torch.float32, None),
+    "renormalize_fp32": ((RENORMALIZE, 2, None, None, None), torch.float32, None),
+    "deepseek_v3_bf16_logits_fp32_bias": ((DEEPSEEK_V3, 4, 4, 2, 2.5), BF16, torch.float32),
+    "deepseek_v3_ungrouped": ((DEEPSEEK_V3, 4, 0, 0, 1.0), torch.float32, torch.float32),
+}
+
+
+def _call_07(case, logits, bias, routing, gs, **kw):
+    method, top_k, n_group, topk_group, rsf = routing
+    xq, xsf = fp4_quantize(case.x, gs, is_sf_swizzled_layout=False)
+    ex = case.experts
+    return trtllm_fp4_block_scale_moe_0_7(
+        logits, bias, xq, xsf.view(torch.float8_e4m3fn).reshape(xq.shape[0], -1),
+        gemm1_bias=None, gemm1_alpha=None, gemm1_beta=None, gemm1_clamp_limit=None,
+        gemm2_bias=None, num_experts=ex.num_experts, top_k=top_k, n_group=n_group,
+        topk_group=topk_group, intermediate_size=ex.intermediate, local_expert_offset=0,
+        local_num_experts=ex.num_experts, routed_scaling_factor=rsf, routing_method_type=method,
+        **to_trtllm_inputs(ex, a1_gs=gs), **kw)[0]
+
+
+@pytest.mark.parametrize("routing", sorted(ROUTINGS))
+def test_0_7_gives_the_0_3_1_bits_on_vllm_0_11_calls(routing, device):
+    case = make_case(*SHAPE, 64, seed=7, device=device, spread=1.0)
+    gs = case.experts.w13_input_gs
+    logits, bias = _logits_and_bias(64, SHAPE[0], ROUTINGS[routing][0], 7, device)
+    old, _, _ = _call(case.x, case.experts, logits, bias, ROUTINGS[routing], a1_gs=gs)
+    # Reference check: the 0.3.1 emulator; the +1e-20 in DeepSeek's denominator is below
+    # fp32 resolution of a sum near 1, everything else is the same contract.
+    assert torch.equal(_call_07(case, logits, bias, ROUTINGS[routing], gs), old)
+
+
+@pytest.mark.parametrize("routing", sorted(ROUTINGS_07))
+def test_0_7_routing_and_agreement(routing, device):
+    (method, top_k, n_group, topk_group, rsf), ldt, bdt = ROUTINGS_07[routing]
+    case = make_case(*SHAPE_07, 64, seed=8, device=device, spread=1.0)
+    gs, ex = case.experts.w13_input_gs, case.experts
+    gen = torch.Generator().manual_seed(8)
+    logits = torch.randn(64, ex.num_experts, generator=gen).to(ldt).to(device)
+    bias = None if bdt is None else (torch.randn(ex.num_experts, generator=gen) * 0.2).to(
+        bdt).to(device)
+    ids, w = route(logits, bias, routing_method_type=method, top_k=top_k, n_group=n_group,
+                   topk_group=topk_group, routed_scaling_factor=rsf, contract="0.7")
+    x = logits.float()
+    if method == DEFAULT:
+        want_w, want_ids = torch.topk(torch.softmax(x, -1), top_k, dim=-1)
+    elif method == RENORMALIZE:
+        want_ids, want_w = _renormalize_reference(logits, top_k)
+    else:
+        fused_moe = pytest.importorskip("vllm.model_executor.layers.fused_moe.fused_moe")
+        grouped = getattr(fused_moe.grouped_topk, "_torchdynamo_orig_callable",
+                          fused_moe.grouped_topk)
+        b = bias.to(BF16).float() if n_group > 1 else bias.float()  # what 0.7 reads
+        want_w, want_ids = grouped(x, x, top_k, True, max(n_group, 1), max(topk_group, 1),
+                                   "sigmoid", rsf, b)
+    # Reference check: the model-side routing (softmax->topk, topk->softmax, vLLM's
+    # grouped_topk) -- same experts, weights within one bf16 rounding; then the ideal oracle.
+    order, want_order = ids.long().sort(dim=-1), want_ids.long().sort(dim=-1)
+    assert torch.equal(order.values, want_order.values)
+    assert torch.allclose(w.float().gather(1, order.indices),
+                          want_w.float().gather(1, want_order.indices), rtol=2 ** -8, atol=0)
+    replay = torch.full((70, top_k), -1, dtype=torch.int16, device=device)
+    out = _call_07(case, logits, bias, (method, top_k, n_group, topk_group, rsf), gs,
+                   routing_replay_out=replay)
+    assert torch.equal(replay[:64], ids.to(torch.int16)) and bool((replay[64:] == -1).all())
+    ref = moe_reference_nvfp4(case.x, ex, w.float(), ids, a1_gs=gs)
+    err = rel_err(out, ref)
+    print(f"\n[trtllm-0.7] {routing}: {err:.2e}")
+    assert 0.0 < err <= IDEAL_BOUND
+
+
+REFUSALS_07 = {
+    "swizzled_scale_layout": dict(hidden_states_scale_layout=0),
+    "per_token_scale": "per_token_scale",
+    "fused_shared_experts": dict(num_fused_shared_experts=1),
+    "valid_hidden_size": dict(valid_hidden_size=64),
+    "sigmoid_renorm_routing": dict(routing_method_type=6, n_group=None, topk_group=None),
+    "relu2": dict(activation_type=6),
+    "ungrouped_deepseek_without_bias": dict(n_group=0, topk_group=0, routing_bias=None),
+    "nvfp4_4over6": dict(nvfp4_4over6=object()),
+}
+
+
+@pytest.mark.parametrize("refusal", sorted(REFUSALS_07))
+def test_0_7_refuses_what_it_does_not_emulate(refusal, device):
+    case, kw = _base_kwargs(device)
+    kw.pop("routing_method_type")
+    kw = dict(kw, routing_method_type=DEEPSEEK_V3, hidden_states_scale_layout=2)
+    # Reference check: accepted as given; each change is one the emulator cannot reproduce
+    # (FlashInfer itself raises NotImplementedError for a declared swizzled layout).
+    assert torch.isfinite(trtllm_fp4_block_scale_moe_0_7(**kw)[0].float()).all()
+    change = REFUSALS_07[refusal]
+    if change == "per_token_scale":
+        change = dict(per_token_scale=torch.ones(7, device=device))
+    with pytest.raises(NotImplementedError):
+        trtllm_fp4_block_scale_moe_0_7(**dict(kw, **change))

@@ -62,11 +62,13 @@ instruction order is not published, so a code at a rounding midpoint may differ.
 warp reduction). Tensor cores sum in an unspecified fp32 order: real outputs can differ by fp32
 rounding, i.e. at bf16 level only where a value sits on a rounding boundary.
 
-Not emulated, raises instead of silently differing: bf16 / FP8 / MXFP4 activations or MXFP4
-weights, biases, ``gemm1_alpha/beta/clamp_limit``, GeGlu, ``do_finalize=False``, the
-``Default`` (0, rejected by the 0.3.1 kernel itself), ``Llama4``, ``RenormalizeNaive`` and
-``TopK`` routings, ``DeepSeekV3`` with bf16 logits or without a bias, and ``Renormalize`` with
-fp32 logits and no bias (the kernel would misread those buffers: see ``_routing_dtype_traps``).
+FlashInfer 0.7.x (vLLM 0.34.0): :func:`trtllm_fp4_block_scale_moe_0_7`, its differences listed
+there. Not emulated (0.3.1), raises instead of silently differing: bf16 / FP8 / MXFP4
+activations or MXFP4 weights, biases, ``gemm1_alpha/beta/clamp_limit``, GeGlu,
+``do_finalize=False``, the ``Default`` (0, rejected by the 0.3.1 kernel itself), ``Llama4``,
+``RenormalizeNaive`` and ``TopK`` routings, ``DeepSeekV3`` with bf16 logits or without a bias,
+and ``Renormalize`` with fp32 logits (the kernel would misread those buffers: see
+``_routing_dtype_traps``).
 """
 
 from __future__ import annotations
@@ -117,15 +119,24 @@ def _top_k_lower_index_first(scores: torch.Tensor, k: int) -> torch.Tensor:
     return order[..., :k]
 
 
-def _route_deepseek_v3(logits, bias, top_k, n_group, topk_group, routed_scaling_factor):
+def _route_deepseek_v3(logits, bias, top_k, n_group, topk_group, routed_scaling_factor, *,
+                       contract):
     x = logits.float()
     s = 0.5 * torch.tanh(0.5 * x) + 0.5  # sigmoid_accurate (fi.rk:51)
-    b = s + bias.float()  # bias read as bf16 (fi.dsv3:71, 103)
     m, e = x.shape
-    if n_group > 1:
+    grouped = n_group > 1
+    if bias is None:  # 0.7 grouped kernel only: a missing bias reads as 0 (fi7.dsv3:159-162)
+        bias_f = torch.zeros(e, dtype=torch.float32, device=x.device)
+    elif contract == "0.3.1" or grouped:
+        # 0.3.1 reads a bf16 bias; the 0.7 grouped kernel casts whatever it loads to the bf16
+        # output type first (fi.dsv3:71, fi7.dsv3:159-162).
+        bias_f = bias.to(torch.bfloat16).float()
+    else:
+        bias_f = bias.float()  # 0.7 ungrouped: SigmoidBias keeps fp32 (fi7.policy:229-234)
+    b = s + bias_f
+    if grouped:
         per = e // n_group
-        grouped = b.reshape(m, n_group, per)
-        top2 = torch.sort(grouped, dim=-1, descending=True).values[..., :2]
+        top2 = torch.sort(b.reshape(m, n_group, per), dim=-1, descending=True).values[..., :2]
         group_score = top2[..., 0] + top2[..., 1]  # fi.dsv3:125
         keep = _top_k_lower_index_first(group_score, topk_group)
         mask = torch.zeros(m, n_group, dtype=torch.bool, device=x.device)
@@ -137,40 +148,58 @@ def _route_deepseek_v3(logits, bias, top_k, n_group, topk_group, routed_scaling_
     norm = torch.zeros(m, dtype=torch.float32, device=x.device)
     for j in range(top_k):  # the kernel's warp reduction order is not specified
         norm = norm + chosen[:, j]
+    if contract != "0.3.1":  # mSumEpsilon = 1e-20 (fi7.runner:89, 202)
+        norm = norm + torch.tensor(1e-20, dtype=torch.float32)
     scale = 1.0 if routed_scaling_factor is None else float(routed_scaling_factor)
     weights = (chosen * torch.tensor(scale, dtype=torch.float32)) / norm.unsqueeze(1)
     return ids.to(torch.int32), weights.to(torch.bfloat16)
 
 
-def _route_renormalize(logits, top_k):
-    x = logits.to(torch.bfloat16)  # InputT = bf16 (fi.devh:139-152, forceFloatInput=false)
+def _softmax_f32(v: torch.Tensor) -> torch.Tensor:
+    """calcSoftmax: max, expf(x - max), sum, divide, in fp32 (fi.rk:133-156, fi7.rk:218-246)."""
+    ex = torch.exp(v - v.max(dim=1, keepdim=True).values)
+    return ex / ex.sum(dim=1, keepdim=True)
+
+
+def _route_renormalize(logits, top_k, *, contract):
+    # 0.3.1 reads the logits as bf16 whatever they are (fi.devh:139-152, forceFloatInput=false);
+    # 0.7 reads them in their own dtype (mDtypeInput, fi7.runner:278).
+    x = logits.to(torch.bfloat16) if contract == "0.3.1" else logits
     ids = _top_k_lower_index_first(x, top_k)
-    top = x.gather(1, ids).float()
-    ex = torch.exp(top - top.max(dim=1, keepdim=True).values)
-    sm = ex / ex.sum(dim=1, keepdim=True)
-    # calcSoftmax returns DataType (= bf16 here), the weights buffer is bf16 (fi.rk:151-153).
-    return ids.to(torch.int32), sm.to(torch.bfloat16)
+    sm = _softmax_f32(x.gather(1, ids).float())
+    # calcSoftmax returns the score type, the weights buffer is bf16 (fi.rk:151-153).
+    return ids.to(torch.int32), sm.to(x.dtype).to(torch.bfloat16)
 
 
-def _routing_dtype_traps(method, logits, bias) -> None:
-    """Combinations where FlashInfer 0.3.1 reads a buffer with the wrong dtype.
+def _route_default(logits, top_k):
+    """0.7 only: softmax over all experts in fp32, then top-k of the probabilities, no
+    renormalization (SoftmaxPreprocess + NoOp postprocess, fi7.runner:286-289)."""
+    probs = _softmax_f32(logits.float())
+    ids = _top_k_lower_index_first(probs, top_k)
+    return ids.to(torch.int32), probs.gather(1, ids).to(torch.bfloat16)
 
-    The routing kernels always write bf16 weights (``mDtypeExpW = Bfloat16``, fi.runner:63, 134)
-    while finalize reads them as fp32 when there is no bias and the logits are fp32
-    (fi.launch:754-762, fi.runner:424); Renormalize reads the logits as bf16 (fi.renorm:255-291);
-    DeepSeekV3 reads them as fp32 (fi.dsv3:483) and dereferences the bias unconditionally
-    (fi.dsv3:71). The results there are not defined by the contract, so they are refused.
+
+def _routing_dtype_traps(method, logits, bias, n_group, contract) -> None:
+    """Combinations where the kernel reads a buffer with the wrong dtype or a null pointer.
+
+    FlashInfer 0.3.1: the routing kernels always write bf16 weights (``mDtypeExpW = Bfloat16``,
+    fi.runner:63, 134) while finalize reads them as fp32 when there is no bias and the logits
+    are fp32 (fi.launch:754-762, fi.runner:424); Renormalize reads the logits as bf16
+    (fi.renorm:255-291); DeepSeekV3 reads them as fp32 (fi.dsv3:483) and dereferences the bias
+    unconditionally (fi.dsv3:71). FlashInfer 0.7: the ungrouped DeepSeekV3 path loads the bias
+    without a null check (fi7.policy:229-234). The results there are not defined by the
+    contract, so they are refused.
     """
     if method == RoutingMethodType.DeepSeekV3:
-        if logits.dtype != torch.float32:
+        if contract == "0.3.1" and logits.dtype != torch.float32:
             raise NotImplementedError(
                 "DeepSeekV3 routing reads routing_logits as fp32 (forceFloatInput); bf16 logits "
                 "would be misread by FlashInfer 0.3.1 -- not emulated")
-        if bias is None:
+        if bias is None and (contract == "0.3.1" or (n_group or 0) <= 1):
             raise NotImplementedError(
-                "DeepSeekV3 routing in FlashInfer 0.3.1 dereferences routing_bias unconditionally;"
-                " a call without it is not emulated")
-    elif method == RoutingMethodType.Renormalize:
+                f"DeepSeekV3 routing in FlashInfer {contract} dereferences routing_bias without "
+                "a null check on this path; a call without it is not emulated")
+    elif method == RoutingMethodType.Renormalize and contract == "0.3.1":
         if logits.dtype != torch.bfloat16:
             raise NotImplementedError(
                 "Renormalize routing in FlashInfer 0.3.1 reads routing_logits as bf16; fp32 "
@@ -178,37 +207,68 @@ def _routing_dtype_traps(method, logits, bias) -> None:
                 "fp32 by finalize) -- not emulated")
 
 
+_EMULATED_0_7 = (RoutingMethodType.Default, RoutingMethodType.Renormalize,
+                 RoutingMethodType.DeepSeekV3, RoutingMethodType.RenormalizeNaive)
+
+
 def route(routing_logits: torch.Tensor, routing_bias: Optional[torch.Tensor], *,
           routing_method_type: int, top_k: int, n_group: Optional[int] = None,
           topk_group: Optional[int] = None,
-          routed_scaling_factor: Optional[float] = None):
+          routed_scaling_factor: Optional[float] = None, contract: str = "0.3.1"):
     """The kernel's routing alone: ``(topk_ids int32 [M, top_k], weights bf16 [M, top_k])``,
-    global expert ids, in the kernel's k order (descending score)."""
-    method = RoutingMethodType(routing_method_type)
-    if method not in _EMULATED_ROUTING:
-        if method in (RoutingMethodType.Default, RoutingMethodType.Unspecified):
-            raise RuntimeError(f"Unimplemented routing method {method.name} of enum "
-                               f"{int(method)}")  # fi.runner:172-176
-        raise NotImplementedError(f"routing method {method.name} is not emulated")
-    _routing_dtype_traps(method, routing_logits, routing_bias)
+    global expert ids, in the kernel's k order (descending score). ``contract``: ``"0.3.1"``
+    or ``"0.7"`` (FlashInfer 0.7.x, see ``trtllm_fp4_block_scale_moe_0_7``)."""
+    if contract not in ("0.3.1", "0.7"):
+        raise ValueError(f"contract must be '0.3.1' or '0.7', got {contract!r}")
+    if contract == "0.3.1":
+        method = RoutingMethodType(routing_method_type)
+        if method not in _EMULATED_ROUTING:
+            if method in (RoutingMethodType.Default, RoutingMethodType.Unspecified):
+                raise RuntimeError(f"Unimplemented routing method {method.name} of enum "
+                                   f"{int(method)}")  # fi.runner:172-176
+            raise NotImplementedError(f"routing method {method.name} is not emulated")
+    else:
+        method = int(routing_method_type)
+        if method not in _EMULATED_0_7:
+            raise NotImplementedError(f"routing method {method} of FlashInfer 0.7 is not "
+                                      "emulated")
+        method = RoutingMethodType(method)
+    _routing_dtype_traps(method, routing_logits, routing_bias, n_group, contract)
     if method == RoutingMethodType.DeepSeekV3:
         return _route_deepseek_v3(routing_logits, routing_bias, top_k, n_group or 0,
-                                  topk_group or 0, routed_scaling_factor)
-    return _route_renormalize(routing_logits, top_k)
+                                  topk_group or 0, routed_scaling_factor, contract=contract)
+    if method == RoutingMethodType.Default:
+        return _route_default(routing_logits, top_k)
+    # 0.7 runs RenormalizeNaive as Renormalize: the same numbers (fi7.runner:280-285).
+    return _route_renormalize(routing_logits, top_k, contract=contract)
 
 
-def _check_routing_args(method, num_experts, top_k, n_group, topk_group, logits, bias):
+def _check_routing_args(method, num_experts, top_k, n_group, topk_group, logits, bias,
+                        contract="0.3.1"):
     """fi.launch:701-747 and the routing kernels' own checks (fi.runner:59-61,
-    fi.dsv3:420-452, fi.renorm:227-241)."""
+    fi.dsv3:420-452, fi.renorm:227-241). For 0.7 only the argument checks are mirrored
+    (fi7.launch:1277-1285); its kernels' size limits are not."""
     _check(logits.dtype in (torch.float32, torch.bfloat16), "routing_logits must be float or "
            "bfloat16.")
     _check(logits.dim() == 2, "routing_logits must be 2D.")
     _check(logits.shape[1] == num_experts, "routing_logits has incorrect shape.")
     if bias is not None:
-        _check(bias.dtype == torch.bfloat16, "routing_bias must be bfloat16.")
+        if contract == "0.3.1":
+            _check(bias.dtype == torch.bfloat16, "routing_bias must be bfloat16.")
+        else:
+            _check(bias.dtype in (torch.bfloat16, torch.float32),
+                   "routing_bias must be bfloat16 or float.")
         _check(bias.dim() == 1, "routing_bias must be 1D.")
         _check(bias.shape[0] == num_experts, "routing_bias has incorrect shape.")
     ng = n_group or 0
+    if contract != "0.3.1":
+        _check(0 < top_k < num_experts, "num_experts must be greater than top_k")
+        if ng > 1:
+            _check(method == RoutingMethodType.DeepSeekV3,
+                   "Routing kernel with groups implies DeepSeekV3 routing method.")
+            _check(num_experts % ng == 0 and topk_group is not None and 0 < topk_group <= ng,
+                   "invalid n_group / topk_group")
+        return
     if ng != 0:
         _check(method == RoutingMethodType.DeepSeekV3,
                "Routing kernel with groups implies DeepSeekV3 routing method.")
@@ -301,11 +361,110 @@ def trtllm_fp4_block_scale_moe(
                      "gemm2_bias": gemm2_bias})
 
 
+def trtllm_fp4_block_scale_moe_0_7(
+    routing_logits: torch.Tensor,
+    routing_bias: Optional[torch.Tensor],
+    hidden_states: torch.Tensor,
+    hidden_states_scale: Optional[torch.Tensor],
+    gemm1_weights: torch.Tensor,
+    gemm1_weights_scale: torch.Tensor,
+    gemm1_bias: Optional[torch.Tensor],
+    gemm1_alpha: Optional[torch.Tensor],
+    gemm1_beta: Optional[torch.Tensor],
+    gemm1_clamp_limit: Optional[torch.Tensor],
+    gemm2_weights: torch.Tensor,
+    gemm2_weights_scale: torch.Tensor,
+    gemm2_bias: Optional[torch.Tensor],
+    output1_scale_scalar: Optional[torch.Tensor],
+    output1_scale_gate_scalar: Optional[torch.Tensor],
+    output2_scale_scalar: Optional[torch.Tensor],
+    num_experts: int,
+    top_k: int,
+    n_group: Optional[int],
+    topk_group: Optional[int],
+    intermediate_size: int,
+    local_expert_offset: int,
+    local_num_experts: int,
+    routed_scaling_factor: Optional[float],
+    routing_method_type: int = 0,
+    do_finalize: bool = True,
+    enable_pdl: Optional[bool] = None,
+    activation_type: int = 3,
+    per_token_scale: Optional[torch.Tensor] = None,
+    output: Optional[torch.Tensor] = None,
+    tune_max_num_tokens: int = 8192,
+    norm_topk_prob: bool = True,
+    routing_replay_out: Optional[torch.Tensor] = None,
+    num_fused_shared_experts: Optional[int] = None,
+    valid_hidden_size: Optional[int] = None,
+    valid_intermediate_size: Optional[int] = None,
+    hidden_states_scale_layout: Optional[int] = None,
+    workspace_buffer: Optional[torch.Tensor] = None,
+    nvfp4_4over6=None,
+) -> List[torch.Tensor]:
+    """The same contract for FlashInfer 0.7.x. vLLM 0.34.0 pins 0.7.3, which is neither on the
+    package index nor tagged in FlashInfer's repository, so this follows the 0.7.2.post1 wheel
+    (``flashinfer/fused_moe/core.py:6330-6602``; under ``flashinfer/data/``: ``fi7.runner`` =
+    ``csrc/fused_moe/trtllm_backend/trtllm_fused_moe_routing_runner.cu``, ``fi7.dsv3`` = its
+    ``trtllm_fused_moe_routing_deepseek.cu``, ``fi7.launch`` =
+    ``csrc/trtllm_fused_moe_kernel_launcher.cu``, ``fi7.policy`` / ``fi7.rk`` =
+    ``include/flashinfer/trtllm/fused_moe/RoutingCustomPolicy.cuh`` / ``RoutingKernel.cuh``).
+    The 0.7.4 wheel has byte-identical routing, routing-policy and finalize sources; its
+    launcher and Python wrapper add options (``workspace_buffer``, ``nvfp4_4over6``), accepted
+    here only when they change nothing.
+
+    What differs from 0.3.1, and is emulated: no ``tile_tokens_dim``; ``activation_type``
+    (``3`` = Swiglu, ``tllm_enums.py:68-72``) replaces ``gated_act_type``;
+    ``routing_bias`` may be fp32; Renormalize reads fp32 logits as fp32 and DeepSeekV3 takes
+    bf16 logits (``mDtypeInput``, fi7.runner:77, 165, 278); the ``Default`` routing (softmax
+    over all experts, then top-k, fi7.runner:286-289) exists, and ``RenormalizeNaive`` runs as
+    Renormalize (fi7.runner:280-285); DeepSeekV3 divides by ``sum + 1e-20`` (fi7.runner:89, 202)
+    and, with groups, treats a missing bias as 0 (fi7.dsv3:159-162); expert weights are always
+    bf16 and finalize reads them as bf16 (``core.py:6540-6546``), so the 0.3.1 dtype traps are
+    gone; ``hidden_states_scale`` may be ``[M, H/16]`` or flat, LINEAR only -- any other declared
+    ``hidden_states_scale_layout`` raises ``NotImplementedError`` in FlashInfer itself
+    (``fused_moe/shared/validation.py:98-147``); ``routing_replay_out`` receives the int16
+    expert ids. Not emulated (raises): ``per_token_scale``, fused shared experts,
+    ``valid_hidden_size``/``valid_intermediate_size``, any ``nvfp4_4over6`` recipe (nor the
+    ``FLASHINFER_NVFP4_4OVER6*`` variables it reads when omitted), other activations and
+    routings, ``do_finalize=False``, biases and SwiGLU alpha/beta/clamp. The 0.7 kernels' size
+    limits are not checked (the 0.7.4 docstring asks for ``intermediate_size % 128 == 0`` and,
+    with ``valid_hidden_size``, ``hidden_size % 256 == 0``): stay inside them.
+    """
+    if nvfp4_4over6 is not None:
+        raise NotImplementedError("the NVFP4 4over6 GEMM2 requantization is not emulated")
+    import os
+    if any(k.startswith("FLASHINFER_NVFP4_4OVER6") for k in os.environ):
+        raise NotImplementedError("FLASHINFER_NVFP4_4OVER6* is set: 4over6 is not emulated")
+    if hidden_states_scale_layout is not None and int(hidden_states_scale_layout) != 2:
+        raise NotImplementedError(
+            f"hidden_states_scale_layout={hidden_states_scale_layout!r} is not supported by the "
+            "trtllm-gen MoE path (only SfLayout.layout_linear = 2)")
+    for name, value in (("num_fused_shared_experts", num_fused_shared_experts or 0),
+                        ("valid_hidden_size", valid_hidden_size),
+                        ("valid_intermediate_size", valid_intermediate_size)):
+        if value:
+            raise NotImplementedError(f"{name} is not emulated")
+    return _emulate(
+        routing_logits, routing_bias, hidden_states, hidden_states_scale, gemm1_weights,
+        gemm1_weights_scale, gemm2_weights, gemm2_weights_scale, output1_scale_scalar,
+        output1_scale_gate_scalar, output2_scale_scalar, num_experts=num_experts, top_k=top_k,
+        n_group=n_group, topk_group=topk_group, intermediate_size=intermediate_size,
+        local_expert_offset=local_expert_offset, local_num_experts=local_num_experts,
+        routed_scaling_factor=routed_scaling_factor, routing_method_type=routing_method_type,
+        do_finalize=do_finalize, swiglu=activation_type == 3, output=output,
+        unsupported={"gemm1_bias": gemm1_bias, "gemm1_alpha": gemm1_alpha,
+                     "gemm1_beta": gemm1_beta, "gemm1_clamp_limit": gemm1_clamp_limit,
+                     "gemm2_bias": gemm2_bias, "per_token_scale": per_token_scale},
+        contract="0.7", routing_replay_out=routing_replay_out)
+
+
 def _emulate(routing_logits, routing_bias, hidden_states, hidden_states_scale, gemm1_weights,
              gemm1_weights_scale, gemm2_weights, gemm2_weights_scale, out1_scale, out1_gate_scale,
              out2_scale, *, num_experts, top_k, n_group, topk_group, intermediate_size,
              local_expert_offset, local_num_experts, routed_scaling_factor, routing_method_type,
-             do_finalize, swiglu, output, unsupported):
+             do_finalize, swiglu, output, unsupported, contract="0.3.1",
+             routing_replay_out=None):
     for name, t in unsupported.items():
         if t is not None:
             raise NotImplementedError(f"{name} is not emulated")
@@ -313,7 +472,8 @@ def _emulate(routing_logits, routing_bias, hidden_states, hidden_states_scale, g
         raise NotImplementedError("only the SwiGlu gated activation is emulated")
     if not do_finalize:
         raise NotImplementedError("do_finalize=False (permuted GEMM2 output) is not emulated")
-    method = RoutingMethodType(routing_method_type)
+    method = routing_method_type if contract != "0.3.1" else RoutingMethodType(
+        routing_method_type)
 
     # Activation / weight types (fi.launch:1065-1107, 669-699).
     _check(gemm1_weights.dtype == torch.uint8 and gemm2_weights.dtype == torch.uint8,
@@ -348,7 +508,7 @@ def _emulate(routing_logits, routing_bias, hidden_states, hidden_states_scale, g
     _check(out2_scale is not None, "output2_scales_scalar is required for E2m1 activation")
 
     _check_routing_args(method, num_experts, top_k, n_group, topk_group, routing_logits,
-                        routing_bias)
+                        routing_bias, contract)
 
     # Shapes (fi.launch:892-987).
     inter, lne = intermediate_size, local_num_experts
@@ -391,7 +551,9 @@ def _emulate(routing_logits, routing_bias, hidden_states, hidden_states_scale, g
 
     ids, weights = route(routing_logits, routing_bias, routing_method_type=method, top_k=top_k,
                          n_group=n_group, topk_group=topk_group,
-                         routed_scaling_factor=routed_scaling_factor)
+                         routed_scaling_factor=routed_scaling_factor, contract=contract)
+    if routing_replay_out is not None:  # fi7 core.py:6486-6496: rows [0, M) get the ids
+        routing_replay_out[:num_tokens].copy_(ids.to(torch.int16))
 
     # Activations: codes + LINEAR [M, H/16] scales (fi.runner:506-512).
     in_sf = hidden_states_scale.reshape(num_tokens, hidden // BLOCK_SIZE)

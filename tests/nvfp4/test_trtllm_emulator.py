@@ -109,11 +109,13 @@ def _reference(case_x, experts, logits, bias, routing, *, a1_gs, lo, e_local):
 def _flashinfer_sf_shuffle(monkeypatch, device):
     """FlashInfer 0.3.1's ``shuffle_matrix_sf_a``. Its last step, ``block_scale_interleave``,
     asks ``torch.cuda.get_device_capability()`` to JIT-build a CUDA module
-    (fi fp4_quantization.py:398-403), so on CPU it is replaced by the project's mirror, which
+    (fi fp4_quantization.py:398-403), so off SM100 it is replaced by the project's mirror, which
     test_agreement.py checks byte for byte against vLLM's ``swizzle_blockscale``. The row
     permutation under test is FlashInfer's own (``get_shuffle_matrix_sf_a_row_indices``)."""
     fp4q = pytest.importorskip("flashinfer.fp4_quantization")
-    if device.type == "cpu":
+    if device.type == "cpu" or torch.cuda.get_device_capability(device)[0] != 10:
+        # Off SM100 (CPU, or a Hopper box under VLLM_FP4_MOE_TEST_DEVICE=cuda) the JIT module
+        # is not there to build either.
         monkeypatch.setattr(fp4q, "block_scale_interleave", nvfp4_layout.block_scale_interleave)
     return fp4q.shuffle_matrix_sf_a
 

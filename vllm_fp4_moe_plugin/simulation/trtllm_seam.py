@@ -170,14 +170,22 @@ def references(scenario, dp_rank: int, ep_size: int):
     return ideal, fp32
 
 
-def rows_for_layout(layout_name: str, scenario) -> list:
-    """The ModelOpt TRT-LLM row of one layout, judged like the CUTLASS rows (matrix.py)."""
-    from vllm_fp4_moe_plugin.simulation import matrix
+def run_layout(layout_name: str, scenario) -> list:
+    """Every rank's :func:`trtllm_outputs` in ``layout_name`` (real spawned gloo groups)."""
     from vllm_fp4_moe_plugin.simulation.layouts import LAYOUTS as ALL, spawn
+
+    return spawn(ALL[layout_name], f"{__name__}:trtllm_outputs", scenario)
+
+
+def rows_for_layout(layout_name: str, scenario, ranks=None) -> list:
+    """The ModelOpt TRT-LLM row of one layout, judged like the CUTLASS rows (matrix.py);
+    ``ranks``: outputs of :func:`run_layout` already in hand."""
+    from vllm_fp4_moe_plugin.simulation import matrix
+    from vllm_fp4_moe_plugin.simulation.layouts import LAYOUTS as ALL
 
     layout = ALL[layout_name]
     version, design = matrix.installed_release()
-    ranks = spawn(layout, f"{__name__}:trtllm_outputs", scenario)
+    ranks = ranks if ranks is not None else run_layout(layout_name, scenario)
     ep_size = layout.tp * layout.dp if layout.ep else 1
     refs: dict[int, Any] = {}
     errs: dict[str, list] = {"stock": [], "plugin": []}

@@ -47,7 +47,7 @@ def _matrix_section(say: Callable[[str], None]) -> bool:
 
     say("  (.venv-engine not built: showing real vLLM 0.11.0 MoE layers instead of a whole "
         "engine; `./scripts/bootstrap.sh --with-engine` enables the engine demo)")
-    rows = run_matrix(MATRIX_LAYOUTS, Scenario())
+    rows = run_matrix(MATRIX_LAYOUTS, Scenario(), backends=("flashinfer_cutlass",))
     say(format_table(rows))
     say("  errors: ||out - ideal|| / ||ideal||; 'noise floor' = what NVFP4 itself costs.")
     return all(r.ok for r in rows)

@@ -146,16 +146,17 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     formats = tuple(dict.fromkeys(args.format or FORMATS))
     scenario = Scenario(seed=args.seed, input_scale_spread=args.spread, tokens=args.tokens)
 
-    from vllm_fp4_moe_plugin.simulation.matrix import format_table, rows_for_layout
+    from vllm_fp4_moe_plugin.simulation.matrix import format_table, run_matrix
 
     rows = []
     start = time.monotonic()
     for i, name in enumerate(layouts, 1):
         _progress(f"matrix: [{i}/{len(layouts)}] {name} ...")
         t = time.monotonic()
-        layout_rows = rows_for_layout(name, scenario, formats)
+        layout_rows = run_matrix([name], scenario, formats)  # every backend of that layout
         rows.extend(layout_rows)
-        oks = ", ".join(f"{r.format} {'ok' if r.ok else 'NOT ok'}" for r in layout_rows)
+        oks = ", ".join(f"{r.format}/{r.backend} {'ok' if r.ok else 'NOT ok'}"
+                        for r in layout_rows)
         _progress(f"matrix: [{i}/{len(layouts)}] {name} done in {time.monotonic() - t:.0f} s "
                   f"({oks})")
     _progress(f"matrix: {len(rows)} rows in {time.monotonic() - start:.0f} s")

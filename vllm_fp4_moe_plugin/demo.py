@@ -51,14 +51,14 @@ def _engine_section(checkpoint: Path, say: Callable[[str], None],
 def _matrix_section(say: Callable[[str], None],
                     progress: Callable[[str], None] = _no_progress) -> bool:
     from vllm_fp4_moe_plugin.simulation.layouts import Scenario
-    from vllm_fp4_moe_plugin.simulation.matrix import format_table, rows_for_layout
+    from vllm_fp4_moe_plugin.simulation.matrix import format_table, run_matrix
 
     say("  (.venv-engine not built: showing real vLLM 0.11.0 MoE layers instead of a whole "
         "engine; `./scripts/bootstrap.sh --with-engine` enables the engine demo)")
     rows = []
     for i, name in enumerate(MATRIX_LAYOUTS, 1):
         progress(f"demo: step 3, layout {i}/{len(MATRIX_LAYOUTS)} ({name}) ...")
-        rows.extend(rows_for_layout(name, Scenario()))
+        rows.extend(run_matrix([name], Scenario(), backends=("flashinfer_cutlass",)))
     say(format_table(rows))
     say("  errors: ||out - ideal|| / ||ideal||; 'noise floor' = what NVFP4 itself costs.")
     return all(r.ok for r in rows)

@@ -104,3 +104,44 @@ def test_cli_json_and_exit_code(checkpoints):
     assert r.returncode == doctor.AT_RISK, r.stderr[-2000:]
     report = json.loads(r.stdout)
     assert report["verdict_text"] == "at risk" and report["layers"]
+
+
+@pytest.mark.parametrize("value, loads", [("fp4_moe", True), ("other,fp4_moe", True),
+                                          ("other, fp4_moe", False), (" fp4_moe", False),
+                                          ("", False), ("fp4_moe,", True)])
+def test_vllm_plugins_is_parsed_as_vllm_parses_it(monkeypatch, value, loads):
+    """vLLM 0.11.0 envs.py: VLLM_PLUGINS.split(',') with no strip."""
+    import vllm.envs
+
+    allowed = doctor.vllm_plugins_allowed(value)
+    assert (doctor.ENTRY_POINT in allowed) is loads
+    monkeypatch.setenv("VLLM_PLUGINS", value)
+    assert vllm.envs.VLLM_PLUGINS == allowed  # the very list vLLM computes
+
+
+def test_vllm_plugins_with_a_space_is_at_risk_with_its_reason(blackwell_env, checkpoints):
+    blackwell_env.setenv("VLLM_FP4_MOE_PLUGIN", "1")
+    blackwell_env.setenv("VLLM_PLUGINS", "other, fp4_moe")
+    r = doctor.run_doctor(str(checkpoints["spread"]), TP4_EP, capability="10.0")
+    assert not r["plugin"]["would_load"] and r["verdict"] == doctor.AT_RISK
+    text = doctor.format_doctor(r)
+    assert "because: VLLM_PLUGINS='other, fp4_moe' does not name 'fp4_moe'" in text
+    assert "' fp4_moe' does not match" in text
+
+
+def test_bad_check_mode_is_at_risk_with_its_reason(blackwell_env):
+    blackwell_env.setenv("VLLM_FP4_MOE_PLUGIN", "1")
+    blackwell_env.setenv("VLLM_FP4_MOE_PLUGIN_CHECK", "bogus")
+    r = doctor.run_doctor(probe_vllm=False)
+    assert r["verdict"] == doctor.AT_RISK
+    assert "because: vLLM would refuse to start: VLLM_FP4_MOE_PLUGIN_CHECK='bogus'" in \
+        doctor.format_doctor(r)
+
+
+def test_every_at_risk_layer_is_explained_in_text(blackwell_env, checkpoints):
+    r = doctor.run_doctor(str(checkpoints["spread"]), TP4_EP, capability="10.0")
+    assert r["verdict"] == doctor.AT_RISK
+    text = doctor.format_doctor(r)
+    for row in r["layers"]:
+        assert f"because: {row['layer']}: stock vLLM (plugin not active) computes it " \
+               "inconsistently in layout tp_ep" in text

@@ -24,7 +24,8 @@ TRIGGER_MODULES = (
     "vllm.model_executor.layers.fused_moe.oracle.nvfp4",
 )
 
-# None until register() runs; then "inert", "pending", "inactive" or "active".
+# None until register() runs; then "inert", "pending", "inactive", "active" or "failed" (a
+# patch could not be applied: none is, and importing vLLM's NVFP4 MoE modules raises).
 _state: str | None = None
 _reason: str = ""
 
@@ -62,7 +63,15 @@ def _install() -> None:
         _state, _reason = "inactive", result.reason
         logger.info("vllm-fp4-moe-plugin inactive: %s.", result.reason)
         return
-    replaced = patches.apply_targets(result.design, result.patches)
+    try:  # all or nothing: on failure no patch is left and this process refuses to serve
+        replaced = patches.apply_targets(result.design, result.patches)
+    except patches.PatchInstallError as exc:
+        from vllm_fp4_moe_plugin import import_hook
+
+        _state, _reason = "failed", str(exc)
+        logger.error("%s", exc)
+        import_hook.refuse(TRIGGER_MODULES, exc)  # a retried import must not serve unpatched
+        raise
     _state, _reason = "active", result.reason
     logger.info("vllm-fp4-moe-plugin active: replaced %s.",
                 ", ".join(replaced or patches.applied_targets()))

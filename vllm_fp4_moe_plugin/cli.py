@@ -1,28 +1,173 @@
-"""``vllm-fp4-moe``: one console script, one subcommand per job.
+"""vllm-fp4-moe: one console script, one subcommand per job.
 
-Subcommands return data from their own modules; printing and ``--json`` live here at the edge.
+Subcommands return data from their own modules; printing and --json live here at the edge.
+
+Exit codes, for every subcommand (enforced in main(), documented in the README):
+
+  0   fine
+  1   a finding: audit found an affected layer, doctor says at risk, matrix/demo saw a row
+      that is not ok
+  2   bad input or cannot tell: one line on stderr naming the input and the fix
+  70  internal error (a bug): one line; the traceback with --debug or VLLM_FP4_MOE_DEBUG=1
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
+import math
 import os
+import re
 import sys
-from typing import Optional, Sequence
+import time
+import traceback
+import warnings
+from pathlib import Path
+from typing import Callable, Iterator, Optional, Sequence
 
+PROG = "vllm-fp4-moe"
+EXIT_OK, EXIT_FINDING, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 70
+FORMATS = ("modelopt", "compressed-tensors")
+ARCHS = ("qwen3_moe", "deepseek_v3")
+# The CUDA compute capabilities NVIDIA has shipped (doctor's --capability).
+KNOWN_CAPABILITIES = ("7.0", "7.2", "7.5", "8.0", "8.6", "8.7", "8.9", "9.0", "10.0", "10.1",
+                      "10.3", "11.0", "12.0", "12.1")
+MAX_MATRIX_TOKENS = 8192  # per rank; the CPU emulator holds [tokens, E, I] intermediates
+SET_HELP = ("override an integer config.json key of --arch, KEY=INT (repeatable), e.g. "
+            "--set moe_intermediate_size=512. Keys: hidden_size, moe_intermediate_size and "
+            "intermediate_size (multiples of 16), num_hidden_layers, vocab_size, "
+            "num_experts_per_tok, num_attention_heads, num_key_value_heads; qwen3_moe: "
+            "num_experts, head_dim, decoder_sparse_step; deepseek_v3: n_routed_experts, "
+            "n_shared_experts, n_group, topk_group, first_k_dense_replace, q_lora_rank, "
+            "kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim. Any other integer key "
+            "of the arch's config.json is accepted too; values are plain integers")
+
+
+class UsageError(Exception):
+    """Bad input: the message names the input (flag, argument, file, variable) and the fix."""
+
+
+# --- argument types: each rejects a bad value with a message naming the fix --------------
+
+def _int_in(lo: int, hi: Optional[int] = None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text, 10)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < lo or (hi is not None and value > hi):
+            span = f">= {lo}" if hi is None else f"between {lo} and {hi}"
+            raise argparse.ArgumentTypeError(f"{value} must be {span}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def _spread(text: str) -> float:
+    from vllm_fp4_moe_plugin.checkpoint.writer_limits import MAX_INPUT_SCALE_SPREAD
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value < 1.0:
+        raise argparse.ArgumentTypeError(
+            f"{text} must be a finite number >= 1 (max/min of the experts' input scales)")
+    if value > MAX_INPUT_SCALE_SPREAD:
+        raise argparse.ArgumentTypeError(
+            f"{text} exceeds {MAX_INPUT_SCALE_SPREAD:g} (448 / 2^-9): the expert with the "
+            "largest input scale would quantize every activation block to an FP8-E4M3 block "
+            "scale of 0, which no calibrated checkpoint holds")
+    return value
+
+
+def _capability(text: str) -> str:
+    if not re.fullmatch(r"\d+\.\d+", text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a compute capability MAJOR.MINOR (e.g. 10.0 for B200)")
+    if text not in KNOWN_CAPABILITIES:
+        raise argparse.ArgumentTypeError(
+            f"{text} is not a CUDA compute capability NVIDIA ships; known: "
+            f"{', '.join(KNOWN_CAPABILITIES)} (10.0 = B200/GB200)")
+    return text
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but an error is one line on stderr (exit 2) and points at --help."""
+
+    def error(self, message: str):  # noqa: D102
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+# --- validation of paths, before any slow work -------------------------------------------
+
+def _check_output_file(path: Optional[str], flag: str) -> None:
+    if path is None:
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"{flag} {path}: is a directory; give a file path")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {path}: directory {parent} does not exist; create it first")
+    if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise UsageError(f"{flag} {path}: not writable; choose a writable path")
+
+
+def _checkpoint_dir(path: str, flag: str) -> None:
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"{flag} {path}: does not exist; pass the checkpoint directory")
+    if not p.is_dir():
+        raise UsageError(f"{flag} {path}: not a directory; pass the checkpoint directory "
+                         "(the one holding config.json)")
+
+
+# --- progress on stderr --------------------------------------------------------------------
+
+def _progress(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+# --- subcommands ---------------------------------------------------------------------------
 
 def _cmd_matrix(args: argparse.Namespace) -> int:
     from vllm_fp4_moe_plugin.simulation.layouts import Scenario, default_layouts
+
+    known = default_layouts()  # + dp_ep_one_sided where the installed vLLM has it (0.34.0)
+    layouts = args.layout or list(known)
+    unknown = [name for name in layouts if name not in known]
+    if unknown:
+        raise UsageError(f"--layout {unknown[0]}: unknown layout; choose from "
+                         f"{', '.join(known)}")
+    _check_output_file(args.save_json, "--save-json")
+    formats = tuple(dict.fromkeys(args.format or FORMATS))
+    scenario = Scenario(seed=args.seed, input_scale_spread=args.spread, tokens=args.tokens)
+
     from vllm_fp4_moe_plugin.simulation.matrix import format_table, run_matrix
 
-    layouts = args.layout or list(default_layouts())
-    scenario = Scenario(seed=args.seed, input_scale_spread=args.spread, tokens=args.tokens)
-    rows = run_matrix(layouts, scenario, formats=tuple(args.format or
-                                                        ("modelopt", "compressed-tensors")))
+    rows = []
+    start = time.monotonic()
+    for i, name in enumerate(layouts, 1):
+        _progress(f"matrix: [{i}/{len(layouts)}] {name} ...")
+        t = time.monotonic()
+        layout_rows = run_matrix([name], scenario, formats)  # every backend of that layout
+        rows.extend(layout_rows)
+        oks = ", ".join(f"{r.format}/{r.backend} {'ok' if r.ok else 'NOT ok'}"
+                        for r in layout_rows)
+        _progress(f"matrix: [{i}/{len(layouts)}] {name} done in {time.monotonic() - t:.0f} s "
+                  f"({oks})")
+    _progress(f"matrix: {len(rows)} rows in {time.monotonic() - start:.0f} s")
     if args.save_json:
-        with open(args.save_json, "w") as f:
-            json.dump([r.as_dict() for r in rows], f, indent=2)
+        try:
+            with open(args.save_json, "w") as f:
+                json.dump([r.as_dict() for r in rows], f, indent=2)
+        except OSError as exc:
+            raise UsageError(f"--save-json {args.save_json}: cannot write "
+                             f"({exc.strerror or exc}); choose another path") from None
     if args.json:
         print(json.dumps([r.as_dict() for r in rows], indent=2))
     else:
@@ -42,21 +187,56 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
             for mode, err in (("stock", r.stock_error), ("plugin", r.plugin_error)):
                 if err:
                     print(f"{mode} {r.format}/{r.layout} cannot run: {err}")
-    return 0 if all(r.ok for r in rows) else 1
+    return EXIT_OK if all(r.ok for r in rows) else EXIT_FINDING
+
+
+def _parse_set(items: Sequence[str]) -> dict:
+    sizes = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UsageError(f"--set {item!r}: expected KEY=INT, e.g. --set hidden_size=512")
+        try:
+            sizes[key] = int(value.strip(), 10)
+        except ValueError:
+            raise UsageError(f"--set {item!r}: {value!r} is not an integer; values are plain "
+                             "integers (see --help for the keys)") from None
+    return sizes
 
 
 def _cmd_make_checkpoint(args: argparse.Namespace) -> int:
-    from vllm_fp4_moe_plugin.checkpoint.writer import write_checkpoint
+    from vllm_fp4_moe_plugin.checkpoint.writer_limits import output_dir_problem
 
-    sizes = {}
-    for item in args.set or []:
-        key, _, value = item.partition("=")
-        if not _:
-            raise SystemExit(f"--set expects KEY=VALUE (a config.json key), got {item!r}")
-        sizes[key] = json.loads(value)
-    manifest = write_checkpoint(args.out, fmt=args.format, arch=args.arch, seed=args.seed,
-                                input_scale_spread=args.spread, overwrite=args.overwrite,
-                                shard_size_bytes=args.shard_size_bytes, **sizes)
+    problem = output_dir_problem(Path(args.out), args.overwrite)
+    if problem:
+        fix = ("pass --overwrite to replace it, or choose another OUT"
+               if "already holds" in problem else "choose another OUT")
+        raise UsageError(f"OUT {args.out}: {problem}; {fix}")
+    sizes = _parse_set(args.set or [])
+    from vllm_fp4_moe_plugin.checkpoint import configs
+    from vllm_fp4_moe_plugin.checkpoint.writer import check_request, write_checkpoint
+
+    base = configs.BASE_CONFIGS[args.arch]
+    for key in sizes:
+        if key not in base or not isinstance(base[key], int) or isinstance(base[key], bool):
+            ints = sorted(k for k, v in base.items()
+                          if isinstance(v, int) and not isinstance(v, bool))
+            raise UsageError(f"--set {key}: not an integer config.json key of --arch "
+                             f"{args.arch}; choose from {', '.join(ints)}")
+    try:
+        check_request(fmt=args.format, arch=args.arch, input_scale_spread=args.spread,
+                      shard_size_bytes=args.shard_size_bytes, **sizes)
+    except ValueError as exc:
+        flag = "--spread" if str(exc).startswith("input_scale_spread") else "--set"
+        raise UsageError(f"{flag}: {exc}") from None
+    try:
+        manifest = write_checkpoint(args.out, fmt=args.format, arch=args.arch, seed=args.seed,
+                                    input_scale_spread=args.spread, overwrite=args.overwrite,
+                                    shard_size_bytes=args.shard_size_bytes, **sizes)
+    except OSError as exc:  # disk full, permissions changed under us, ...
+        raise UsageError(f"OUT {args.out}: cannot write {exc.filename or ''} "
+                         f"({exc.strerror or exc}); free space or choose another OUT") from None
     if args.json:
         print(json.dumps(manifest, indent=2, default=str))
     else:
@@ -64,22 +244,31 @@ def _cmd_make_checkpoint(args: argparse.Namespace) -> int:
         print(f"wrote {manifest['arch']} / {manifest['format']} checkpoint to "
               f"{manifest['out_dir']} ({size:.1f} MB, {len(manifest['layers'])} MoE layers, "
               f"per-expert input scales spread {manifest['input_scale_spread']:g}x)")
-    return 0
+    return EXIT_OK
+
+
+def _audit(path: str, flag: str, **kwargs) -> dict:
+    from vllm_fp4_moe_plugin.checkpoint.audit import audit_checkpoint
+    from vllm_fp4_moe_plugin.checkpoint.tensor_index import CheckpointError
+
+    _checkpoint_dir(path, flag)
+    try:
+        return audit_checkpoint(path, **kwargs)
+    except CheckpointError as err:  # CheckpointAuditError too: a bad checkpoint
+        raise UsageError(f"{flag} {path}: bad checkpoint: {err}") from None
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
-    from vllm_fp4_moe_plugin.checkpoint.audit import (CheckpointAuditError, audit_checkpoint,
-                                                      format_audit)
+    from vllm_fp4_moe_plugin.checkpoint.audit import format_audit
 
     try:
         design = _audit_design(args.vllm)
-        report = audit_checkpoint(args.checkpoint, ep_size=args.ep_size,
-                                  expert_placement=args.expert_placement, design=design)
-    except (CheckpointAuditError, ValueError) as err:
-        print(f"vllm-fp4-moe audit: {err}", file=sys.stderr)
-        return 2
+    except ValueError as err:  # no vLLM here and no --vllm, or a release not modelled
+        raise UsageError(str(err)) from None
+    report = _audit(args.checkpoint, "CHECKPOINT", ep_size=args.ep_size,
+                    expert_placement=args.expert_placement, design=design)
     print(json.dumps(report, indent=2) if args.json else format_audit(report))
-    return 1 if report["affected_layers"] else 0
+    return EXIT_FINDING if report["affected_layers"] else EXIT_OK
 
 
 def _audit_design(release: Optional[str]) -> str:
@@ -107,58 +296,86 @@ def _audit_design(release: Optional[str]) -> str:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from vllm_fp4_moe_plugin.demo import run_demo
+    from vllm_fp4_moe_plugin.checkpoint.writer_limits import output_dir_problem
+    from vllm_fp4_moe_plugin.demo import CHECKPOINT_NAME, run_demo
 
-    return run_demo(args.out, engine=not args.no_engine)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {args.out}: exists and is not a directory; choose a directory")
+    problem = output_dir_problem(out / CHECKPOINT_NAME, overwrite=True)
+    if problem:
+        raise UsageError(f"--out {args.out}: {problem}; choose another --out")
+    return run_demo(out, engine=not args.no_engine, progress=_progress)
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from vllm_fp4_moe_plugin.doctor import Layout, format_doctor, run_doctor
 
-    report = run_doctor(args.checkpoint, Layout(tp=args.tp, dp=args.dp, pp=args.pp, ep=args.ep,
-                                                all2all_backend=args.all2all_backend,
-                                                moe_backend=args.moe_backend),
-                        capability=args.capability)
+    layout = Layout(tp=args.tp, dp=args.dp, pp=args.pp, ep=args.ep,
+                    all2all_backend=args.all2all_backend, moe_backend=args.moe_backend)
+    if args.checkpoint:  # a bad checkpoint is bad input: say so before importing vLLM
+        ep_size = layout.tp * layout.dp if layout.ep and layout.tp * layout.dp > 1 else 2
+        _audit(args.checkpoint, "--checkpoint", ep_size=ep_size)
+    _progress("doctor: importing vLLM to run the plugin's probes ...")
+    report = run_doctor(args.checkpoint, layout, capability=args.capability)
     print(json.dumps(report, indent=2, default=str) if args.json else format_doctor(report))
     return report["verdict"]
 
 
+# --- parser --------------------------------------------------------------------------------
+
+def _common(p: argparse.ArgumentParser, top: bool) -> None:
+    default = False if top else argparse.SUPPRESS  # a subcommand must not reset the top's
+    p.add_argument("-v", "--verbose", action="store_true", default=default,
+                   help="also show third-party warnings and log lines (vLLM, torch, gloo)")
+    p.add_argument("--debug", action="store_true", default=default,
+                   help="show the traceback of an internal error (or VLLM_FP4_MOE_DEBUG=1)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vllm-fp4-moe", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog=PROG, description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(parser, top=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     m = sub.add_parser("matrix", help="stock vs plugin in every layout, on real vLLM code (CPU)")
     m.add_argument("--json", action="store_true", help="print the rows as a JSON list")
     m.add_argument("--save-json", metavar="PATH", help="also write the rows as JSON to PATH")
-    m.add_argument("--layout", action="append", help="only this layout (repeatable)")
-    m.add_argument("--format", action="append", choices=("modelopt", "compressed-tensors"))
-    m.add_argument("--seed", type=int, default=0)
-    m.add_argument("--spread", type=float, default=4.0,
-                   help="max/min of the per-expert input scales (default 4)")
-    m.add_argument("--tokens", type=int, default=32, help="tokens per rank")
+    m.add_argument("--layout", action="append",
+                   help="only this layout (repeatable): single, pp, tp, tp_ep, tp_all2allv, "
+                   "dp_ep_allgather, dp_ep_all2allv, dp")
+    m.add_argument("--format", action="append", choices=FORMATS)
+    m.add_argument("--seed", type=_int_in(0, 2 ** 31 - 1), default=0)
+    m.add_argument("--spread", type=_spread, default=4.0,
+                   help="max/min of the per-expert input scales (default 4; 1 to 229376)")
+    m.add_argument("--tokens", type=_int_in(1, MAX_MATRIX_TOKENS), default=32,
+                   help=f"tokens per rank (default 32; 1 to {MAX_MATRIX_TOKENS})")
     m.set_defaults(func=_cmd_matrix)
 
     c = sub.add_parser("make-checkpoint", help="write a tiny deterministic NVFP4 MoE checkpoint")
-    c.add_argument("out", help="output directory")
-    c.add_argument("--format", default="modelopt", choices=("modelopt", "compressed-tensors"))
-    c.add_argument("--arch", default="qwen3_moe", choices=("qwen3_moe", "deepseek_v3"))
-    c.add_argument("--spread", type=float, default=4.0,
-                   help="max/min of the per-expert input scales of every MoE layer")
-    c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--shard-size-bytes", type=int, default=None,
+    c.add_argument("out", metavar="OUT", help="output directory (new or empty, or a checkpoint "
+                   "this command wrote, with --overwrite)")
+    c.add_argument("--format", default="modelopt", choices=FORMATS)
+    c.add_argument("--arch", default="qwen3_moe", choices=ARCHS)
+    c.add_argument("--spread", type=_spread, default=4.0,
+                   help="max/min of the per-expert input scales of every MoE layer (default 4; "
+                   "1 to 229376, exactly representable in float32)")
+    c.add_argument("--seed", type=_int_in(0, 2 ** 32 - 1), default=0)
+    c.add_argument("--shard-size-bytes", type=_int_in(1), default=None,
                    help="split into shards with model.safetensors.index.json")
-    c.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override a config.json size key, e.g. --set moe_intermediate_size=512")
-    c.add_argument("--overwrite", action="store_true")
+    c.add_argument("--set", action="append", metavar="KEY=INT", help=SET_HELP)
+    c.add_argument("--overwrite", action="store_true",
+                   help="replace a checkpoint this command wrote in OUT")
     c.add_argument("--json", action="store_true", help="print the manifest as JSON")
     c.set_defaults(func=_cmd_make_checkpoint)
 
     a = sub.add_parser("audit", help="would stock vLLM compute this checkpoint wrongly? "
-                       "(reads scale tensors only; exit 1 if any layer is affected)")
-    a.add_argument("checkpoint", help="checkpoint directory")
+                       "(reads scale tensors only; exit 1 if any layer is affected, 2 on a bad "
+                       "checkpoint)")
+    a.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint directory")
     a.add_argument("--json", action="store_true")
     a.add_argument("--vllm", metavar="RELEASE",
                    help="judge for this vLLM release (e.g. 0.34.0); default: the installed one")
-    a.add_argument("--ep-size", type=int, default=2,
+    a.add_argument("--ep-size", type=_int_in(1), default=2,
                    help="EP size (DP x TP) of the EP layouts judged (default 2)")
     a.add_argument("--expert-placement", default="linear", choices=("linear", "round_robin"))
     a.set_defaults(func=_cmd_audit)
@@ -166,16 +383,16 @@ def build_parser() -> argparse.ArgumentParser:
     o = sub.add_parser("doctor", help="versions, GPU, settings, probes and per-layer consistency; "
                        "exit 0 fine, 1 at risk, 2 cannot tell")
     o.add_argument("--checkpoint", help="checkpoint directory to judge per MoE layer")
-    o.add_argument("--tp", type=int, default=1)
-    o.add_argument("--dp", type=int, default=1)
-    o.add_argument("--pp", type=int, default=1)
+    o.add_argument("--tp", type=_int_in(1), default=1, help="--tensor-parallel-size")
+    o.add_argument("--dp", type=_int_in(1), default=1, help="--data-parallel-size")
+    o.add_argument("--pp", type=_int_in(1), default=1, help="--pipeline-parallel-size")
     o.add_argument("--ep", action="store_true", help="--enable-expert-parallel")
     o.add_argument("--all2all-backend", help="vLLM's --all2all-backend (default: "
                    "VLLM_ALL2ALL_BACKEND, else allgather_reducescatter)")
     o.add_argument("--moe-backend", default="auto", help="vLLM 0.14.0+'s --moe-backend "
                    "(default auto: FlashInfer TRT-LLM on SM100)")
-    o.add_argument("--capability", help="target GPU compute capability (e.g. 10.0) when this "
-                   "machine has none")
+    o.add_argument("--capability", type=_capability,
+                   help="target GPU compute capability (e.g. 10.0) when this machine has none")
     o.add_argument("--json", action="store_true")
     o.set_defaults(func=_cmd_doctor)
 
@@ -184,14 +401,84 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--no-engine", action="store_true",
                    help="show real vLLM layers (the matrix) even if .venv-engine exists")
     d.set_defaults(func=_cmd_demo)
+    for p in (m, c, a, o, d):
+        _common(p, top=False)
     return parser
 
 
+# --- the one place exit codes are decided ---------------------------------------------------
+
+@contextlib.contextmanager
+def _quiet(verbose: bool) -> Iterator[None]:
+    """At the default verbosity only this CLI's own lines reach the terminal: third-party
+    warnings (pynvml's FutureWarning, ...) and vLLM's log lines ("Failed to import from
+    vllm._C ...") are dropped in this process and in the ranks it spawns. Never applied to a
+    vLLM process the plugin runs in."""
+    if verbose:
+        yield
+        return
+    saved = os.environ.get("PYTHONWARNINGS")
+    os.environ["PYTHONWARNINGS"] = "ignore"  # spawned ranks import torch before their log file
+    vllm_logger = logging.getLogger("vllm")
+    null = logging.NullHandler()
+    vllm_logger.addHandler(null)  # no lastResort printing of vLLM's unconfigured logger
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            yield
+        finally:
+            vllm_logger.removeHandler(null)
+            if saved is None:
+                os.environ.pop("PYTHONWARNINGS", None)
+            else:
+                os.environ["PYTHONWARNINGS"] = saved
+
+
+def _debug_requested(args: argparse.Namespace) -> bool:
+    from vllm_fp4_moe_plugin import envs
+
+    return bool(getattr(args, "debug", False) or envs.VLLM_FP4_MOE_DEBUG)
+
+
+def _bad_input_types() -> tuple:
+    from vllm_fp4_moe_plugin.envs import EnvVarError
+    from vllm_fp4_moe_plugin.scale_check import InvalidScaleError
+
+    return (UsageError, EnvVarError, InvalidScaleError)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Parse, validate, run; map every outcome to the exit-code contract above."""
     # vLLM logs to stdout once configured; keep stdout for our output (and --json) alone.
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+    args = build_parser().parse_args(argv)  # bad arguments: one line, exit 2
+    prog = f"{PROG} {args.command}"
+    try:
+        debug = _debug_requested(args)
+    except ValueError as exc:  # a bad VLLM_FP4_MOE_DEBUG value
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        with _quiet(args.verbose):
+            return int(args.func(args))
+    except _bad_input_types() as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `... | head`: not an error of ours
+        with contextlib.suppress(Exception):
+            sys.stdout = open(os.devnull, "w")
+        return EXIT_OK
+    except Exception as exc:  # noqa: BLE001  the one place a bug becomes an exit code
+        if debug:
+            traceback.print_exc()
+        first = (str(exc).strip().splitlines() or [""])[0]
+        print(f"{prog}: internal error: {type(exc).__name__}: {first} (a bug, please report "
+              "it; rerun with --debug or VLLM_FP4_MOE_DEBUG=1 for the traceback)",
+              file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

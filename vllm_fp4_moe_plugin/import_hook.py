@@ -59,7 +59,38 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         self.callback()
 
 
+class _Refuse(importlib.abc.MetaPathFinder):
+    """Raise ``error`` on every later import of ``modules``: after a failed install the module
+    whose import ran the callback is dropped from ``sys.modules``, and a second import (a
+    caller that retries) must not quietly get the unpatched module."""
+
+    def __init__(self, modules: Iterable[str], error: BaseException) -> None:
+        self.modules = frozenset(modules)
+        self.error = error
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname in self.modules:
+            raise self.error
+        return None
+
+
 _hook: _AfterImport | None = None
+_refusal: _Refuse | None = None
+
+
+def refuse(modules: Iterable[str], error: BaseException) -> None:
+    """From now on, importing any of ``modules`` (not yet imported) raises ``error``."""
+    global _refusal
+    _remove_refusal()
+    _refusal = _Refuse(modules, error)
+    sys.meta_path.insert(0, _refusal)
+
+
+def _remove_refusal() -> None:
+    global _refusal
+    if _refusal is not None and _refusal in sys.meta_path:
+        sys.meta_path.remove(_refusal)
+    _refusal = None
 
 
 def run_after_first_import(modules: Iterable[str], callback: Callable[[], None]) -> None:
@@ -76,10 +107,12 @@ def run_after_first_import(modules: Iterable[str], callback: Callable[[], None])
 
 
 def remove() -> None:
+    """Drop a pending hook (and, for tests, a refusal left by a failed install)."""
     global _hook
     if _hook is not None and _hook in sys.meta_path:
         sys.meta_path.remove(_hook)
     _hook = None
+    _remove_refusal()
 
 
 def pending() -> bool:

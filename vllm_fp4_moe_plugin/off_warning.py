@@ -115,7 +115,24 @@ def _eplb_agrees() -> bool:
     return stock_agrees_under_eplb()
 
 
+_TORCH_MODULE = "torch.nn.modules.module"
+
+
 def install() -> None:
+    """Register the hook now if torch is imported (always so when vLLM calls ``register()``),
+    else right after torch's module code first imports: importing torch here would cost ~2 s in
+    a process that may never load a model."""
+    import sys
+
+    if _TORCH_MODULE in sys.modules:
+        _install_now()
+        return
+    from vllm_fp4_moe_plugin import import_hook
+
+    import_hook.run_after_first_import((_TORCH_MODULE,), _install_now)
+
+
+def _install_now() -> None:
     global _handle
     if _handle is None:
         from torch.nn.modules.module import register_module_parameter_registration_hook
@@ -125,6 +142,9 @@ def install() -> None:
 
 def remove() -> None:
     global _handle
+    from vllm_fp4_moe_plugin import import_hook
+
+    import_hook.remove()  # a hook still waiting for torch (only this module uses it when off)
     if _handle is not None:
         _handle.remove()
         _handle = None

@@ -1,7 +1,7 @@
 """The activation-scale policy, as pure functions of per-expert scales and the parallel layout.
 
 Why a policy at all: in vLLM 0.11.0 the quant config must describe what prepare/finalize really
-does (design note shared/design/fp4-moe-internals.md §9):
+does (docs/ROOT-CAUSE.md §9):
 
 * TP-like layouts (single GPU, PP, TP, TP+EP) pass bf16 through; the FlashInfer kernel quantizes
   each routed row with its own expert's scale. The config carries the per-expert vector
@@ -20,9 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-
-class InvalidScaleError(ValueError):
-    """A checkpoint scale that would silently poison every token routed through it."""
+from vllm_fp4_moe_plugin.scale_check import InvalidScaleError, check_scale  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -39,22 +37,20 @@ class Gemm1ActivationScales:
 
 def check_positive_finite(tensor: torch.Tensor, *, layer: str, name: str,
                           index_note: str = "") -> None:
-    """Raise, naming the layer, the tensor and the first bad expert, on NaN/inf/zero/negative.
-    ``index_note`` qualifies the expert index (e.g. local to an EP rank)."""
-    t = tensor.detach().float()
+    """Raise, naming the layer, the tensor and the first bad expert, on NaN/inf/zero/negative
+    or a non-float dtype (the rule of :mod:`vllm_fp4_moe_plugin.scale_check`, which audit and
+    doctor apply to the checkpoint's own tensors). ``index_note`` qualifies the expert index
+    (e.g. local to an EP rank)."""
+    t = tensor.detach()
+    if not t.is_floating_point():
+        check_scale([], where=layer, name=name, dtype=str(t.dtype))
+    t = t.float()
     bad = ~torch.isfinite(t) | (t <= 0)
-    if not bool(bad.any()):
+    if not bool(bad.any()):  # the common case stays one vectorized pass
         return
-    first = bad.nonzero()[0].tolist() if t.dim() else []
-    value = float(t[tuple(first)])
-    kind = "NaN" if value != value else ("inf" if abs(value) == float("inf") else
-                                          ("zero" if value == 0 else "negative"))
-    where = f" at expert index {first[0]}{index_note}" if first else ""
-    raise InvalidScaleError(
-        f"{layer}: checkpoint scale {name!r} is {kind} ({value!r}){where} "
-        f"[{int(bad.sum())} of {t.numel()} entries are bad]. NVFP4 global scales must be finite "
-        "and > 0; re-export or repair this tensor in the checkpoint."
-    )
+    per_expert = max(1, t[0].numel()) if t.dim() else 0
+    check_scale(t.reshape(-1).tolist(), where=layer, name=name, per_expert=per_expert,
+                index_note=index_note)
 
 
 def per_expert_scales(gs: torch.Tensor, g1_alphas: torch.Tensor) -> Gemm1ActivationScales:
@@ -74,32 +70,64 @@ def shared_scalar_scales(g_star: torch.Tensor, ws2: torch.Tensor) -> Gemm1Activa
     )
 
 
-def agree_min_scale(gs_local: torch.Tensor, group=None) -> torch.Tensor:
+# Load-time agreement must not hang a deployment forever when a rank died or diverged: each
+# rank may still be loading weights (minutes on a large checkpoint), so the wait is generous.
+AGREE_TIMEOUT_S = 600.0
+
+
+class ScaleAgreementTimeout(RuntimeError):
+    """Some ranks of the EP group never reached a layer's load-time scale agreement."""
+
+
+def agree_min_scale(gs_local: torch.Tensor, group=None, *, layer: str = "",
+                    timeout_s: float = AGREE_TIMEOUT_S) -> torch.Tensor:
     """min over this rank's experts, then MIN all-reduce over ``group`` (a CPU/gloo group).
 
     Every rank of the EP group walks the MoE layers in the same order at weight-processing time,
     so this collective is matched one-to-one across ranks. ``group=None`` means a single rank.
+    A gloo ``monitored_barrier`` first: ranks that do not arrive within ``timeout_s`` are named
+    in :class:`ScaleAgreementTimeout` instead of a hang.
     """
     local = gs_local.detach().float().min().reshape(1).cpu()
     if group is not None:
         import torch.distributed as dist
 
         if dist.get_world_size(group) > 1:
+            _wait_for_all(dist, group, layer, timeout_s)
             dist.all_reduce(local, op=dist.ReduceOp.MIN, group=group)
     return local.reshape(()).to(gs_local.device)
 
 
-def agree_max(values: torch.Tensor, group=None) -> torch.Tensor:
+def agree_max(values: torch.Tensor, group=None, *, layer: str = "",
+              timeout_s: float = AGREE_TIMEOUT_S) -> torch.Tensor:
     """max over ``values``, then MAX all-reduce over ``group`` (a CPU/gloo group), in fp32.
 
     The 0.14.0+ twin of :func:`agree_min_scale`: vLLM there works with the activation amax
     (``1 / input global scale``) and collapses it with a max. The result is exactly one of the
     inputs (a max is exact), so a rank whose own max already equals it sees no change.
+    Ranks that do not arrive within ``timeout_s`` are named (:class:`ScaleAgreementTimeout`).
     """
     local = values.detach().float().max().reshape(1).cpu()
     if group is not None:
         import torch.distributed as dist
 
         if dist.get_world_size(group) > 1:
+            _wait_for_all(dist, group, layer, timeout_s)
             dist.all_reduce(local, op=dist.ReduceOp.MAX, group=group)
     return local.reshape(())
+
+
+def _wait_for_all(dist, group, layer: str, timeout_s: float) -> None:
+    from datetime import timedelta
+
+    if dist.get_backend(group) != "gloo":  # monitored_barrier is gloo-only (vLLM's CPU
+        return  # groups are gloo)
+    try:
+        dist.monitored_barrier(group=group, timeout=timedelta(seconds=timeout_s),
+                               wait_all_ranks=True)
+    except RuntimeError as exc:
+        raise ScaleAgreementTimeout(
+            f"{layer or 'an NVFP4 MoE layer'}: the load-time GEMM1 scale agreement over the EP "
+            f"group ({dist.get_world_size(group)} ranks) timed out after {timeout_s:g} s: "
+            f"{str(exc).strip().splitlines()[0]}. A rank died or is loading a different "
+            "model/layout; check that rank's log.") from exc

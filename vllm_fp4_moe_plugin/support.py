@@ -1,7 +1,7 @@
 """Where stock vLLM's NVFP4 MoE backend-oracle design (0.14.0+) computes wrongly: vLLM-free.
 
 One place for this design's knowledge, asked by the patch (which layers to change), ``doctor``,
-``audit`` and the off-switch warning. The mechanism (docs/SUPPORT.md, "0.14.0 - 0.34.0"):
+``audit`` and the off-switch warning. The mechanism (docs/ROOT-CAUSE.md §12):
 
 * every FlashInfer NVFP4 MoE backend with one global activation scale (TRT-LLM, CUTLASS,
   CuteDSL) collapses the GEMM1 input scales to the max input amax over the experts *it
@@ -157,3 +157,70 @@ def oracle_design_hole(fmt: str, *, dp: int, ep: bool, all2all_backend: str,
     if enable_eplb and eplb_agrees:
         return False
     return quantizes_on_sender(all2all_backend, deepep_ll_nvfp4_dispatch=deepep_ll_nvfp4_dispatch)
+
+
+# --- the layouts the matrix, audit and doctor speak of ------------------------------------------
+
+@dataclass(frozen=True)
+class LayoutSpec:
+    """One parallel layout, as vLLM's flags set it (``--tensor-parallel-size`` ...,
+    ``--enable-expert-parallel``, ``--all2all-backend``)."""
+
+    name: str
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    ep: bool = False
+    all2all: str = "allgather_reducescatter"
+    first_design: str = "0.11.0"  # the all2all backend does not exist before this design
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def dp_ep(self) -> bool:
+        return self.dp > 1 and self.ep
+
+
+LAYOUTS: dict[str, LayoutSpec] = {s.name: s for s in (
+    LayoutSpec("single"),
+    LayoutSpec("pp", pp=2),
+    LayoutSpec("tp", tp=2),
+    LayoutSpec("tp_ep", tp=2, ep=True),
+    # --all2all-backend flashinfer_all2allv without DP (docs/ROOT-CAUSE.md §7, item 2)
+    LayoutSpec("tp_all2allv", tp=2, all2all="flashinfer_all2allv"),
+    LayoutSpec("dp_ep_allgather", dp=2, ep=True),
+    LayoutSpec("dp_ep_all2allv", dp=2, ep=True, all2all="flashinfer_all2allv"),
+    LayoutSpec("dp", dp=2),
+    # FlashInfer's NVLink one-sided dispatcher, 0.14.0+ (v0.34.0 FM/all2all_utils.py)
+    LayoutSpec("dp_ep_one_sided", dp=2, ep=True, all2all="flashinfer_nvlink_one_sided",
+               first_design="0.14.0"),
+)}
+
+WRONG, FAILS = "wrong", "fails"
+
+
+def stock_hole(design_key: str, fmt: str, layout: str) -> Optional[str]:
+    """Where stock vLLM of a design computes a FlashInfer CUTLASS NVFP4 MoE layer wrongly.
+
+    ``WRONG``: inconsistent GEMM1 scales, whenever the scales that matter differ (0.11.0: the
+    experts' input scales; 0.11.1: the experts' scales under DP dispatch; 0.14.0: the EP ranks'
+    local maxima). ``FAILS``: the layer cannot run. None: consistent. ValueError for a layout
+    the design does not have. docs/SUPPORT.md's table is checked against this function.
+    """
+    spec = LAYOUTS[layout]
+    order = [d.key for d in DESIGNS]
+    if order.index(design_key) < order.index(spec.first_design):
+        raise ValueError(f"layout {layout} needs the {spec.first_design} design or later")
+    ct = fmt == "compressed-tensors"
+    if design_key == "0.11.0":
+        return WRONG
+    if design_key == "0.11.1":
+        if layout == "tp_all2allv":
+            return FAILS
+        return WRONG if ct and spec.dp > 1 else None
+    if design_key == "0.14.0":
+        return WRONG if oracle_design_hole(fmt, dp=spec.dp, ep=spec.ep,
+                                           all2all_backend=spec.all2all) else None
+    raise ValueError(f"unknown MoE design {design_key!r}")

@@ -14,8 +14,11 @@ from vllm_fp4_moe_plugin.simulation.moe_layer import COMPRESSED_TENSORS_NVFP4
 
 MISSING_WEIGHT_SHARD = "model-weights-not-written.safetensors"
 SCALE = {"modelopt": "input_scale", "compressed-tensors": "input_global_scale"}
-WEIGHT_LEAVES = {"modelopt": ("weight", "weight_scale", "weight_scale_2"),
-                 "compressed-tensors": ("weight_packed", "weight_scale", "weight_global_scale")}
+# Weights and block scales: listed in the index, never written. The per-expert weight global
+# scales are scalars the audit validates, so they are written next to the input scales.
+WEIGHT_LEAVES = {"modelopt": ("weight", "weight_scale"),
+                 "compressed-tensors": ("weight_packed", "weight_scale")}
+WEIGHT_GLOBAL = {"modelopt": "weight_scale_2", "compressed-tensors": "weight_global_scale"}
 HF_QUANT_CONFIG = {"producer": {"name": "modelopt", "version": "0.23.0"},
                    "quantization": {"quant_algo": "NVFP4", "group_size": 16,
                                     "kv_cache_quant_algo": None, "exclude_modules": ["lm_head"]}}
@@ -44,6 +47,7 @@ def write_scales_only(root: Path, fmt: str, layers: dict, *, num_shards: int = 1
         for e in range(len(w13)):
             for proj, v in (("gate_proj", w13[e]), ("up_proj", w13[e]), ("down_proj", w2[e])):
                 scales[f"{prefix}.{e}.{proj}.{SCALE[fmt]}"] = float(np.float32(v))
+                scales[f"{prefix}.{e}.{proj}.{WEIGHT_GLOBAL[fmt]}"] = 2.0 ** -10
                 weights += [f"{prefix}.{e}.{proj}.{leaf}" for leaf in WEIGHT_LEAVES[fmt]]
     names = [n for n in scales if n not in drop]
     weight_map = {w: MISSING_WEIGHT_SHARD for w in weights}

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from vllm_fp4_moe_plugin.checkpoint import audit as audit_module
 from vllm_fp4_moe_plugin.checkpoint import tensor_index
 from vllm_fp4_moe_plugin.checkpoint.audit import (LAYOUTS, CheckpointAuditError,
                                                   audit_checkpoint, ep_slices, format_audit)
@@ -142,14 +141,15 @@ def test_gate_up_mismatch_is_a_warning(tmp_path):
 
 def test_audit_reads_only_scale_tensors(written, monkeypatch):
     m = written[("deepseek_v3", "compressed-tensors")]
-    recorder = _RecordingSafeOpen(audit_module.safe_open)
-    monkeypatch.setattr(audit_module, "safe_open", recorder)
-    monkeypatch.setattr(tensor_index, "safe_open", recorder)  # no index: headers are listed
+    recorder = _RecordingSafeOpen(tensor_index.safe_open)
+    monkeypatch.setattr(tensor_index, "safe_open", recorder)  # headers and scale reads
     report = audit_checkpoint(m["out_dir"])
     assert recorder.read, "the audit went through safe_open"
-    assert all(n.endswith(".input_global_scale") for n in recorder.read), recorder.read[:5]
+    assert all(n.endswith((".input_global_scale", ".weight_global_scale"))
+               for n in recorder.read), recorder.read[:5]
     assert len(recorder.read) == len(set(recorder.read)) == report["num_scale_tensors_read"]
-    assert len(recorder.read) == sum(3 * entry["num_experts"] for entry in m["layers"])
+    # Input and weight global scale of each expert's three projections; nothing else.
+    assert len(recorder.read) == sum(6 * entry["num_experts"] for entry in m["layers"])
 
 
 def test_sharded_written_checkpoint_audits_the_same(written, tmp_path):
@@ -170,10 +170,10 @@ def test_r1_sized_index_audits_fast_and_never_reads_a_weight(tmp_path, monkeypat
         layers[f"model.layers.{li}.mlp.experts"] = (w13, [16.0 + e for e in range(R1_EXPERTS)])
     write_scales_only(tmp_path, fmt, layers, num_shards=R1_SHARDS)
     index = json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"]
-    assert sum(v == MISSING_WEIGHT_SHARD for v in index.values()) == 3 * len(index) // 4
+    assert sum(v == MISSING_WEIGHT_SHARD for v in index.values()) == len(index) // 2
     assert not (tmp_path / MISSING_WEIGHT_SHARD).exists()
-    recorder = _RecordingSafeOpen(audit_module.safe_open)
-    monkeypatch.setattr(audit_module, "safe_open", recorder)
+    recorder = _RecordingSafeOpen(tensor_index.safe_open)
+    monkeypatch.setattr(tensor_index, "safe_open", recorder)  # every shard is opened there
 
     start = time.perf_counter()
     report = audit_checkpoint(tmp_path)
@@ -182,8 +182,8 @@ def test_r1_sized_index_audits_fast_and_never_reads_a_weight(tmp_path, monkeypat
 
     assert elapsed < R1_MAX_SECONDS
     assert len(report["layers"]) == len(R1_LAYERS)
-    assert len(recorder.read) == len(R1_LAYERS) * R1_EXPERTS * 3
-    assert all(n.endswith(".input_scale") for n in recorder.read)
+    assert len(recorder.read) == len(R1_LAYERS) * R1_EXPERTS * 6
+    assert all(n.endswith((".input_scale", ".weight_scale_2")) for n in recorder.read)
     assert all(entry["w13_spread"] == 31 / 16 for entry in report["layers"])
     assert report["affected_layers"] == len(R1_LAYERS)
 
@@ -269,7 +269,7 @@ def test_bad_scale_value_is_named(tmp_path, fmt, kind):
     write_scales_only(tmp_path, fmt, {LAYER: (w13, w2)})
     name = f"{LAYER}.6.gate_proj.{SCALE[fmt]}"
     word = "NaN" if kind == "nan" else kind
-    with pytest.raises(CheckpointAuditError, match=rf"{name} is {word}"):
+    with pytest.raises(CheckpointAuditError, match=rf"{name}' is {word}"):
         audit_checkpoint(tmp_path)
 
 
@@ -360,3 +360,83 @@ def test_0_11_1_design_judges_only_compressed_tensors_dp(tmp_path, fmt, want):
 def test_unknown_design_is_refused_before_reading(tmp_path):
     with pytest.raises(ValueError, match="unknown MoE design"):
         audit_checkpoint(tmp_path / "nowhere", design="0.99")
+
+
+# --- the plugin's own scale rule, and files that cannot be read (issue #14) ----------------
+
+def _rewrite(root, name, array):
+    """Replace one tensor of a single-shard scales-only checkpoint."""
+    shard = root / "model-00001-of-00001.safetensors"
+    from safetensors.numpy import load_file
+    tensors = load_file(str(shard))
+    tensors[name] = array
+    save_file(tensors, str(shard))
+
+
+WEIGHT_GLOBAL = {"modelopt": "weight_scale_2", "compressed-tensors": "weight_global_scale"}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("kind", ["nan", "zero"])
+def test_bad_weight_global_scale_is_a_bad_checkpoint(tmp_path, fmt, kind):
+    """The plugin refuses a NaN/zero weight global scale at load; the audit must too."""
+    write_scales_only(tmp_path, fmt, {LAYER: _uniform(fmt)})
+    name = f"{LAYER}.4.down_proj.{WEIGHT_GLOBAL[fmt]}"
+    _rewrite(tmp_path, name, np.array(BAD_VALUES[kind], dtype=np.float32))
+    word = "NaN" if kind == "nan" else kind
+    with pytest.raises(CheckpointAuditError, match=rf"{name}' is {word}"):
+        audit_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.bool_])
+def test_non_float_input_scale_is_a_bad_checkpoint(tmp_path, dtype):
+    write_scales_only(tmp_path, "modelopt", {LAYER: _uniform("modelopt")})
+    name = f"{LAYER}.1.up_proj.input_scale"
+    _rewrite(tmp_path, name, np.array(1, dtype=dtype))
+    with pytest.raises(CheckpointAuditError, match=rf"{name}' has dtype .*float32"):
+        audit_checkpoint(tmp_path)
+
+
+def test_wrong_shape_scale_is_a_bad_checkpoint(tmp_path):
+    write_scales_only(tmp_path, "modelopt", {LAYER: _uniform("modelopt")})
+    name = f"{LAYER}.1.gate_proj.input_scale"
+    _rewrite(tmp_path, name, np.array([0.25, 0.25], dtype=np.float32))
+    with pytest.raises(CheckpointAuditError, match=rf"{name}' has shape \[2\]"):
+        audit_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "directory"])
+@pytest.mark.parametrize("sharded", [False, True])
+def test_unreadable_safetensors_file_is_named(tmp_path, damage, sharded):
+    if sharded:
+        write_scales_only(tmp_path, "modelopt", {LAYER: _uniform("modelopt")}, num_shards=2)
+        bad = tmp_path / "model-00002-of-00002.safetensors"
+    else:  # no index: the audit lists the file's header itself
+        write_scales_only(tmp_path, "modelopt", {LAYER: _uniform("modelopt")})
+        (tmp_path / "model.safetensors.index.json").unlink()
+        bad = tmp_path / "model-00001-of-00001.safetensors"
+    data = bad.read_bytes()
+    bad.unlink()
+    if damage == "directory":
+        bad.mkdir()
+    else:
+        bad.write_bytes(data[: len(data) - 16] if damage == "truncated" else b"")
+    with pytest.raises(CheckpointAuditError, match=rf"{bad.name}: not a readable safetensors"):
+        audit_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("ep_size, placement, why", [
+    (3, "linear", "8 experts are not divisible by EP size 3"),
+    (2, "round_robin", "round_robin expert placement"),
+])
+def test_layouts_flashinfer_cannot_compute_are_affected(tmp_path, ep_size, placement, why):
+    """Uniform scales, yet FlashInfer computes the wrong experts in the EP layouts."""
+    write_scales_only(tmp_path, "modelopt", {LAYER: _uniform("modelopt")})
+    report = audit_checkpoint(tmp_path, ep_size=ep_size, expert_placement=placement)
+    (entry,) = report["layers"]
+    assert why in entry["layout_problem"] and why in report["summary"]
+    assert {lay for lay in LAYOUTS if entry["affected"][lay]} == {
+        "tp_ep", "dp_ep_allgather", "dp_ep_all2allv"}
+    assert report["affected_layers"] == 1 and report["summary"].startswith("AFFECTED")
+    linear = audit_checkpoint(tmp_path, ep_size=2, expert_placement="linear")
+    assert linear["affected_layers"] == 0 and linear["layers"][0]["layout_problem"] is None

@@ -195,6 +195,10 @@ def test_sharded_checkpoint_has_an_index_and_the_same_tensors(written, tmp_path)
     ({"fmt": "modelopt", "arch": "qwen3_moe", "input_scale_spread": 1.1}, "float32"),
     ({"fmt": "modelopt", "arch": "qwen3_moe", "input_scale_spread": 0.5}, ">= 1"),
     ({"fmt": "modelopt", "arch": "deepseek_v3", "n_routed_experts": 6}, "n_group"),
+    ({"fmt": "modelopt", "arch": "qwen3_moe", "input_scale_spread": 1e9}, "exceeds 229376"),
+    ({"fmt": "modelopt", "arch": "qwen3_moe", "input_scale_spread": float("inf")}, "finite"),
+    ({"fmt": "modelopt", "arch": "qwen3_moe", "num_experts": "8"}, "non-negative integer"),
+    ({"fmt": "modelopt", "arch": "qwen3_moe", "hidden_size": 65536}, "GiB"),
 ])
 def test_bad_arguments_are_named(tmp_path, kwargs, match):
     with pytest.raises(ValueError, match=match):

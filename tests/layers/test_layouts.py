@@ -1,4 +1,4 @@
-"""Every layout of design note §9, both formats: real vLLM 0.11.0 layers in real gloo groups.
+"""Every layout of docs/ROOT-CAUSE.md §9, both formats: real vLLM 0.11.0 layers in real gloo groups.
 
 Stock must be wrong by far more than NVFP4 noise, the plugin at the noise level, on the same
 tokens. Multi-rank layouts run one spawned process per rank through vLLM's own group setup.

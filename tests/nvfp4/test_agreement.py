@@ -10,7 +10,7 @@ convention vs vLLM's reference, which uses the kernel's order) we require bit eq
 orders (``x / (sf/gs)`` vs ``x * (1 / (sf * (1/gs)))``) the scaled value differs by a few fp32
 ulps, which flips an E2M1 code only when the value sits on a rounding midpoint; we require
 that every disagreement is exactly one code step at such a midpoint and that they are rare
-(design note nvfp4-formats.md §3.6: ≲0.2 %). Run with ``-s`` to see the measured fractions.
+(docs/NVFP4-FORMAT.md §3.6: ≲0.2 %). Run with ``-s`` to see the measured fractions.
 """
 
 import os
@@ -39,7 +39,7 @@ SHAPE = (256, 2048)  # 512k elements per seed, 1.5M in all
 # vLLM's convert_swizzled_to_linear takes K in elements and slices [:, :K] of a padded scale
 # matrix, so its dequantize_to_dtype only works for K % 64 == 0; stay inside that.
 SMALL_SHAPES = [(1, 64), (7, 128), (130, 192)]
-# Cross-order disagreement bound: design note measured 0.06-0.11 % on bf16 randn; ≲0.2 %.
+# Cross-order disagreement bound: docs/NVFP4-FORMAT.md §3.6 measured 0.06-0.11 % on bf16 randn; ≲0.2 %.
 CROSS_ORDER_MAX_FRACTION = 2e-3
 MIDPOINTS = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], dtype=torch.float64)
 # |q - midpoint| / midpoint for a disagreement: two orders of 3 fp32 roundings each.

@@ -71,7 +71,7 @@ def test_nvmath_example_offsets(block, offset, device):
 
 
 def test_matches_reference_permutation(device):
-    # Reference check: the reshape/permute of nvfp4-formats.md §3.4 written out independently.
+    # Reference check: the reshape/permute of docs/NVFP4-FORMAT.md §3.4 written out independently.
     m, ks = 200, 12
     sf = _random_sf((m, ks), device)
     mp, kp = 256, 12

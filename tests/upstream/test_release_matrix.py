@@ -14,7 +14,7 @@ from vllm_fp4_moe_plugin.simulation.matrix import (AFFECTED_FACTOR, FP32_FACTOR,
 
 pytestmark = [pytest.mark.cpu, pytest.mark.multiproc, pytest.mark.slow]
 
-# (format, layout) pairs where stock 0.11.1-0.13.0 is inconsistent: design note §7 items 1-2.
+# (format, layout) pairs where stock 0.11.1-0.13.0 is inconsistent: docs/ROOT-CAUSE.md §7 items 1-2.
 HOLES = {("compressed-tensors", "dp_ep_allgather"), ("compressed-tensors", "dp_ep_all2allv"),
          ("compressed-tensors", "dp"), ("modelopt", "tp_all2allv"),
          ("compressed-tensors", "tp_all2allv")}

@@ -5,11 +5,14 @@ described first):
 
 Stock 0.11.0 pre-quantizes every FlashInfer CUTLASS MoE input with ONE expert's GEMM1 input scale
 (expert 0, or the first local expert of the quantizing rank) but dequantizes with each expert's
-own, so expert e's output is off by ``in_scale[e] / in_scale[e0]`` (fp4-moe-internals.md §5).
+own, so expert e's output is off by ``in_scale[e] / in_scale[e0]`` (docs/ROOT-CAUSE.md §5).
 GEMM2 is always consistent. So a layer is computed wrongly iff its experts' GEMM1 input scales
 differ, and a checkpoint can be judged from those scalars alone: this module opens each shard
-lazily (``safe_open``) and calls ``get_tensor`` on the activation-scale names only -- never on
+lazily (``safe_open``) and calls ``get_tensor`` on the per-expert global scales only (input
+scales, and the weight global scales the plugin also validates) -- never on
 ``weight``/``weight_packed``/``weight_scale`` -- so a DeepSeek-R1-sized index audits in seconds.
+Every scale read is judged by the plugin's own rule (``scale_check``): a bad one is a bad
+checkpoint (:class:`CheckpointAuditError`), not a finding.
 
 "affected", per layout (``LAYOUTS``), is computed exactly for stock 0.11.0 at the given EP size:
 
@@ -18,6 +21,9 @@ lazily (``safe_open``) and calls ``get_tensor`` on the activation-scale names on
   scale, dequantized on any receiver -> affected iff not all scales are equal.
 * tp_ep: each rank quantizes its own tokens with its first local expert's scale -> affected iff
   some rank's slice (vLLM's ``determine_expert_map``, layer.py:786-846) is not uniform.
+* every EP layout, whatever the scales, when the experts do not split into equal contiguous
+  blocks (``round_robin`` placement, or experts % EP size != 0): FlashInfer then computes the
+  wrong experts (``ep_layout_problem``).
 
 0.11.1 design (0.11.1 - 0.13.0): ModelOpt is consistent everywhere (#26135); compressed-tensors
 with DP dispatch (dp, dp_ep_*) still pre-quantizes with element 0 -> affected iff not all equal.
@@ -37,16 +43,20 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Iterator, Optional
 
-from safetensors import safe_open
+from vllm_fp4_moe_plugin.scale_check import InvalidScaleError, check_scale
 
 from vllm_fp4_moe_plugin import support
 
-from .tensor_index import CheckpointError, checkpoint_dir, read_json, tensor_files
+from .tensor_index import CheckpointError, checkpoint_dir, open_safetensors, read_json, \
+    tensor_files
 
 LAYOUTS = ("single", "pp", "tp", "tp_ep", "dp_ep_allgather", "dp_ep_all2allv", "dp")
 PLACEMENTS = ("linear", "round_robin")
 FORMATS = ("modelopt", "compressed-tensors")
 INPUT_SCALE = {"modelopt": "input_scale", "compressed-tensors": "input_global_scale"}
+# Per-expert weight global scales: the plugin refuses a bad one at load, so the audit reads them
+# too (scalars, as cheap as the input scales; never the weights or block scales).
+WEIGHT_SCALE = {"modelopt": "weight_scale_2", "compressed-tensors": "weight_global_scale"}
 # Checkpoint projection names -> FusedMoE shard; Mixtral-style checkpoints use w1/w3/w2.
 PROJECTION_STYLES = ({"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"},
                      {"w1": "w1", "w3": "w3", "w2": "w2"})
@@ -178,44 +188,42 @@ def _style(layer: str, projs: set[str]) -> dict[str, str]:
 
 
 def _read_scalars(names: dict[str, Path]) -> dict[str, float]:
-    """``get_tensor`` on exactly these names, one lazy ``safe_open`` per shard."""
+    """``get_tensor`` on exactly these names, one lazy ``safe_open`` per shard; each tensor is
+    judged by the plugin's own rule (:func:`scale_check.check_scale`): float dtype, one element,
+    finite and > 0."""
     by_file: dict[Path, list[str]] = defaultdict(list)
     for name, f in names.items():
         by_file[f].append(name)
     values: dict[str, float] = {}
+    dtype_names: dict = {}  # str(numpy dtype) is slow; an R1 index has ~90k scalars
     for f, wanted in sorted(by_file.items()):
         if not f.exists():
             raise CheckpointAuditError(
                 f"{f}: shard file missing; the index maps {len(wanted)} scale tensor(s) to it, "
                 f"e.g. {wanted[0]}; copy the shard or regenerate the index")
-        with safe_open(str(f), framework="np") as handle:
+        with open_safetensors(f) as handle:
             for name in wanted:
                 try:
                     t = handle.get_tensor(name)
-                    flat = t.reshape(-1)
+                    dtype = dtype_names.get(t.dtype) or dtype_names.setdefault(t.dtype,
+                                                                               str(t.dtype))
+                    shape, flat = t.shape, t.reshape(-1).tolist()
                 except TypeError:  # e.g. bf16 has no numpy dtype: read this one via torch
-                    with safe_open(str(f), framework="pt") as th:
-                        flat = th.get_tensor(name).float().reshape(-1).numpy()
+                    with open_safetensors(f, framework="pt") as th:
+                        t = th.get_tensor(name)
+                        dtype, shape = str(t.dtype), list(t.shape)
+                        flat = t.float().reshape(-1).tolist() if t.is_floating_point() else []
                 except Exception as exc:  # safetensors raises SafetensorError for absent names
                     raise CheckpointAuditError(
                         f"{f}: cannot read scale tensor {name} ({exc}); the index lists it in "
                         "this shard") from None
-                if flat.size != 1:
-                    raise CheckpointAuditError(
-                        f"{f}: scale tensor {name} has {flat.size} elements; NVFP4 per-tensor "
-                        "scales are scalars (shape [] or [1])")
+                try:
+                    check_scale(flat, where=str(f), name=name, dtype=dtype, shape=shape,
+                                expect_numel=1)
+                except InvalidScaleError as exc:
+                    raise CheckpointAuditError(str(exc)) from None
                 values[name] = float(flat[0])
     return values
-
-
-def _check_value(name: str, f: Path, value: float) -> None:
-    if math.isfinite(value) and value > 0:
-        return
-    kind = ("NaN" if value != value else "inf" if math.isinf(value) else
-            "zero" if value == 0 else "negative")
-    raise CheckpointAuditError(
-        f"{f}: scale tensor {name} is {kind} ({value!r}); NVFP4 scales must be finite and > 0 -- "
-        "re-calibrate or repair this expert's scale in the checkpoint")
 
 
 # --- the verdict ----------------------------------------------------------------------------
@@ -228,6 +236,27 @@ def ep_slices(num_experts: int, ep_size: int, placement: str = "linear") -> list
     if ep_size < 1:
         raise ValueError(f"ep_size={ep_size} must be >= 1")
     return support.ep_slices(num_experts, ep_size, placement)
+
+
+EP_LAYOUTS = ("tp_ep", "dp_ep_allgather", "dp_ep_all2allv")
+
+
+def ep_layout_problem(num_experts: int, ep_size: int, placement: str) -> Optional[str]:
+    """Why vLLM 0.11.0's FlashInfer NVFP4 MoE kernel computes the wrong experts in an EP layout
+    of ``ep_size`` ranks whatever the scales are (it assumes each rank owns a contiguous, equal
+    block of experts; the plugin refuses these layouts with UnsupportedLayoutError), or None.
+    Judged for the 0.11.0 design only."""
+    if ep_size <= 1:
+        return None
+    if placement == "round_robin":
+        return ("round_robin expert placement: FlashInfer's NVFP4 MoE kernel assumes each EP "
+                "rank owns a contiguous block of experts and computes the wrong experts (use "
+                "the default linear placement)")
+    if num_experts % ep_size:
+        return (f"{num_experts} experts are not divisible by EP size {ep_size}: FlashInfer's "
+                "NVFP4 MoE kernel assumes equal contiguous blocks per EP rank and computes the "
+                "wrong experts (choose DP x TP dividing the number of experts)")
+    return None
 
 
 DP_LAYOUTS = ("dp_ep_allgather", "dp_ep_all2allv", "dp")
@@ -243,7 +272,10 @@ def _affected(design: str, fmt: str, stored: list[float], amax: list[float], ep_
     if design == "0.11.0":
         tp_ep = any(any(stored[e] != stored[s[0]] for e in s)
                     for s in ep_slices(len(stored), ep_size, placement) if s)
-        return {layout: (tp_ep if layout == "tp_ep" else uneven) for layout in LAYOUTS}
+        out = {layout: (tp_ep if layout == "tp_ep" else uneven) for layout in LAYOUTS}
+        if ep_layout_problem(len(stored), ep_size, placement):
+            out.update({layout: True for layout in EP_LAYOUTS})
+        return out
     ct = fmt == "compressed-tensors"
     if design == "0.11.1":
         return {layout: ct and layout in DP_LAYOUTS and uneven for layout in LAYOUTS}
@@ -288,6 +320,8 @@ def _layer_report(fmt: str, layer: str, gate: list[float], up: list[float], down
         "error_factor_min": min(factors),
         "gate_up_mismatch": [e for e, (g, u) in enumerate(zip(gate, up)) if g != u],
         "affected": _affected(design, fmt, w13, amax, ep_size, placement),
+        "layout_problem": (ep_layout_problem(len(w13), ep_size, placement)
+                           if design == "0.11.0" else None),
     }
     if design == "0.14.0":
         report["ep_rank_max_amax"] = support.rank_local_maxima(amax, ep_size, placement)
@@ -315,6 +349,13 @@ def _summary(layers: list[dict], design: str = "0.11.0", ep_size: int = 2) -> st
                    f"{worst['w13_spread']:.4g}x)")
         return (f"AFFECTED: {len(bad)} of {len(layers)} MoE layer(s) are computed wrongly by stock "
                 f"vLLM {releases} in {', '.join(where)}: {how}")
+    problem = next((entry["layout_problem"] for entry in layers if entry["layout_problem"]),
+                   None)
+    if problem:  # every layer, whatever its scales, in the EP layouts
+        spread = sum(entry["w13_spread"] != 1.0 for entry in layers)
+        return (f"AFFECTED: {len(bad)} of {len(layers)} MoE layer(s) in the EP layouts "
+                f"({', '.join(EP_LAYOUTS)}): {problem}; {spread} layer(s) also have unequal "
+                "per-expert GEMM1 input scales")
     if not bad:
         return (f"not affected: all {len(layers)} MoE layer(s) have equal per-expert GEMM1 input "
                 "scales, so stock vLLM 0.11.0 computes them correctly in every layout")
@@ -363,10 +404,11 @@ def audit_checkpoint(path, *, ep_size: int = 2, expert_placement: str = "linear"
                             f"{'/'.join(style.values())}) -- re-export with calibrated input "
                             "scales for all experts")
                     wanted[name] = files[name]
+                    weight = name[: -len(INPUT_SCALE[fmt])] + WEIGHT_SCALE[fmt]
+                    if weight in files:  # absent: vLLM's loader names it; not our finding
+                        wanted[weight] = files[weight]
             plan.append((layer, names))
         values = _read_scalars(wanted)
-        for name, value in values.items():
-            _check_value(name, wanted[name], value)
     reports = [_layer_report(fmt, layer, *[[values[n] for n in names[shard]]
                                            for shard in ("w1", "w3", "w2")],
                              ep_size, expert_placement, design)

@@ -1,5 +1,5 @@
 """config.json and quantization dicts of the tiny NVFP4 MoE checkpoints
-(nvfp4-formats.md §1-2, §5).
+(docs/NVFP4-FORMAT.md §1-2, §5).
 
 Only the routed experts are NVFP4. Everything else stays bf16 through exclude/ignore lists, for
 two reasons: the bug under study lives in the MoE layers only, and vLLM 0.11.0 cannot even
@@ -17,8 +17,8 @@ ARCHS = ("deepseek_v3", "qwen3_moe")
 
 # Every size key is set: vLLM's DeepseekV3Config defaults are the 671B model's
 # (vllm/transformers_utils/configs/deepseek_v3.py:14-55). kv_lora_rank + qk_rope_head_dim must be
-# 576 for every MLA backend (vllm/v1/attention/backends/mla/common.py:298-310). hidden 256 (not
-# the 512 of §5) keeps the checkpoint under ~10 MB: MLA's kv_a/kv_b projections are fixed-size.
+# 576 for every MLA backend (vllm/v1/attention/backends/mla/common.py:298-310). hidden 256 keeps
+# the checkpoint under ~10 MB (docs/NVFP4-FORMAT.md §5): MLA's kv_a/kv_b projections are fixed-size.
 _COMMON = {  # keys both tiny configs share
     "attention_bias": False,
     "attention_dropout": 0.0,
@@ -180,7 +180,7 @@ def hf_quant_config(arch: str, cfg: dict) -> dict:
 
 
 def compressed_tensors_quantization_config(arch: str, cfg: dict) -> dict:
-    """llm-compressor's NVFP4 preset as config.json ``quantization_config`` (§2)."""
+    """llm-compressor's NVFP4 preset as config.json ``quantization_config`` (docs/NVFP4-FORMAT.md §2)."""
     q = copy.deepcopy(COMPRESSED_TENSORS_NVFP4)
     q["ignore"] = compressed_tensors_ignore(arch, cfg)
     return q

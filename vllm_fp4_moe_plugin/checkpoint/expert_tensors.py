@@ -1,7 +1,7 @@
 """One MoE layer's experts as the checkpoint tensors vLLM 0.11.0 loads, in either format.
 
 The same numbers serve both formats; only names and the direction of the global scales differ
-(shared/design/nvfp4-formats.md §1.3, §2, §3.5):
+(docs/NVFP4-FORMAT.md §1.3, §2, §3.5):
 
 ============================  ==========================  =================================
 quantity                      ModelOpt (``modelopt``)      compressed-tensors
@@ -61,7 +61,7 @@ def expert_tensors(experts: QuantizedExperts, fmt: str, prefix: str) -> dict[str
 
 
 # Per-tensor activation scale, by format: ModelOpt stores ``amax/2688``, compressed-tensors the
-# reciprocal ``2688/amax`` (nvfp4-formats.md §3.5).
+# reciprocal ``2688/amax`` (docs/NVFP4-FORMAT.md §3.5).
 INPUT_SCALE_SUFFIX = {"modelopt": "input_scale", "compressed-tensors": "input_global_scale"}
 GEMM1_PROJECTIONS = ("gate_proj", "up_proj")
 

@@ -26,6 +26,11 @@ def read_json(path: Path, *, what: str) -> dict:
         text = path.read_text()
     except FileNotFoundError:
         raise CheckpointError(f"{path}: missing {what}") from None
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{path}: {what} is not UTF-8 text; re-export the file") from None
+    except OSError as exc:  # a directory, no permission, an I/O error
+        raise CheckpointError(f"{path}: cannot read {what} ({exc.strerror or exc}); fix the "
+                              "file or its permissions") from None
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -62,6 +67,17 @@ def tensor_files(path) -> dict[str, Path]:
         raise CheckpointError(f"{root}: no *.safetensors files and no {INDEX_NAME}")
     out: dict[str, Path] = {}
     for f in files:
-        with safe_open(str(f), framework="np") as handle:  # header only
+        with open_safetensors(f) as handle:  # header only
             out.update({name: f for name in handle.keys()})  # noqa: SIM118
     return out
+
+
+def open_safetensors(f: Path, framework: str = "np"):
+    """``safe_open`` whose errors name the file: a truncated, empty or unreadable file is a
+    :class:`CheckpointError` (safetensors' own error does not say which file)."""
+    try:
+        return safe_open(str(f), framework=framework)
+    except Exception as exc:  # SafetensorError, OSError (directory, permissions), ...
+        raise CheckpointError(
+            f"{f}: not a readable safetensors file ({type(exc).__name__}: {exc}); the file is "
+            "truncated, empty or unreadable -- copy or download it again") from None

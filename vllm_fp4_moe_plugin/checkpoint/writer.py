@@ -1,6 +1,6 @@
 """Tiny, deterministic NVFP4 MoE checkpoints that vLLM 0.11.0 loads unchanged.
 
-Why hand-written (nvfp4-formats.md §4b): ModelOpt needs a GPU and llm-compressor pins clash with
+Why hand-written (docs/NVFP4-FORMAT.md §4b): ModelOpt needs a GPU and llm-compressor pins clash with
 vLLM 0.11.0, and neither lets a test choose the one thing the bug depends on -- every expert's
 GEMM1 activation scale. Here max/min of those scales is exactly ``input_scale_spread`` per layer.
 
@@ -25,10 +25,12 @@ from vllm_fp4_moe_plugin.nvfp4 import E4M3_MAX, FP4_MAX, quantize_experts, rando
 
 from . import configs
 from .expert_tensors import FORMATS, INPUT_SCALE_SUFFIX, expert_tensors, stored_input_scale_tensors
+from .writer_limits import (  # noqa: F401  (re-exported: the writer's public limits)
+    MAX_CHECKPOINT_BYTES, MAX_INPUT_SCALE_SPREAD, OWN_FILES, is_own_file, output_dir_problem)
 
 # Which quantize() operation order each format's real exporter uses (nvfp4/quantize.py):
 # compressed-tensors is reproduced bit-exactly; ModelOpt's own order is not implemented there,
-# the kernel order is the closest (they differ on ~0.1 % of codes, §3.6).
+# the kernel order is the closest (they differ on ~0.1 % of codes, docs/NVFP4-FORMAT.md §3.6).
 CONVENTION = {"modelopt": "flashinfer", "compressed-tensors": "compressed_tensors"}
 
 # Activation scales (ModelOpt sense, amax/2688) of the expert with the smallest scale. Powers of
@@ -38,8 +40,6 @@ W13_ANCHOR = 2.0 ** -3  # activation amax 336
 W2_ANCHOR = 2.0 ** 4  # activation amax 43008
 
 WEIGHT_STD = 0.02  # bf16 masters: the configs' initializer_range
-OWN_FILES = ("config.json", "hf_quant_config.json", "model.safetensors",
-             "model.safetensors.index.json")
 
 
 def _generator(seed: int, name: str) -> torch.Generator:
@@ -96,6 +96,11 @@ def _check_arguments(fmt, arch, spread, shard_size_bytes) -> float:
     if not math.isfinite(spread) or spread < 1.0:
         raise ValueError(f"input_scale_spread={spread!r} must be a finite number >= 1 "
                          "(it is max/min of the experts' scales)")
+    if spread > MAX_INPUT_SCALE_SPREAD:
+        raise ValueError(
+            f"input_scale_spread={spread!r} exceeds {MAX_INPUT_SCALE_SPREAD:g} (448 / 2^-9): the "
+            "expert with the largest input scale would quantize every activation block to an "
+            "FP8-E4M3 block scale of 0, which no calibrated checkpoint holds")
     spread32 = float(torch.tensor(spread, dtype=torch.float32))
     if spread32 != spread:
         raise ValueError(
@@ -107,6 +112,11 @@ def _check_arguments(fmt, arch, spread, shard_size_bytes) -> float:
 
 def _check_sizes(arch: str, cfg: dict) -> None:
     e = cfg[configs.NUM_EXPERTS_KEY[arch]]
+    for key, value in cfg.items():
+        base = configs.BASE_CONFIGS[arch][key]
+        if isinstance(base, int) and not isinstance(base, bool) and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise ValueError(f"{key}={value!r} must be a non-negative integer")
     for key in ("hidden_size", "moe_intermediate_size"):
         if cfg[key] <= 0 or cfg[key] % 16:
             raise ValueError(f"{key}={cfg[key]} must be a positive multiple of 16 (NVFP4 "
@@ -120,6 +130,30 @@ def _check_sizes(arch: str, cfg: dict) -> None:
     if not configs.moe_layer_indices(arch, cfg):
         raise ValueError(f"{arch} config with these overrides has no MoE layer "
                          f"(num_hidden_layers={cfg['num_hidden_layers']})")
+    for key in ("vocab_size", "num_attention_heads", "num_key_value_heads", "intermediate_size"):
+        if cfg[key] < 1:
+            raise ValueError(f"{key}={cfg[key]} must be >= 1")
+    h, i = cfg["hidden_size"], cfg["moe_intermediate_size"]
+    moe_bytes = len(configs.moe_layer_indices(arch, cfg)) * e * 3 * h * i * (0.5 + 1 / 16)
+    dense_bytes = cfg["num_hidden_layers"] * 4 * h * (h + cfg["intermediate_size"]) * 2
+    estimate = moe_bytes + dense_bytes + 2 * cfg["vocab_size"] * h * 2
+    if estimate > MAX_CHECKPOINT_BYTES:
+        raise ValueError(
+            f"these sizes would write about {estimate / 1024 ** 3:.1f} GiB; this writer makes "
+            f"tiny test checkpoints (at most {MAX_CHECKPOINT_BYTES // 1024 ** 3} GiB): lower "
+            "hidden_size, moe_intermediate_size, the number of experts or of layers")
+
+
+def check_request(*, fmt: str, arch: str, input_scale_spread: float = 4.0,
+                  shard_size_bytes: Optional[int] = None, **size_overrides) -> dict:
+    """Validate :func:`write_checkpoint`'s arguments without building a tensor; return the
+    config.json it would write. Raises ValueError naming the argument."""
+    spread = _check_arguments(fmt, arch, input_scale_spread, shard_size_bytes)
+    cfg = configs.model_config(arch, size_overrides)
+    _check_sizes(arch, cfg)
+    if spread != 1.0 and cfg[configs.NUM_EXPERTS_KEY[arch]] < 2:
+        raise ValueError("input_scale_spread != 1 needs at least 2 experts")
+    return cfg
 
 
 def _attention_tensors(arch: str, cfg: dict, p: str, seed: int) -> dict:
@@ -227,17 +261,15 @@ def _shards(tensors: dict, shard_size_bytes: Optional[int]) -> list[dict]:
     return shards
 
 
-def _prepare_dir(out: Path, overwrite: bool) -> None:
+def _prepare_dir(out: Path, overwrite: bool, check_only: bool = False) -> None:
+    problem = output_dir_problem(out, overwrite)
+    if problem:
+        hint = (" (pass overwrite=True to replace it)" if "already holds" in problem else "")
+        raise FileExistsError(problem + hint)
+    if check_only:
+        return
     out.mkdir(parents=True, exist_ok=True)
-    ours = [p for p in out.iterdir() if p.name in OWN_FILES
-            or (p.name.startswith("model-") and p.name.endswith(".safetensors"))]
-    others = [p.name for p in out.iterdir() if p not in ours]
-    if (ours or others) and not overwrite:
-        raise FileExistsError(f"{out} is not empty ({sorted(p.name for p in out.iterdir())}); "
-                              "pass overwrite=True or choose an empty directory")
-    if others:
-        raise FileExistsError(f"{out} holds files this writer did not create {sorted(others)}; "
-                              "refusing to mix them into a checkpoint")
+    ours = [p for p in out.iterdir() if is_own_file(p.name)]
     for p in ours:  # stale shards would be globbed by vLLM's loader next to new ones
         p.unlink()
 
@@ -259,11 +291,10 @@ def write_checkpoint(out_dir, *, fmt: str, arch: str, seed: int = 0,
     max/min == ``input_scale_spread`` exactly; gate and up of an expert share their input scale
     and weight global scale; GEMM1 and GEMM2 scales never coincide.
     """
-    spread = _check_arguments(fmt, arch, input_scale_spread, shard_size_bytes)
-    cfg = configs.model_config(arch, size_overrides)
-    _check_sizes(arch, cfg)
-    if spread != 1.0 and cfg[configs.NUM_EXPERTS_KEY[arch]] < 2:
-        raise ValueError("input_scale_spread != 1 needs at least 2 experts")
+    cfg = check_request(fmt=fmt, arch=arch, input_scale_spread=input_scale_spread,
+                        shard_size_bytes=shard_size_bytes, **size_overrides)
+    spread = float(input_scale_spread)
+    _prepare_dir(Path(out_dir), overwrite, check_only=True)  # before building any tensor
     tensors, layers = _model_tensors(fmt, arch, cfg, seed, spread)
 
     out = Path(out_dir)

@@ -8,6 +8,7 @@ from .constants import BLOCK_SIZE, E2M1_VALUES, E4M3_MAX, FP4_MAX
 from .e2m1 import e2m1_decode, e2m1_round, pack_fp4, unpack_fp4
 from .flashinfer_contract import fp4_quantize
 from .fused_moe_emulator import cutlass_fused_moe
+from .trtllm_emulator import trtllm_fp4_block_scale_moe
 from .kernel_inputs import to_flashinfer_inputs
 from .layout import block_scale_interleave, sf_offset_128x4, swizzle_128x4, unswizzle_128x4
 from .quantize import CONVENTIONS, dequantize, e4m3_rne_sat, global_scale, quantize, quantize_codes
@@ -26,5 +27,5 @@ __all__ = [
     "e2m1_decode", "e2m1_round", "e4m3_rne_sat", "fp4_quantize", "global_scale",
     "moe_reference_fp32", "moe_reference_nvfp4", "pack_fp4", "quantize", "quantize_codes",
     "quantize_experts", "random_experts", "random_master", "sf_offset_128x4", "swizzle_128x4",
-    "to_flashinfer_inputs", "unpack_fp4", "unswizzle_128x4",
+    "to_flashinfer_inputs", "trtllm_fp4_block_scale_moe", "unpack_fp4", "unswizzle_128x4",
 ]

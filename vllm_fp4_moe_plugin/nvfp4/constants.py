@@ -1,4 +1,4 @@
-"""NVFP4 format constants (shared design note nvfp4-formats.md §3.1-3.2).
+"""NVFP4 format constants (docs/NVFP4-FORMAT.md §3.1-3.2).
 
 Kept in one place so that every module (and every test) agrees on the same table and limits.
 """

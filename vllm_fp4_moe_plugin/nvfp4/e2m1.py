@@ -47,7 +47,7 @@ def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
 
 def pack_fp4(codes: torch.Tensor) -> torch.Tensor:
     """``[..., K]`` codes -> ``[..., K/2]`` uint8; element 2i in the LOW nibble (all tools agree,
-    nvfp4-formats.md §1.3)."""
+    docs/NVFP4-FORMAT.md §1.3)."""
     if codes.shape[-1] % 2:
         raise ValueError(f"pack_fp4 needs an even last dim, got {tuple(codes.shape)}")
     c = codes.to(torch.uint8)

@@ -100,8 +100,8 @@ def _act_scale(scale: torch.Tensor, e: int) -> torch.Tensor:
 def _bytes_behind_pointer(input_sf: torch.Tensor, m: int, ks: int) -> torch.Tensor:
     """The swizzled SF bytes the kernel reads for ``m`` rows, as the kernel reads them.
 
-    The binding passes only ``input_sf.data_ptr()`` to the kernel (fi 0.3.1 and 0.5.3
-    flashinfer_cutlass_fused_moe_sm100_binding.cu:386), with no shape check. vLLM 0.12.0 hands
+    The binding passes only ``input_sf.data_ptr()`` to the kernel (fi.ops:351, 368 in 0.3.1;
+    fi 0.5.3 flashinfer_cutlass_fused_moe_sm100_binding.cu:386), with no shape check. vLLM 0.12.0 hands
     it ``a1q_scale[0:M]`` of the 1-D interleaved buffer (modular_kernel.py:1134, _slice_scales,
     even with one chunk); on the GPU that is harmless because the storage behind the pointer is
     whole. So when the view is shorter than the 128x4 buffer, read the same bytes from its

@@ -24,7 +24,7 @@ class QuantizedExperts:
 
     Global scales are in the compressed-tensors sense ``gs = 2688 / amax`` (= 1 / ModelOpt's
     ``weight_scale_2`` / ``input_scale``); gate and up share ``w13_weight_gs`` (joint amax), as
-    both ModelOpt and llm-compressor write them (nvfp4-formats.md §1.3, §2).
+    both ModelOpt and llm-compressor write them (docs/NVFP4-FORMAT.md §1.3, §2).
     """
 
     w1: torch.Tensor  # uint8 [E, I, H/2]  gate, packed

@@ -186,14 +186,63 @@ def apply_all() -> list[str]:
     return apply_targets(result.design, result.patches)
 
 
+class PatchInstallError(RuntimeError):
+    """A patch the probe asked for could not be applied. None of the requested patches is left
+    in place; the process must not serve (with the plugin asked for, serving unpatched would be
+    the silent wrong answer this plugin exists to prevent)."""
+
+    def __init__(self, target: str, cause: BaseException | str) -> None:
+        self.target = target
+        why = cause if isinstance(cause, str) else f"{type(cause).__name__}: {cause}"
+        super().__init__(
+            f"vllm-fp4-moe-plugin could not patch {target} ({why}); no patch is applied and "
+            "this process refuses to serve. Set VLLM_FP4_MOE_PLUGIN=0 to run stock vLLM, or "
+            "report this with `vllm-fp4-moe doctor` output.")
+
+
 def apply_targets(design: str, targets) -> list[str]:
-    """Apply the ledger entries of ``design`` named in ``targets``."""
+    """Apply the ledger entries of ``design`` named in ``targets``: all of them, or none.
+
+    Returns the targets newly replaced. On any failure every requested entry is reverted
+    (also those applied by an earlier call) and :class:`PatchInstallError` names the target."""
     wanted = set(targets)
-    return [p.target for p in LEDGER if design in p.designs and p.target in wanted and p.apply()]
+    entries = [p for p in LEDGER if design in p.designs and p.target in wanted]
+    unknown = sorted(wanted - {p.target for p in entries})
+    if unknown:
+        raise PatchInstallError(unknown[0], f"no ledger entry of the {design} design")
+    newly: list[str] = []
+    for p in entries:
+        try:
+            if p.apply():
+                newly.append(p.target)
+        except BaseException as exc:
+            _revert_quietly(entries)
+            raise PatchInstallError(p.target, exc) from exc
+    return newly
+
+
+def _revert_quietly(entries) -> None:
+    for p in reversed(list(entries)):
+        try:
+            p.revert()
+        except Exception:  # keep reverting the others; the caller raises the first failure
+            pass
 
 
 def revert_all() -> list[str]:
-    return [p.target for p in reversed(LEDGER) if p.revert()]
+    """Revert every applied entry; one that fails does not stop the others (then raises)."""
+    reverted, failed = [], []
+    for p in reversed(LEDGER):
+        try:
+            if p.revert():
+                reverted.append(p.target)
+        except Exception as exc:
+            failed.append((p.target, exc))
+    if failed:
+        target, exc = failed[0]
+        raise RuntimeError(f"could not restore vLLM's {target}: {type(exc).__name__}: "
+                           f"{exc}") from exc
+    return reverted
 
 
 def render_ledger_markdown() -> str:
@@ -207,6 +256,6 @@ def render_ledger_markdown() -> str:
     return "\n".join(lines)
 
 
-__all__ = ["LEDGER", "ModulePatch", "apply_all", "apply_targets", "applied_targets",
+__all__ = ["LEDGER", "ModulePatch", "PatchInstallError", "apply_all", "apply_targets", "applied_targets",
            "revert_all", "targets_for_design",
            "render_ledger_markdown"]

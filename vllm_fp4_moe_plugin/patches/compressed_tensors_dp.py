@@ -8,7 +8,7 @@ compressed-tensors method still hands the DP prepare a per-expert ``w13_input_sc
 and changes only the DP + FlashInfer CUTLASS case: after upstream's own processing, the scale
 becomes the min over the whole EP group (what ModelOpt's global max of ``input_scale`` is, in
 compressed-tensors' inverted convention) and ``g1_alphas`` are rebuilt to match. Where the
-scales are already one value across the group it changes nothing (design note §10, P5).
+scales are already one value across the group it changes nothing (docs/ROOT-CAUSE.md §10, P5).
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ class SharedGemm1ScaleForDpMixin:
 
         group = get_ep_group().cpu_group
         vec = layer.w13_input_scale_quant.data
-        g_min = scales.agree_min_scale(vec, group)
-        g_max = -scales.agree_min_scale(-vec, group)
+        g_min = scales.agree_min_scale(vec, group, layer=layer_label(layer))
+        g_max = -scales.agree_min_scale(-vec, group, layer=layer_label(layer))
         if torch.equal(g_min, g_max):  # already one value on every rank: nothing to fix
             logger.debug("%s: GEMM1 activation scales already shared (%.6g)", layer_label(layer),
                          float(g_min))

@@ -112,7 +112,7 @@ def agreed_a13_scale(layer: torch.nn.Module, a13_scale: torch.Tensor) -> torch.T
     from vllm.distributed import get_ep_group
 
     global _first_change_logged
-    agreed = scales.agree_max(a13_scale, get_ep_group().cpu_group)
+    agreed = scales.agree_max(a13_scale, get_ep_group().cpu_group, layer=layer_label(layer))
     local = a13_scale.detach().float().max().cpu()
     label = layer_label(layer)
     if torch.equal(local, agreed):

@@ -123,7 +123,7 @@ class ConsistentNvFp4MoEMixin:
             from vllm.distributed import get_ep_group
 
             g_star = scales.agree_min_scale(layer.w13_input_scale_quant,
-                                            get_ep_group().cpu_group)
+                                            get_ep_group().cpu_group, layer=layer_label(layer))
             chosen = scales.shared_scalar_scales(g_star, layer.w13_weight_scale_2)
             logger.debug("%s: DP dispatch, one GEMM1 activation scale %.6g for all experts",
                          layer_label(layer), float(g_star))

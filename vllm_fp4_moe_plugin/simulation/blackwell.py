@@ -29,6 +29,9 @@ vLLM 0.11.0 symbol replaced                            why it has to be replaced
                                                        not pass a ``custom_routing_function``)
 =====================================================  ===========================================
 
+``backend="latency"`` adds the TRT-LLM kernel and its weight-shuffle helpers
+(:mod:`.trtllm_seam`, its own table).
+
 Layer-level callers may instead pass vLLM's own ``custom_routing_function``
 (:func:`cpu_topk_softmax_routing`).
 """
@@ -249,6 +252,9 @@ def simulated_blackwell(*, backend: str = "throughput",
         p.set(torch.cuda, "current_device", lambda: torch.device("cpu"))
         p.set("vllm.model_executor.layers.fused_moe.fused_moe", "vllm_topk_softmax",
               _cpu_vllm_topk_softmax)
+        if backend == "latency":
+            from vllm_fp4_moe_plugin.simulation import trtllm_seam
+            trtllm_seam.install(p)
         yield
     finally:
         p.undo()

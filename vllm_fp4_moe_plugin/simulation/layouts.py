@@ -12,6 +12,7 @@ import importlib
 import io
 import multiprocessing as mp
 import os
+import shutil
 import socket
 import tempfile
 import traceback
@@ -54,7 +55,7 @@ LAYOUTS: dict[str, Layout] = {
     "pp": Layout("pp", pp=2),
     "tp": Layout("tp", tp=2),
     "tp_ep": Layout("tp_ep", tp=2, ep=True),
-    # --all2all-backend flashinfer_all2allv without DP (design note §7, "still does not match" 2)
+    # --all2all-backend flashinfer_all2allv without DP (docs/ROOT-CAUSE.md §7, "still does not match" 2)
     "tp_all2allv": Layout("tp_all2allv", tp=2, all2all="flashinfer_all2allv"),
     "dp_ep_allgather": Layout("dp_ep_allgather", dp=2, ep=True),
     "dp_ep_all2allv": Layout("dp_ep_all2allv", dp=2, ep=True, all2all="flashinfer_all2allv"),
@@ -183,16 +184,35 @@ def _run_job(rank: int, layout: Layout, job: str, args: tuple, ports: list[int])
         # tune_max_num_tokens (FM/flashinfer_cutlass_moe.py:393), a tuning hint only.
         cfg.compilation_config.max_cudagraph_capture_size = 512
     with set_current_vllm_config(cfg), simulated_blackwell():
-        init_distributed_environment(world_size=layout.tp * layout.pp, rank=rank_in_dp,
-                                     distributed_init_method=f"tcp://127.0.0.1:{ports[0]}",
-                                     local_rank=rank_in_dp, backend="gloo")
-        initialize_model_parallel(layout.tp, layout.pp)
-        if oracle:  # what the GPU worker does before building the model (gpu_worker.py:566)
-            from vllm.v1.worker.workspace import init_workspace_manager
+        try:
+            init_distributed_environment(world_size=layout.tp * layout.pp, rank=rank_in_dp,
+                                         distributed_init_method=f"tcp://127.0.0.1:{ports[0]}",
+                                         local_rank=rank_in_dp, backend="gloo")
+            initialize_model_parallel(layout.tp, layout.pp)
+            if oracle:  # what the GPU worker does before building the model (gpu_worker.py:566)
+                from vllm.v1.worker.workspace import init_workspace_manager
 
-            init_workspace_manager(torch.device("cpu"))
-        return fn(RankContext(rank=rank, dp_rank=dp_rank, layout=layout, vllm_config=cfg),
-                  *args)
+                init_workspace_manager(torch.device("cpu"))
+            return fn(RankContext(rank=rank, dp_rank=dp_rank, layout=layout, vllm_config=cfg),
+                      *args)
+        finally:
+            _release_groups()
+
+
+def _release_groups() -> None:
+    """Tear down vLLM's groups, also after a failure: the TP group's shared-memory broadcast
+    ring is unlinked only when its last reference goes, and a rank that just exits leaves it
+    to the parent's resource tracker ("leaked shared_memory objects" at the parent's exit)."""
+    import gc
+
+    from vllm.distributed import destroy_distributed_environment, destroy_model_parallel
+
+    try:
+        destroy_model_parallel()
+        destroy_distributed_environment()
+    except Exception:  # best effort: never turn a finished job into a failure
+        pass
+    gc.collect()
 
 
 def spawn(layout: Layout, job: str, *args, timeout_s: float = 600.0,
@@ -225,6 +245,10 @@ def spawn(layout: Layout, job: str, *args, timeout_s: float = 600.0,
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
+                p.join(timeout=5)
+        queue.close()
+        if log_dir:  # the tails are already in the error, if any
+            shutil.rmtree(log_dir, ignore_errors=True)
     return [results[r] for r in sorted(results)]
 
 

@@ -223,15 +223,21 @@ def rows_for_layout(layout_name: str, scenario: Scenario,
 
 
 def run_matrix(layouts: Optional[Iterable[str]] = None, scenario: Optional[Scenario] = None,
-               formats=("modelopt", "compressed-tensors")) -> list[Row]:
+               formats=("modelopt", "compressed-tensors"),
+               backends=(BACKEND, "flashinfer_trtllm")) -> list[Row]:
     """``layouts`` default: :func:`~.layouts.default_layouts` of the installed vLLM."""
+    from vllm_fp4_moe_plugin.simulation import trtllm_seam
     from vllm_fp4_moe_plugin.simulation.layouts import default_layouts
 
     layouts = default_layouts() if layouts is None else layouts
     scenario = scenario or Scenario()
+    design = installed_release()[1]
     rows: list[Row] = []
     for name in layouts:
-        rows.extend(rows_for_layout(name, scenario, formats))
+        if BACKEND in backends:
+            rows.extend(rows_for_layout(name, scenario, formats))
+        if trtllm_seam.BACKEND in backends and trtllm_seam.applies(name, formats, design):
+            rows.extend(trtllm_seam.rows_for_layout(name, scenario))  # vLLM 0.11.0's TRT-LLM
     return rows
 
 

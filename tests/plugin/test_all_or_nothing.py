@@ -1,0 +1,127 @@
+"""Patching is all or nothing (issue #14): a failure in any ledger patch leaves every vLLM
+symbol the probe asked for at its original, and the process refuses to serve with one error
+naming the target."""
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.cpu
+
+
+def _design_targets():
+    from vllm_fp4_moe_plugin import compat
+
+    result = compat.probe()
+    return result.design, list(result.patches)
+
+
+DESIGN, TARGETS = _design_targets()
+
+
+def _resolve(target):
+    module, _, attr = target.rpartition(".")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _inject_failure(monkeypatch, target):
+    """Make the build of ``target``'s replacement raise, after the entries before it applied."""
+    from vllm_fp4_moe_plugin.patches import patching
+
+    real = patching.ModulePatch.apply
+
+    def apply(self):
+        if self.target == target:
+            raise RuntimeError("injected failure")
+        return real(self)
+
+    monkeypatch.setattr(patching.ModulePatch, "apply", apply)
+
+
+@pytest.mark.skipif(not TARGETS, reason="the installed vLLM needs no patch")
+@pytest.mark.parametrize("target", TARGETS)
+def test_failure_in_any_patch_leaves_vllm_unpatched(fresh_plugin, monkeypatch, target):
+    from vllm_fp4_moe_plugin import patches
+
+    for trigger in fresh_plugin.TRIGGER_MODULES:  # imported: the install runs in register()
+        try:
+            importlib.import_module(trigger)
+        except ModuleNotFoundError:  # a trigger of another release's design
+            pass
+    before = {t: _resolve(t) for t in TARGETS}
+    _inject_failure(monkeypatch, target)
+    monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN", "1")
+    with pytest.raises(patches.PatchInstallError, match=rf"could not patch {target} .*injected"):
+        fresh_plugin.register()
+    assert {t: _resolve(t) for t in TARGETS} == before, "a replacement is still installed"
+    assert all(_resolve(t).__module__.startswith("vllm.") for t in TARGETS)
+    assert patches.applied_targets() == []
+    state, reason = fresh_plugin.state()
+    assert state == "failed" and target in reason
+
+
+@pytest.mark.skipif(not TARGETS, reason="the installed vLLM needs no patch")
+def test_apply_targets_reverts_patches_applied_by_an_earlier_call(fresh_plugin, monkeypatch):
+    from vllm_fp4_moe_plugin import patches
+
+    first, last = TARGETS[0], TARGETS[-1]
+    original = _resolve(first)
+    patches.apply_targets(DESIGN, [first])
+    assert _resolve(first) is not original
+    _inject_failure(monkeypatch, last)
+    with pytest.raises(patches.PatchInstallError, match=last):
+        patches.apply_targets(DESIGN, TARGETS)
+    assert _resolve(first) is original and patches.applied_targets() == []
+
+
+def test_unknown_target_is_refused_before_anything_is_applied(fresh_plugin):
+    from vllm_fp4_moe_plugin import patches
+
+    with pytest.raises(patches.PatchInstallError, match="vllm.nowhere.Thing"):
+        patches.apply_targets(DESIGN or "0.11.0", [*TARGETS, "vllm.nowhere.Thing"])
+    assert patches.applied_targets() == []
+
+
+REFUSES = r"""
+import os, sys
+os.environ["VLLM_FP4_MOE_PLUGIN"] = "1"
+import vllm_fp4_moe_plugin as plugin
+from vllm_fp4_moe_plugin import patches
+from vllm_fp4_moe_plugin.patches import patching
+target, targets = sys.argv[1], sys.argv[1:]  # the probe itself would import vLLM's MoE code
+real = patching.ModulePatch.apply
+def apply(self):
+    if self.target == target:
+        raise RuntimeError("injected failure")
+    return real(self)
+patching.ModulePatch.apply = apply
+plugin.register()
+assert plugin.state()[0] == "pending"
+from vllm.model_executor.layers.quantization import get_quantization_config
+for attempt in (1, 2):  # what vLLM does while verifying a ModelConfig; and a retry
+    try:
+        get_quantization_config("modelopt_fp4")
+    except patches.PatchInstallError as exc:
+        assert target in str(exc), exc
+        print("REFUSED", attempt)
+    else:
+        print("SERVED UNPATCHED", attempt)
+assert plugin.state()[0] == "failed", plugin.state()
+assert patches.applied_targets() == []
+for t in targets:
+    module, _, attr = t.rpartition(".")
+    if module in sys.modules:
+        assert getattr(sys.modules[module], attr).__module__.startswith("vllm."), t
+"""
+
+
+@pytest.mark.skipif(not TARGETS, reason="the installed vLLM needs no patch")
+def test_failed_install_inside_vllms_import_refuses_to_serve():
+    """The real path: the install runs inside vLLM's own import of its quant module."""
+    proc = subprocess.run([sys.executable, "-c", REFUSES, TARGETS[-1], *TARGETS[:-1]],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "REFUSED 1" in proc.stdout and "REFUSED 2" in proc.stdout, proc.stdout
+    assert "SERVED UNPATCHED" not in proc.stdout

@@ -1,0 +1,380 @@
+"""The exit-code contract (issue #14): 0 fine, 1 a finding, 2 bad input (one line on stderr
+naming the input), 70 internal error (traceback only with --debug / VLLM_FP4_MOE_DEBUG=1).
+
+One parametrized test per class of bad input. Most call ``cli.main`` in-process (the same code
+path as the console script, without a new interpreter); a few run the real ``python -m`` to
+prove the process-level behaviour (exit status, nothing but one line on stderr)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from vllm_fp4_moe_plugin import cli
+from vllm_fp4_moe_plugin.checkpoint.writer import write_checkpoint
+
+pytestmark = pytest.mark.cpu
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(capsys, *args):
+    """``cli.main`` in-process: (exit code, stdout, stderr)."""
+    try:
+        code = cli.main([str(a) for a in args])
+    except SystemExit as exc:  # argparse
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_process(*args, env=None, timeout=300):
+    full = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "vllm_fp4_moe_plugin.cli", *map(str, args)],
+                          capture_output=True, text=True, env=full, timeout=timeout)
+
+
+def assert_bad_input(code, err, *fragments):
+    assert code == cli.EXIT_BAD_INPUT, err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err  # one line, argparse style
+    assert lines[0].startswith("vllm-fp4-moe") and ": error: " in lines[0], lines[0]
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    """A small single-file ModelOpt checkpoint with uniform scales (audit: not affected)."""
+    root = tmp_path_factory.mktemp("cli-errors")
+    write_checkpoint(root / "uniform", fmt="modelopt", arch="qwen3_moe", input_scale_spread=1.0)
+    write_checkpoint(root / "sharded", fmt="modelopt", arch="qwen3_moe",
+                     shard_size_bytes=2 * 1024 * 1024)
+    return root
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    dst.mkdir()
+    for f in src.iterdir():
+        (dst / f.name).write_bytes(f.read_bytes())
+    return dst
+
+
+# --- 1. bad arguments: rejected before any slow work -------------------------------------
+
+@pytest.mark.parametrize("args, fragments", [
+    (["doctor", "--tp", "0"], ["--tp", "0 must be >= 1"]),
+    (["doctor", "--tp", "-1"], ["--tp", "-1 must be >= 1"]),
+    (["doctor", "--dp", "0", "--ep"], ["--dp", "0 must be >= 1"]),
+    (["doctor", "--pp", "x"], ["--pp", "'x' is not an integer"]),
+    (["doctor", "--capability", "99.9"], ["--capability", "99.9 is not a CUDA compute"]),
+    (["doctor", "--capability", "abc"], ["--capability", "MAJOR.MINOR"]),
+    (["audit", "somewhere", "--ep-size", "0"], ["--ep-size", "0 must be >= 1"]),
+    (["audit", "somewhere", "--expert-placement", "random"], ["--expert-placement"]),
+    (["make-checkpoint", "x", "--spread", "1e9"], ["--spread", "exceeds 229376", "E4M3"]),
+    (["make-checkpoint", "x", "--spread", "nan"], ["--spread", "finite"]),
+    (["make-checkpoint", "x", "--spread", "inf"], ["--spread", "finite"]),
+    (["make-checkpoint", "x", "--spread", "0.5"], ["--spread", ">= 1"]),
+    (["make-checkpoint", "x", "--shard-size-bytes", "0"], ["--shard-size-bytes"]),
+    (["matrix", "--spread", "0"], ["--spread", ">= 1"]),
+    (["matrix", "--tokens", "0"], ["--tokens", "between 1 and"]),
+    (["matrix", "--tokens", "-5"], ["--tokens"]),
+    (["matrix", "--seed", "-1"], ["--seed"]),
+    (["matrix", "--format", "gguf"], ["--format"]),
+    (["bogus"], ["invalid choice"]),
+])
+def test_bad_arguments_exit_2_with_one_line(capsys, args, fragments):
+    code, out, err = run(capsys, *args)
+    assert_bad_input(code, err, *fragments)
+    assert out == ""
+
+
+def test_bad_arguments_in_a_real_process():
+    r = run_process("doctor", "--capability", "99.9")
+    assert_bad_input(r.returncode, r.stderr, "--capability")
+
+
+def test_matrix_unknown_layout_is_refused_before_spawning(capsys, tmp_path, monkeypatch):
+    from vllm_fp4_moe_plugin.simulation import layouts
+
+    monkeypatch.setattr(layouts, "spawn", lambda *a, **k: pytest.fail("spawned a rank"))
+    code, _, err = run(capsys, "matrix", "--layout", "bogus")
+    assert_bad_input(code, err, "--layout bogus", "single")
+    code, _, err = run(capsys, "matrix", "--layout", "single", "--save-json",
+                       tmp_path / "missing" / "rows.json")
+    assert_bad_input(code, err, "--save-json", "does not exist")
+
+
+# --- 2. bad checkpoints: exit 2, the file or tensor named --------------------------------
+
+def _damage_single(root: Path, tmp_path: Path, how: str) -> tuple[Path, str]:
+    ck = _copy(root / "uniform", tmp_path / how)
+    f = ck / "model.safetensors"
+    name = "model.layers.1.mlp.experts.3.down_proj"
+    if how in ("truncated", "empty"):
+        data = f.read_bytes()
+        f.write_bytes(data[: len(data) // 2] if how == "truncated" else b"")
+        return ck, "model.safetensors: not a readable safetensors file"
+    tensors = load_file(str(f))
+    if how == "nan_weight_scale":
+        tensors[f"{name}.weight_scale_2"] = torch.tensor(float("nan"))
+        fragment = f"{name}.weight_scale_2' is NaN"
+    elif how == "zero_input_scale":
+        tensors[f"{name}.input_scale"] = torch.tensor(0.0)
+        fragment = f"{name}.input_scale' is zero"
+    elif how == "negative_input_scale":
+        tensors[f"{name}.input_scale"] = torch.tensor(-1.0)
+        fragment = f"{name}.input_scale' is negative"
+    elif how == "inf_weight_scale":
+        tensors[f"{name}.weight_scale_2"] = torch.tensor(float("inf"))
+        fragment = f"{name}.weight_scale_2' is inf"
+    elif how in ("int32_input_scale", "bool_input_scale"):
+        dtype = torch.int32 if how.startswith("int32") else torch.bool
+        tensors[f"{name}.input_scale"] = torch.tensor(1, dtype=dtype)
+        fragment = f"{name}.input_scale' has dtype"
+    elif how == "vector_input_scale":
+        tensors[f"{name}.input_scale"] = torch.ones(4)
+        fragment = f"{name}.input_scale' has shape [4]"
+    else:
+        raise AssertionError(how)
+    save_file(tensors, str(f), metadata={"format": "pt"})
+    return ck, fragment
+
+
+@pytest.mark.parametrize("how", ["truncated", "empty", "nan_weight_scale", "inf_weight_scale",
+                                 "zero_input_scale", "negative_input_scale",
+                                 "int32_input_scale", "bool_input_scale",
+                                 "vector_input_scale"])
+def test_bad_checkpoint_is_exit_2_naming_file_or_tensor(capsys, ckpt, tmp_path, how):
+    path, fragment = _damage_single(ckpt, tmp_path, how)
+    code, out, err = run(capsys, "audit", path)
+    assert_bad_input(code, err, "bad checkpoint", fragment)
+    assert out == ""
+
+
+@pytest.mark.parametrize("how", ["truncated", "empty", "missing"])
+def test_bad_shard_is_named(capsys, ckpt, tmp_path, how):
+    ck = _copy(ckpt / "sharded", tmp_path / "sharded")
+    shards = sorted(ck.glob("model-*.safetensors"))
+    bad = shards[-1]
+    if how == "missing":
+        bad.unlink()
+    else:
+        data = bad.read_bytes()
+        bad.write_bytes(data[:100] if how == "truncated" else b"")
+    code, _, err = run(capsys, "audit", ck)
+    assert_bad_input(code, err, bad.name)
+
+
+def test_bad_checkpoint_in_doctor_is_exit_2_before_vllm(ckpt, tmp_path):
+    path, fragment = _damage_single(ckpt, tmp_path, "nan_weight_scale")
+    r = run_process("doctor", "--checkpoint", path, "--capability", "10.0")
+    assert_bad_input(r.returncode, r.stderr, "--checkpoint", fragment)
+
+
+def test_bad_checkpoint_in_a_real_process(ckpt, tmp_path):
+    path, _ = _damage_single(ckpt, tmp_path, "truncated")
+    r = run_process("audit", path)
+    assert_bad_input(r.returncode, r.stderr, "model.safetensors")
+
+
+@pytest.mark.parametrize("damage, fragment", [
+    (lambda f: (f.unlink(), f.mkdir()), "cannot read config.json"),
+    (lambda f: f.write_bytes(b"\xff\xfe\x00binary"), "not UTF-8 text"),
+    (lambda f: f.write_text("{"), "invalid JSON"),
+    (lambda f: f.write_text("[1]"), "must be a JSON object"),
+])
+def test_unreadable_config_is_named(capsys, ckpt, tmp_path, damage, fragment):
+    ck = _copy(ckpt / "uniform", tmp_path / "c")
+    damage(ck / "config.json")
+    code, _, err = run(capsys, "audit", ck)
+    assert_bad_input(code, err, "config.json", fragment)
+
+
+@pytest.mark.parametrize("args", [["audit", "/nonexistent/ckpt"], ["doctor", "--checkpoint",
+                                                                     "/nonexistent/ckpt"]])
+def test_missing_checkpoint_directory(capsys, args):
+    code, _, err = run(capsys, *args)
+    assert_bad_input(code, err, "/nonexistent/ckpt", "does not exist")
+
+
+# --- 3. findings: exit 1, with the reason --------------------------------------------------
+
+@pytest.mark.parametrize("args, reason", [
+    (["--ep-size", "3"], "16 experts are not divisible by EP size 3"),
+    (["--expert-placement", "round_robin"], "round_robin expert placement"),
+])
+def test_layouts_flashinfer_cannot_compute_are_a_finding(capsys, ckpt, args, reason):
+    code, out, err = run(capsys, "audit", ckpt / "uniform", *args)
+    assert code == cli.EXIT_FINDING and "Traceback" not in err
+    assert reason in out and "AFFECTED" in out
+    code, out, _ = run(capsys, "audit", ckpt / "uniform")
+    assert code == cli.EXIT_OK and "not affected" in out
+
+
+@pytest.mark.parametrize("env, reason", [
+    ({"VLLM_FP4_MOE_PLUGIN": "yes"}, "VLLM_FP4_MOE_PLUGIN='yes' is not a valid value"),
+    ({"VLLM_FP4_MOE_PLUGIN": "1", "VLLM_FP4_MOE_PLUGIN_CHECK": "bogus"},
+     "VLLM_FP4_MOE_PLUGIN_CHECK='bogus' is not a valid value"),
+    ({"VLLM_FP4_MOE_PLUGIN": "1", "VLLM_PLUGINS": "other, fp4_moe"},
+     "' fp4_moe' does not match"),
+])
+def test_doctor_settings_vllm_would_reject_are_at_risk_with_reason(capsys, blackwell_env, ckpt,
+                                                                  tmp_path, env, reason):
+    spread = tmp_path / "spread"
+    write_checkpoint(spread, fmt="modelopt", arch="qwen3_moe")
+    for k, v in env.items():
+        blackwell_env.setenv(k, v)
+    code, out, err = run(capsys, "doctor", "--checkpoint", spread, "--tp", "2", "--ep",
+                         "--capability", "10.0")
+    assert code == cli.EXIT_FINDING, out + err
+    assert "Traceback" not in err and "verdict: AT RISK" in out
+    assert "because: " in out and reason in out
+
+
+# --- 4. make-checkpoint output paths and --set ---------------------------------------------
+
+def test_make_checkpoint_into_an_existing_checkpoint_names_the_flag(capsys, ckpt):
+    code, _, err = run(capsys, "make-checkpoint", ckpt / "uniform")
+    assert_bad_input(code, err, "already holds a checkpoint", "--overwrite")
+    assert "overwrite=True" not in err
+
+
+@pytest.mark.parametrize("make, fragment", [
+    (lambda p: p.write_text("x") and p, "exists and is not a directory"),
+    (lambda p: (p.write_text("x"), p / "sub")[1], "is not a directory, so"),
+    (lambda p: (p.mkdir(), (p / "notes.txt").write_text("x"), p)[2], "did not create"),
+])
+def test_make_checkpoint_unusable_output_path(capsys, tmp_path, make, fragment):
+    out = make(tmp_path / "target")
+    code, _, err = run(capsys, "make-checkpoint", out)
+    assert_bad_input(code, err, "OUT", fragment)
+
+
+@pytest.mark.parametrize("item, fragment", [
+    ("num_experts=abc", "'abc' is not an integer"),
+    ("num_experts=8.0", "is not an integer"),
+    ("num_experts", "expected KEY=INT"),
+    ("bogus_key=3", "--set bogus_key: not an integer config.json key"),
+    ("torch_dtype=3", "--set torch_dtype: not an integer config.json key"),
+    ("hidden_size=100", "hidden_size=100 must be a positive multiple of 16"),
+    ("hidden_size=65536", "GiB"),
+    ("num_experts=0", "num_experts"),
+])
+def test_make_checkpoint_bad_set(capsys, tmp_path, item, fragment):
+    code, _, err = run(capsys, "make-checkpoint", tmp_path / "c", "--set", item)
+    assert_bad_input(code, err, "--set", fragment)
+    assert not (tmp_path / "c").exists(), "nothing written for a bad request"
+
+
+def test_make_checkpoint_help_documents_set_keys(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["make-checkpoint", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for text in ("KEY=INT", "moe_intermediate_size", "n_routed_experts", "num_experts",
+                 "229376"):
+        assert text in out, text
+
+
+# --- 5. internal errors: exit 70, traceback only when asked ----------------------------------
+
+def _boom(args):
+    raise KeyError("surprise")
+
+
+@pytest.mark.parametrize("debug", ["none", "flag", "env"])
+def test_internal_error_is_exit_70_with_traceback_only_when_asked(capsys, monkeypatch, ckpt,
+                                                                  debug):
+    monkeypatch.setattr(cli, "_cmd_audit", _boom)
+    monkeypatch.delenv("VLLM_FP4_MOE_DEBUG", raising=False)
+    args = ["audit", ckpt / "uniform"]
+    if debug == "flag":
+        args.append("--debug")
+    elif debug == "env":
+        monkeypatch.setenv("VLLM_FP4_MOE_DEBUG", "1")
+    code, _, err = run(capsys, *args)
+    assert code == cli.EXIT_INTERNAL == 70
+    assert "internal error: KeyError" in err and "--debug" in err
+    assert ("Traceback" in err) is (debug != "none")
+
+
+def test_bad_debug_variable_is_bad_input(capsys, monkeypatch, ckpt):
+    monkeypatch.setenv("VLLM_FP4_MOE_DEBUG", "yes")
+    code, _, err = run(capsys, "audit", ckpt / "uniform")
+    assert_bad_input(code, err, "VLLM_FP4_MOE_DEBUG='yes'")
+
+
+def test_exit_codes_are_distinct():
+    codes = {cli.EXIT_OK, cli.EXIT_FINDING, cli.EXIT_BAD_INPUT, cli.EXIT_INTERNAL}
+    assert len(codes) == 4
+    from vllm_fp4_moe_plugin import doctor
+
+    assert cli.EXIT_INTERNAL not in doctor.VERDICTS  # no subcommand returns it as a result
+
+
+# --- 6. quiet by default, -v shows third-party lines ----------------------------------------
+
+def test_default_output_has_only_our_lines(tmp_path):
+    r = run_process("make-checkpoint", tmp_path / "c", "--spread", "2")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == "", r.stderr  # no pynvml FutureWarning, no vllm._C line
+    assert r.stdout.startswith("wrote qwen3_moe / modelopt checkpoint")
+    r = run_process("-v", "make-checkpoint", tmp_path / "d", "--spread", "2")
+    assert r.returncode == 0 and "FutureWarning" in r.stderr  # -v: third-party warnings shown
+
+
+# --- 7. matrix: progress on stderr, nothing left behind (spawns gloo ranks) -----------------
+
+def failing_job(ctx, *args):
+    """A rank job that fails after vLLM's groups are up (shared memory created)."""
+    raise RuntimeError(f"injected failure in rank {ctx.rank}")
+
+
+SPAWN_FAILS = r"""
+import sys
+from vllm_fp4_moe_plugin.simulation.layouts import LAYOUTS, spawn
+try:
+    spawn(LAYOUTS["tp"], "tests.test_cli_errors:failing_job")
+except RuntimeError as exc:
+    assert "injected failure" in str(exc), exc
+    print("FAILED AS INJECTED")
+"""
+
+
+def _leftovers(tmp: Path) -> list:
+    return sorted(p.name for p in tmp.iterdir() if p.name.startswith("fp4moe-"))
+
+
+@pytest.mark.multiproc
+@pytest.mark.slow
+def test_matrix_shows_progress_and_leaks_nothing(tmp_path):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    r = run_process("matrix", "--layout", "tp", "--format", "modelopt", "--json",
+                    env={"TMPDIR": str(tmp)}, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout)[0]["layout"] == "tp"
+    assert "leaked shared_memory" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert "matrix: [1/1] tp ..." in lines and any(" tp done in " in x for x in lines), lines
+    assert all(x.startswith("matrix: ") for x in lines), lines  # nothing but our own lines
+    assert _leftovers(tmp) == []
+
+
+@pytest.mark.multiproc
+@pytest.mark.slow
+def test_failed_ranks_leave_no_log_folder_and_no_shared_memory(tmp_path):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    full = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp)}
+    r = subprocess.run([sys.executable, "-c", SPAWN_FAILS], capture_output=True, text=True,
+                       env=full, timeout=600, cwd=REPO)
+    assert r.returncode == 0 and "FAILED AS INJECTED" in r.stdout, r.stderr[-3000:]
+    assert "leaked shared_memory" not in r.stderr, r.stderr[-2000:]
+    assert _leftovers(tmp) == []

@@ -21,8 +21,10 @@ LAYOUT_PF = {
     "tp_ep": "MoEPrepareAndFinalizeNoDPEPModular",  # replicated tokens, no all-to-all
     "dp_ep_allgather": "MoEPrepareAndFinalizeNaiveDPEPModular",  # the default dispatch
     "dp_ep_all2allv": "FlashInferNVLinkTwoSidedPrepareAndFinalize",
+    "dp_ep_one_sided": "FlashInferNVLinkOneSidedPrepareAndFinalize",
 }
-HOLES = {("compressed-tensors", "dp_ep_allgather"), ("compressed-tensors", "dp_ep_all2allv")}
+HOLES = {("compressed-tensors", "dp_ep_allgather"), ("compressed-tensors", "dp_ep_all2allv"),
+         ("compressed-tensors", "dp_ep_one_sided")}
 
 _rows: dict = {}
 

@@ -166,8 +166,9 @@ _FLASHINFER_GLOBAL_SCALE = ("flashinfer_cutlass", "flashinfer_trtllm", "flashinf
 def _stock_hole(design: Optional[str], fmt: str, layout: Layout, path: Optional[str],
                 affected: bool) -> Optional[bool]:
     """Does stock vLLM of ``design`` compute this layer inconsistently? None: not modelled.
-    The 0.11.1-era holes are the ones docs/SUPPORT.md lists (compressed-tensors with DP
-    dispatch; flashinfer_all2allv without DP)."""
+    Where it can is the support model's (``support.stock_hole`` for the matrix's layouts,
+    ``support.oracle_design_hole`` for the 0.14.0 design's real dispatcher and backend);
+    ``affected`` (the audit) says whether this checkpoint's scales make it so."""
     from vllm_fp4_moe_plugin import support
     from vllm_fp4_moe_plugin.compat import DESIGN_0_11_0, DESIGN_0_11_1, DESIGN_0_14_0
 
@@ -181,8 +182,8 @@ def _stock_hole(design: Optional[str], fmt: str, layout: Layout, path: Optional[
     if design == DESIGN_0_11_1:
         if path != "flashinfer_cutlass":
             return False
-        return layout.name == "tp_all2allv" or (
-            fmt == "compressed-tensors" and layout.dp > 1 and affected)
+        hole = support.stock_hole(design, fmt, layout.name)
+        return hole == support.FAILS or (hole == support.WRONG and affected)
     return None
 
 

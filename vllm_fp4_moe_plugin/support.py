@@ -172,11 +172,22 @@ class LayoutSpec:
     dp: int = 1
     ep: bool = False
     all2all: str = "allgather_reducescatter"
+    placement: str = "linear"  # vLLM's --expert-placement-strategy
     first_design: str = "0.11.0"  # the all2all backend does not exist before this design
 
     @property
     def world(self) -> int:
         return self.tp * self.pp * self.dp
+
+    @property
+    def ep_size(self) -> int:
+        """Ranks the experts are split over (vLLM: TP x DP when EP is on, else 1)."""
+        return self.tp * self.dp if self.ep else 1
+
+    @property
+    def dispatches_quantized(self) -> bool:
+        """DP layouts quantize on the sender, before the destination expert is known (0.11.x)."""
+        return self.dp > 1
 
     @property
     def dp_ep(self) -> bool:

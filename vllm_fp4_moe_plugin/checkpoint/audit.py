@@ -259,32 +259,34 @@ def ep_layout_problem(num_experts: int, ep_size: int, placement: str) -> Optiona
     return None
 
 
-DP_LAYOUTS = ("dp_ep_allgather", "dp_ep_all2allv", "dp")
-DP_EP_LAYOUTS = ("dp_ep_allgather", "dp_ep_all2allv")
 
 
 def _affected(design: str, fmt: str, stored: list[float], amax: list[float], ep_size: int,
               placement: str) -> dict[str, bool]:
-    """Per layout, does stock vLLM of ``design`` compute this layer inconsistently?
-    ``stored``: the per-expert GEMM1 value 0.11.x keeps; ``amax``: the activation amax 0.14.0+
-    collapses (max over gate/up of the input amax)."""
+    """Per layout, does stock vLLM of ``design`` compute this layer inconsistently? Where it can
+    is the support model's (``support.stock_hole``); whether it does here depends on the scales
+    that matter to the design. ``stored``: the per-expert GEMM1 value 0.11.x keeps; ``amax``:
+    the activation amax 0.14.0+ collapses (max over gate/up of the input amax)."""
     uneven = any(v != stored[0] for v in stored)
-    if design == "0.11.0":
+    if design == "0.11.0":  # the quantizing rank's first expert's scale vs each expert's own
         tp_ep = any(any(stored[e] != stored[s[0]] for e in s)
                     for s in ep_slices(len(stored), ep_size, placement) if s)
-        out = {layout: (tp_ep if layout == "tp_ep" else uneven) for layout in LAYOUTS}
-        if ep_layout_problem(len(stored), ep_size, placement):
-            out.update({layout: True for layout in EP_LAYOUTS})
-        return out
-    ct = fmt == "compressed-tensors"
-    if design == "0.11.1":
-        return {layout: ct and layout in DP_LAYOUTS and uneven for layout in LAYOUTS}
-    if design == "0.14.0":
+        differ = {"tp_ep": tp_ep}
+    elif design == "0.11.1":  # element 0 of the per-expert vector under DP dispatch
+        differ = {}
+    elif design == "0.14.0":  # the sender's local max vs the owner's local max
         ep_slices(len(amax), ep_size, placement)  # validates placement and size
         maxima = support.rank_local_maxima(amax, ep_size, placement)
-        ranks_differ = len({m for m in maxima if m > 0}) > 1
-        return {layout: ct and layout in DP_EP_LAYOUTS and ranks_differ for layout in LAYOUTS}
-    raise ValueError(f"unknown MoE design {design!r}: one of {[d.key for d in support.DESIGNS]}")
+        uneven = len({m for m in maxima if m > 0}) > 1
+        differ = {}
+    else:
+        raise ValueError(
+            f"unknown MoE design {design!r}: one of {[d.key for d in support.DESIGNS]}")
+    out = {layout: support.stock_hole(design, fmt, layout) is not None
+           and differ.get(layout, uneven) for layout in LAYOUTS}
+    if design == "0.11.0" and ep_layout_problem(len(stored), ep_size, placement):
+        out.update({layout: True for layout in EP_LAYOUTS})
+    return out
 
 
 def _layer_report(fmt: str, layer: str, gate: list[float], up: list[float], down: list[float],

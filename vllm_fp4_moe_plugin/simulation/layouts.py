@@ -21,51 +21,13 @@ from typing import Any, Optional
 
 import torch
 
-LAYOUT_NAMES = ("single", "pp", "tp", "tp_ep", "tp_all2allv", "dp_ep_allgather",
-                "dp_ep_all2allv", "dp")
+from vllm_fp4_moe_plugin.support import LAYOUTS, LayoutSpec
 
-
-@dataclass(frozen=True)
-class Layout:
-    name: str
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-    ep: bool = False
-    all2all: str = "allgather_reducescatter"
-    placement: str = "linear"  # vLLM's --expert-placement-strategy
-
-    @property
-    def world(self) -> int:
-        return self.tp * self.pp * self.dp
-
-    @property
-    def ep_size(self) -> int:
-        """Ranks the experts are split over (vLLM: TP x DP when EP is on, else 1)."""
-        return self.tp * self.dp if self.ep else 1
-
-    @property
-    def dispatches_quantized(self) -> bool:
-        """DP layouts quantize on the sender, before the destination expert is known."""
-        return self.dp > 1
-
-
-LAYOUTS: dict[str, Layout] = {
-    "single": Layout("single"),
-    "pp": Layout("pp", pp=2),
-    "tp": Layout("tp", tp=2),
-    "tp_ep": Layout("tp_ep", tp=2, ep=True),
-    # --all2all-backend flashinfer_all2allv without DP (docs/ROOT-CAUSE.md §7, "still does not match" 2)
-    "tp_all2allv": Layout("tp_all2allv", tp=2, all2all="flashinfer_all2allv"),
-    "dp_ep_allgather": Layout("dp_ep_allgather", dp=2, ep=True),
-    "dp_ep_all2allv": Layout("dp_ep_all2allv", dp=2, ep=True, all2all="flashinfer_all2allv"),
-    "dp": Layout("dp", dp=2),
-    # FlashInfer NVLink one-sided dispatch (oracle design only: all2all.py:766-930 there)
-    "dp_ep_one_sided": Layout("dp_ep_one_sided", dp=2, ep=True,
-                              all2all="flashinfer_nvlink_one_sided"),
-}
+# One vocabulary of layouts, in the vLLM-free support model (support.LAYOUTS).
+Layout = LayoutSpec
+LAYOUT_NAMES = tuple(n for n, spec in LAYOUTS.items() if spec.first_design == "0.11.0")
 # Layouts that exist only in the NVFP4-oracle design's all-to-all choices.
-ORACLE_ONLY_LAYOUTS = ("dp_ep_one_sided",)
+ORACLE_ONLY_LAYOUTS = tuple(n for n in LAYOUTS if n not in LAYOUT_NAMES)
 
 
 def default_layouts() -> tuple[str, ...]:

@@ -1,0 +1,61 @@
+"""docs/SUPPORT.md's table and every published matrix agree with the support model
+(``support.stock_hole``), the one place that encodes where stock vLLM is wrong."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from vllm_fp4_moe_plugin import support
+
+pytestmark = pytest.mark.cpu
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+CELL = {"plugin": support.WRONG, "plugin (fails)": support.FAILS, "upstream": None}
+
+
+def _table():
+    lines = [line for line in (DOCS / "SUPPORT.md").read_text().splitlines()
+             if line.startswith("| ")]
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert head[:3] == ["vLLM", "plugin design", "format"]
+    rows, release = [], None
+    for line in lines[1:]:  # the |---| line does not start with "| "
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) != len(head):
+            break  # the next table
+        release = cells[0] or release
+        rows.append((release, dict(zip(head, cells))))
+    return head[3:-1], rows
+
+
+def test_support_table_matches_the_model():
+    layouts, rows = _table()
+    assert set(layouts) == set(support.LAYOUTS)
+    seen = set()
+    for release, row in rows:
+        design = support.design_for_release(re.split(r"[ ,–-]", release)[0]).key
+        fmt = {"ModelOpt": "modelopt", "compressed-tensors": "compressed-tensors"}[row["format"]]
+        seen.add((design, fmt))
+        for layout in layouts:
+            cell = row[layout]
+            if cell == "n/a":
+                with pytest.raises(ValueError):
+                    support.stock_hole(design, fmt, layout)
+                continue
+            # Reference check: the model's verdict for this design, format and layout.
+            assert CELL[cell] == support.stock_hole(design, fmt, layout), (release, fmt, layout)
+    assert seen == {(d.key, f) for d in support.DESIGNS for f in ("modelopt", "compressed-tensors")}
+
+
+@pytest.mark.parametrize("path", sorted(DOCS.glob("matrix*.json")), ids=lambda p: p.name)
+def test_published_matrices_match_the_model(path):
+    rows = json.loads(path.read_text())
+    assert rows
+    for row in rows:
+        hole = support.stock_hole(row["design"], row["format"], row["layout"])
+        assert row["ok"], row
+        assert row["stock_affected"] is (hole is not None), (path.name, row["format"],
+                                                             row["layout"])
+        assert (row["stock_error"] is not None) is (hole == support.FAILS), row

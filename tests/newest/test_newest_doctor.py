@@ -1,0 +1,56 @@
+"""doctor and audit on the oracle design (CI: vLLM 0.34.0): layers judged by this design's hole
+(compressed-tensors, DP+EP, a sender-side dispatcher, EP ranks' maxima differ), and the plugin's
+fix named."""
+
+import pytest
+
+from vllm_fp4_moe_plugin import doctor
+from vllm_fp4_moe_plugin.checkpoint.audit import audit_checkpoint
+from vllm_fp4_moe_plugin.checkpoint.writer import write_checkpoint
+
+pytestmark = pytest.mark.cpu
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    out = {}
+    for fmt in ("modelopt", "compressed-tensors"):
+        path = tmp_path_factory.mktemp(fmt)
+        write_checkpoint(path, fmt=fmt, arch="qwen3_moe", input_scale_spread=4.0)
+        out[fmt] = path
+    return out
+
+
+@pytest.mark.parametrize("fmt,layout,stock_ok", [
+    ("modelopt", doctor.Layout(dp=2, ep=True), True),
+    ("compressed-tensors", doctor.Layout(tp=2, ep=True), True),
+    ("compressed-tensors", doctor.Layout(dp=2), True),
+    ("compressed-tensors", doctor.Layout(dp=2, ep=True, all2all_backend="deepep_high_throughput"),
+     True),
+    ("compressed-tensors", doctor.Layout(dp=2, ep=True), False),
+    ("compressed-tensors", doctor.Layout(dp=2, ep=True, all2all_backend="flashinfer_all2allv"),
+     False),
+    ("compressed-tensors", doctor.Layout(dp=2, ep=True, moe_backend="flashinfer_cutlass"), False),
+])
+def test_layers_judged_by_the_oracle_designs_hole(blackwell_env, checkpoints, fmt, layout,
+                                                  stock_ok):
+    r = doctor.run_doctor(str(checkpoints[fmt]), layout, capability="10.0")
+    assert r["probes"]["design"] == "0.14.0"
+    # Reference check: the audit's verdict for this layout with this release's semantics.
+    assert r["layers"] and all(row["stock_consistent"] is stock_ok for row in r["layers"])
+    assert r["verdict"] == (doctor.FINE if stock_ok else doctor.AT_RISK)  # plugin off
+    blackwell_env.setenv("VLLM_FP4_MOE_PLUGIN", "1")
+    r = doctor.run_doctor(str(checkpoints[fmt]), layout, capability="10.0")
+    assert r["plugin"]["would_be_active"] and r["verdict"] == doctor.FINE
+    assert all(row["plugin_consistent"] for row in r["layers"])
+    assert "prepare_nvfp4_moe_layer_for_fi_or_cutlass" in doctor.format_doctor(r)
+
+
+def test_audit_defaults_to_the_installed_releases_semantics(checkpoints):
+    from vllm_fp4_moe_plugin.cli import main
+
+    report = audit_checkpoint(checkpoints["compressed-tensors"], design="0.14.0")
+    assert report["affected_layers"] == len(report["layers"])
+    assert main(["audit", str(checkpoints["compressed-tensors"])]) == 1
+    assert main(["audit", str(checkpoints["modelopt"])]) == 0
+    assert main(["audit", str(checkpoints["compressed-tensors"]), "--vllm", "0.12.0"]) == 1

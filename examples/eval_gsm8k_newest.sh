@@ -7,7 +7,7 @@
 #   LAYOUT=tp4_ep ./examples/eval_gsm8k_newest.sh   # TP=4 + EP: the control (no hole)
 #   DRY_RUN=1 LAYOUT=... ./examples/eval_gsm8k_newest.sh   # print the commands, start nothing
 #
-# Needs: 4 x B200/GB200, `pip install -c constraints-vllm-0.34.0.txt vllm "lm-eval[api]"` and
+# Needs: 4 x B200/GB200, `pip install "vllm==0.34.0" "lm-eval[api]"` (vLLM's own pins) and
 # this package (`pip install -e .`). Both runs use vLLM's defaults on SM100 (FlashInfer TRT-LLM
 # NVFP4 MoE, --all2all-backend allgather_reducescatter). Writes results/gsm8k_newest_<layout>.md.
 # First, how far stock is off per layer for this checkpoint at EP 4 (reads scales only):

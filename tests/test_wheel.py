@@ -162,3 +162,12 @@ def test_installed_plugin_registers_through_vllm(installed):
     assert found["after_register"][0] == "pending"
     assert found["state"][0] == "active", found["state"]
     assert "vllm-fp4-moe-plugin active" in r.stdout + r.stderr
+
+
+def test_readme_install_lines_are_this_route(installed):
+    """README's "Install and enable" names the commands this test runs and the file it built."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Install and enable"):]
+    section = section[:section.index("\n## ", 1)]
+    assert "rm -rf build dist && python -m pip wheel --no-deps -w dist ." in section
+    assert f"python -m pip install --no-deps dist/{installed['wheel'].name}" in section

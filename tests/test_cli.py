@@ -66,3 +66,4 @@ def test_demo_without_engine(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     for text in ("== 1.", "== 2.", "AFFECTED", "== 3.", "RESULT: the plugin reproduces"):
         assert text in r.stdout
+    assert "instead of a whole engine: --no-engine" in r.stdout  # says why, in one line

@@ -2,14 +2,22 @@
 
 1. write a tiny NVFP4 Qwen3-MoE checkpoint whose experts have different input scales;
 2. audit it (scale tensors only): would stock vLLM 0.11.0 compute it wrongly?
-3. show stock vs plugin on it: in a real vLLM 0.11.0 CPU engine when ``.venv-engine`` exists
-   (``./scripts/bootstrap.sh --with-engine``), otherwise on real vLLM layers (the matrix).
+3. show stock vs plugin on it: in a real vLLM 0.11.0 CPU engine when run from a repository
+   checkout that has ``.venv-engine`` (``./scripts/bootstrap.sh --with-engine``), otherwise on
+   real vLLM layers (the matrix).
+
+The engine runner is test code (``tests/engine/engine.py`` drives ``engine_run.py`` in
+``.venv-engine``) and is not in the wheel: the demo loads it by its file path, and only when
+the package is imported from a checkout (``<checkout>/vllm_fp4_moe_plugin``) next to which that
+file and ``.venv-engine`` exist.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
-from typing import Callable
+from types import ModuleType
+from typing import Callable, Optional
 
 MATRIX_LAYOUTS = ("single", "tp_ep", "dp_ep_allgather")
 CHECKPOINT_NAME = "qwen3_moe-modelopt-nvfp4"  # under --out
@@ -19,10 +27,33 @@ def _no_progress(text: str) -> None:
     return None
 
 
-def _engine_section(checkpoint: Path, say: Callable[[str], None],
-                    progress: Callable[[str], None] = _no_progress) -> bool:
-    from vllm_fp4_moe_plugin.simulation.engine import ACTIVE_LINE, max_logprob_gap, run_engine
+def _checkout_root() -> Path:
+    """The directory above the package: a repository checkout when run from one (editable
+    install or ``PYTHONPATH``), site-packages when installed from a wheel."""
+    return Path(__file__).resolve().parents[1]
 
+
+def _engine_runner() -> tuple[Optional[ModuleType], str]:
+    """(``tests/engine/engine.py`` loaded by path, "") when the engine demo can run here;
+    else (None, why not, in one line)."""
+    root = _checkout_root()
+    runner = root / "tests" / "engine" / "engine.py"
+    if not runner.is_file():
+        return None, (f"not run from a repository checkout (no {runner}): the engine demo needs "
+                      "one, with `./scripts/bootstrap.sh --with-engine`")
+    if not (root / ".venv-engine" / "bin" / "python").exists():
+        return None, (f"{root / '.venv-engine'} not built: `./scripts/bootstrap.sh "
+                      "--with-engine` enables the engine demo")
+    spec = importlib.util.spec_from_file_location("_vllm_fp4_moe_demo_engine", runner)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module, ""
+
+
+def _engine_section(engine: ModuleType, checkpoint: Path, say: Callable[[str], None],
+                    progress: Callable[[str], None] = _no_progress) -> bool:
+    ACTIVE_LINE, max_logprob_gap, run_engine = (engine.ACTIVE_LINE, engine.max_logprob_gap,
+                                                engine.run_engine)
     runs = {}
     for name, plugin, kernel in (("reference", "1", "reference"), ("plugin", "1", "emulator"),
                                  ("stock", "0", "emulator")):
@@ -48,13 +79,12 @@ def _engine_section(checkpoint: Path, say: Callable[[str], None],
     return ok
 
 
-def _matrix_section(say: Callable[[str], None],
+def _matrix_section(why: str, say: Callable[[str], None],
                     progress: Callable[[str], None] = _no_progress) -> bool:
     from vllm_fp4_moe_plugin.simulation.layouts import Scenario
     from vllm_fp4_moe_plugin.simulation.matrix import format_table, run_matrix
 
-    say("  (.venv-engine not built: showing real vLLM 0.11.0 MoE layers instead of a whole "
-        "engine; `./scripts/bootstrap.sh --with-engine` enables the engine demo)")
+    say(f"  (real vLLM 0.11.0 MoE layers instead of a whole engine: {why})")
     rows = []
     for i, name in enumerate(MATRIX_LAYOUTS, 1):
         progress(f"demo: step 3, layout {i}/{len(MATRIX_LAYOUTS)} ({name}) ...")
@@ -70,7 +100,6 @@ def run_demo(out_dir: Path, say: Callable[[str], None] = print, *, engine: bool 
     (the CLI sends it to stderr)."""
     from vllm_fp4_moe_plugin.checkpoint.audit import audit_checkpoint, format_audit
     from vllm_fp4_moe_plugin.checkpoint.writer import write_checkpoint
-    from vllm_fp4_moe_plugin.simulation.engine import engine_python
 
     checkpoint = Path(out_dir) / CHECKPOINT_NAME
     progress("demo: step 1/3, writing the checkpoint ...")
@@ -91,10 +120,10 @@ def run_demo(out_dir: Path, say: Callable[[str], None] = print, *, engine: bool 
     say("  SM100 (Blackwell) is simulated: FlashInfer 0.3.1's NVFP4 MoE kernel is replaced by "
         "this project's emulator of its contract. A Blackwell owner confirms with "
         "examples/eval_gsm8k.sh.")
-    use_engine = engine and engine_python() is not None
+    runner, why = _engine_runner() if engine else (None, "--no-engine")
     progress("demo: step 3/3, stock vs plugin (minutes on CPU) ...")
-    ok = (_engine_section(checkpoint, say, progress) if use_engine
-          else _matrix_section(say, progress))
+    ok = (_engine_section(runner, checkpoint, say, progress) if runner is not None
+          else _matrix_section(why, say, progress))
     say("")
     say("RESULT: " + ("the plugin reproduces the correct NVFP4 answer; stock does not."
                       if ok else "UNEXPECTED: the plugin did not match the reference."))

@@ -113,7 +113,3 @@ def remove() -> None:
         sys.meta_path.remove(_hook)
     _hook = None
     _remove_refusal()
-
-
-def pending() -> bool:
-    return _hook is not None and not _hook.fired

@@ -148,7 +148,3 @@ def remove() -> None:
     if _handle is not None:
         _handle.remove()
         _handle = None
-
-
-def installed() -> Optional[bool]:
-    return _handle is not None

@@ -54,8 +54,7 @@ def _scale_rows(loaded, moe_prefixes, fmt: str) -> dict:
 def load_checkpoints(ctx, checkpoints: dict) -> dict:
     """``checkpoints``: ``{key: (fmt, path)}``. Load each with vLLM's real model class and
     loader; report coverage, the quant methods chosen and the scale parameters."""
-    from vllm_fp4_moe_plugin.checkpoint.vllm_load import (load_model, unfilled_expert_slots,
-                                                          unreached_tensors)
+    from tests.checkpoint.vllm_load import load_model, unfilled_expert_slots, unreached_tensors
 
     results = {}
     for key, (fmt, path) in checkpoints.items():

@@ -6,7 +6,7 @@ One spawned rank (``layouts.spawn``, CPU Blackwell simulation) builds ``Deepseek
 ``DefaultModelLoader``'s safetensors iterator and runs ``process_weights_after_loading``.
 The only stand-in beyond the Blackwell seam is the attention backend *name*: UnspecifiedPlatform
 returns "" for it, so ``Attention.__init__`` raised ``ValueError: Invalid attention backend for
-None`` (see ``checkpoint/vllm_load.py``); no attention runs.
+None`` (see ``tests/checkpoint/vllm_load.py``); no attention runs.
 """
 
 from pathlib import Path

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_fp4_moe_plugin.simulation import engine
-from vllm_fp4_moe_plugin.simulation.engine import ACTIVE_LINE, engine_python, max_logprob_gap
+from tests.engine import engine
+from tests.engine.engine import ACTIVE_LINE, engine_python, max_logprob_gap
 
 pytestmark = [pytest.mark.cpu, pytest.mark.multiproc, pytest.mark.slow]
 

@@ -5,7 +5,9 @@
 * :mod:`.writer` -- ``write_checkpoint``: deterministic files vLLM 0.11.0 loads unchanged.
 * :mod:`.audit` -- ``audit_checkpoint`` / ``format_audit``: is a checkpoint hit by the bug?
 * :mod:`.tensor_index` -- tensor name -> shard file, from the index or the headers only.
-* :mod:`.vllm_load` -- load a directory through vLLM's real model class (inside a simulated rank).
+
+Loading a checkpoint through vLLM's real model class is test-only and lives in
+``tests/checkpoint/vllm_load.py`` (not in the wheel).
 
 No imports here on purpose: ``simulation.moe_layer`` imports ``.expert_tensors`` and
 ``.configs`` imports ``simulation.moe_layer``.

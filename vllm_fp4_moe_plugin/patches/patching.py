@@ -40,9 +40,6 @@ class ModulePatch:
     def target(self) -> str:
         return f"{self.module}.{self.attr}"
 
-    def is_applied(self) -> bool:
-        return (self.module, self.attr) in _APPLIED
-
     def apply(self) -> bool:
         """Install the replacement. Returns False if it was already installed (idempotent)."""
         key = (self.module, self.attr)
@@ -72,10 +69,7 @@ class ModulePatch:
 
     def original(self) -> Any:
         """The object vLLM had before we patched (or the current one if not patched)."""
-        key = (self.module, self.attr)
-        if key in _APPLIED:
-            return _APPLIED[key][0]
-        return getattr(importlib.import_module(self.module), self.attr)
+        return original_attr(self.module, self.attr)
 
 
 def original_attr(module: str, attr: str) -> Any:

@@ -1,7 +1,13 @@
-"""Drive the engine runner (:mod:`.engine_run`) in ``.venv-engine`` and compare its outputs.
+"""Drive the engine runner (``engine_run.py`` next to this file) in ``.venv-engine`` and
+compare its outputs.
 
 The runner must execute under the CPU build of vLLM 0.11.0, a different virtualenv from the
 one this package runs in, so it is started as a subprocess with a clean ``VLLM_*`` environment.
+
+Test-only, and outside the package on purpose: it needs ``<repo>/.venv-engine``, which only a
+repository checkout has. Used by ``tests/engine/test_engine_e2e.py`` and, from a checkout, by
+``vllm-fp4-moe demo``, which loads this file by its path (``demo._engine_runner``); so it
+imports nothing from ``tests`` and nothing relative.
 """
 
 from __future__ import annotations

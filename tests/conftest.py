@@ -50,3 +50,17 @@ def blackwell_env(monkeypatch):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("VLLM_USE_FLASHINFER_MOE_FP4", "1")
     return monkeypatch
+
+
+@pytest.fixture(scope="module")
+def spread_checkpoints(tmp_path_factory):
+    """``{format: directory}``: tiny Qwen3-MoE NVFP4 checkpoints whose experts' input scales
+    spread 4x (their EP halves' maxima differ too), one per format, for the doctor suites."""
+    from vllm_fp4_moe_plugin.checkpoint.writer import write_checkpoint
+
+    out = {}
+    for fmt in ("modelopt", "compressed-tensors"):
+        path = tmp_path_factory.mktemp(fmt)
+        write_checkpoint(path, fmt=fmt, arch="qwen3_moe", input_scale_spread=4.0)
+        out[fmt] = path
+    return out

@@ -1,8 +1,8 @@
 """Feature probes of the installed vLLM: which MoE design is it, and which holes does it still have?
 
 Decisions are made from what the code *is*, not from ``vllm.__version__`` (a source build or a
-backport would lie). docs/ROOT-CAUSE.md §10 lists the probes; ``docs/SUPPORT.md`` lists which release
-has which design (read from each release's wheel).
+backport would lie). docs/ROOT-CAUSE.md §10 lists the probes; ``docs/SUPPORT.md`` lists which
+release has which design (read from each release's wheel).
 
 Two designs are patched, each with its own part of the ledger (``patches.LEDGER``):
 

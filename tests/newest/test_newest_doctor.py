@@ -6,19 +6,9 @@ import pytest
 
 from vllm_fp4_moe_plugin import doctor
 from vllm_fp4_moe_plugin.checkpoint.audit import audit_checkpoint
-from vllm_fp4_moe_plugin.checkpoint.writer import write_checkpoint
 
 pytestmark = pytest.mark.cpu
 
-
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    out = {}
-    for fmt in ("modelopt", "compressed-tensors"):
-        path = tmp_path_factory.mktemp(fmt)
-        write_checkpoint(path, fmt=fmt, arch="qwen3_moe", input_scale_spread=4.0)
-        out[fmt] = path
-    return out
 
 
 @pytest.mark.parametrize("fmt,layout,stock_ok", [
@@ -32,25 +22,25 @@ def checkpoints(tmp_path_factory):
      False),
     ("compressed-tensors", doctor.Layout(dp=2, ep=True, moe_backend="flashinfer_cutlass"), False),
 ])
-def test_layers_judged_by_the_oracle_designs_hole(blackwell_env, checkpoints, fmt, layout,
+def test_layers_judged_by_the_oracle_designs_hole(blackwell_env, spread_checkpoints, fmt, layout,
                                                   stock_ok):
-    r = doctor.run_doctor(str(checkpoints[fmt]), layout, capability="10.0")
+    r = doctor.run_doctor(str(spread_checkpoints[fmt]), layout, capability="10.0")
     assert r["probes"]["design"] == "0.14.0"
     # Reference check: the audit's verdict for this layout with this release's semantics.
     assert r["layers"] and all(row["stock_consistent"] is stock_ok for row in r["layers"])
     assert r["verdict"] == (doctor.FINE if stock_ok else doctor.AT_RISK)  # plugin off
     blackwell_env.setenv("VLLM_FP4_MOE_PLUGIN", "1")
-    r = doctor.run_doctor(str(checkpoints[fmt]), layout, capability="10.0")
+    r = doctor.run_doctor(str(spread_checkpoints[fmt]), layout, capability="10.0")
     assert r["plugin"]["would_be_active"] and r["verdict"] == doctor.FINE
     assert all(row["plugin_consistent"] for row in r["layers"])
     assert "prepare_nvfp4_moe_layer_for_fi_or_cutlass" in doctor.format_doctor(r)
 
 
-def test_audit_defaults_to_the_installed_releases_semantics(checkpoints):
+def test_audit_defaults_to_the_installed_releases_semantics(spread_checkpoints):
     from vllm_fp4_moe_plugin.cli import main
 
-    report = audit_checkpoint(checkpoints["compressed-tensors"], design="0.14.0")
+    report = audit_checkpoint(spread_checkpoints["compressed-tensors"], design="0.14.0")
     assert report["affected_layers"] == len(report["layers"])
-    assert main(["audit", str(checkpoints["compressed-tensors"])]) == 1
-    assert main(["audit", str(checkpoints["modelopt"])]) == 0
-    assert main(["audit", str(checkpoints["compressed-tensors"]), "--vllm", "0.12.0"]) == 1
+    assert main(["audit", str(spread_checkpoints["compressed-tensors"])]) == 1
+    assert main(["audit", str(spread_checkpoints["modelopt"])]) == 0
+    assert main(["audit", str(spread_checkpoints["compressed-tensors"]), "--vllm", "0.12.0"]) == 1

@@ -62,4 +62,5 @@ def test_vllm_plugin_loader_installs_the_fix_before_weights_are_processed():
 def test_switched_off_the_oracle_is_vllms_own(switch):
     result, _ = _run(switch)
     assert result["state"] == "inert" and result["convert_is_oracles"]
-    assert result["helper_module"] == "vllm.model_executor.layers.quantization.utils.flashinfer_fp4_moe"
+    assert result["helper_module"] == ("vllm.model_executor.layers.quantization.utils."
+                                       "flashinfer_fp4_moe")

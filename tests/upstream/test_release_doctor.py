@@ -3,19 +3,9 @@
 import pytest
 
 from vllm_fp4_moe_plugin import doctor
-from vllm_fp4_moe_plugin.checkpoint.writer import write_checkpoint
 
 pytestmark = pytest.mark.cpu
 
-
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    out = {}
-    for fmt in ("modelopt", "compressed-tensors"):
-        path = tmp_path_factory.mktemp(fmt)
-        write_checkpoint(path, fmt=fmt, arch="qwen3_moe", input_scale_spread=4.0)
-        out[fmt] = path
-    return out
 
 
 @pytest.fixture
@@ -28,20 +18,21 @@ def env(blackwell_env):
     ("compressed-tensors", doctor.Layout(tp=2, ep=True), True),  # #27223
     ("compressed-tensors", doctor.Layout(dp=2, ep=True), False),  # the hole left open
 ])
-def test_layers_judged_by_this_releases_holes(env, checkpoints, fmt, layout, stock_ok):
-    r = doctor.run_doctor(str(checkpoints[fmt]), layout, capability="10.0")
+def test_layers_judged_by_this_releases_holes(env, spread_checkpoints, fmt, layout, stock_ok):
+    r = doctor.run_doctor(str(spread_checkpoints[fmt]), layout, capability="10.0")
     assert r["probes"]["design"] == "0.11.1"
     assert r["layers"] and all(row["stock_consistent"] is stock_ok for row in r["layers"])
     assert r["verdict"] == (doctor.FINE if stock_ok else doctor.AT_RISK)  # plugin off
     env.setenv("VLLM_FP4_MOE_PLUGIN", "1")
-    r = doctor.run_doctor(str(checkpoints[fmt]), layout, capability="10.0")
+    r = doctor.run_doctor(str(spread_checkpoints[fmt]), layout, capability="10.0")
     assert r["plugin"]["would_be_active"] and r["verdict"] == doctor.FINE
     assert all(row["plugin_consistent"] for row in r["layers"])
 
 
-def test_all2allv_without_dp_is_a_hole_for_modelopt_too(env, checkpoints):
+def test_all2allv_without_dp_is_a_hole_for_modelopt_too(env, spread_checkpoints):
     env.setenv("VLLM_ALL2ALL_BACKEND", "flashinfer_all2allv")
-    r = doctor.run_doctor(str(checkpoints["modelopt"]), doctor.Layout(tp=2), capability="10.0")
+    r = doctor.run_doctor(str(spread_checkpoints["modelopt"]), doctor.Layout(tp=2),
+                          capability="10.0")
     assert r["layout"]["name"] == "tp_all2allv"
     assert r["verdict"] == doctor.AT_RISK
     assert "would replace" in doctor.format_doctor(r)

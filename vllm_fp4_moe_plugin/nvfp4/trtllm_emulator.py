@@ -79,7 +79,9 @@ from typing import List, Optional
 import torch
 
 from .constants import BLOCK_SIZE
-from .e2m1 import e2m1_decode, unpack_fp4
+from .e2m1 import unpack_fp4
+# The same block arithmetic and TORCH_CHECK-as-RuntimeError as the CUTLASS emulator.
+from .fused_moe_emulator import _block_values, _check
 from .quantize import quantize_codes
 from .trtllm_layout import EPILOGUE_TILE_M, unshuffle_gemm1, unshuffle_gemm2
 
@@ -97,20 +99,6 @@ class RoutingMethodType(IntEnum):
 
 
 _EMULATED_ROUTING = (RoutingMethodType.Renormalize, RoutingMethodType.DeepSeekV3)
-
-
-def _check(cond: bool, msg: str) -> None:
-    # TORCH_CHECK in the launcher surfaces as RuntimeError.
-    if not cond:
-        raise RuntimeError(msg)
-
-
-def _block_values(codes: torch.Tensor, sf: torch.Tensor) -> torch.Tensor:
-    """e2m1(code) * float(sf) per element (exact in fp32), as fp64 for exact accumulation."""
-    vals = e2m1_decode(codes)
-    k = vals.shape[-1]
-    vb = vals.reshape(*vals.shape[:-1], k // BLOCK_SIZE, BLOCK_SIZE)
-    return (vb * sf.float().unsqueeze(-1)).reshape(vals.shape).double()
 
 
 def _top_k_lower_index_first(scores: torch.Tensor, k: int) -> torch.Tensor:

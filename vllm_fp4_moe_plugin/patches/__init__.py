@@ -256,6 +256,5 @@ def render_ledger_markdown() -> str:
     return "\n".join(lines)
 
 
-__all__ = ["LEDGER", "ModulePatch", "PatchInstallError", "apply_all", "apply_targets", "applied_targets",
-           "revert_all", "targets_for_design",
-           "render_ledger_markdown"]
+__all__ = ["LEDGER", "ModulePatch", "PatchInstallError", "apply_all", "apply_targets",
+           "applied_targets", "revert_all", "targets_for_design", "render_ledger_markdown"]

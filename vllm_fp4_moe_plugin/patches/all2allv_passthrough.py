@@ -23,4 +23,5 @@ def build_all2allv_prepare(original: type) -> type:
                                 apply_router_weight_on_input, quant_config, *args, **kwargs)
 
     return type(original.__name__, (original,),
-                {"prepare": prepare, "fp4_moe_bf16_passthrough": True, "__doc__": original.__doc__, "__module__": __name__})
+                {"prepare": prepare, "fp4_moe_bf16_passthrough": True,
+                 "__doc__": original.__doc__, "__module__": __name__})

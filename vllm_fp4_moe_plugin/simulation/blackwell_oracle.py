@@ -77,6 +77,36 @@ gained
 ``situ_beta``/``situ_linear_beta`` (fi 0.6.18 flashinfer/fused_moe/core.py:1180-1217); the NVFP4
 operands (six scales, act scales scalar or one per local expert, block scales as int32 views)
 are unchanged, so the 0.3.1 emulator is reused behind :func:`_fi_cutlass_fused_moe`.
+
+With ``backend="latency"`` (``--moe-backend flashinfer_trtllm``, vLLM's first choice on SM100,
+oracle/nvfp4.py:238-247) the seam also replaces, for its duration:
+
+=====================================================  ===========================================
+vLLM 0.34.0 / FlashInfer symbol replaced               why it has to be replaced on CPU
+=====================================================  ===========================================
+``TrtLlmNvFp4ExpertsBase._supports_current_device``    capability probe (FM/experts/trtllm_nvfp4_
+                                                       moe.py:226-234): keeps SM100, drops
+                                                       ``is_cuda()`` and the FlashInfer probe
+``flashinfer.fused_moe.trtllm_fp4_block_scale_moe``    SM100 kernels (monolithic :601-634, modular
+``flashinfer.fused_moe.trtllm_fp4_block_scale_``       :388-423) -> ``nvfp4.trtllm_emulator``'s
+``routed_moe``                                         0.7 contract (``..._moe_0_7``,
+                                                       ``..._routed_moe_0_7``)
+``flashinfer.nvfp4_block_scale_interleave``            SF interleave at weight preparation
+                                                       (Q/utils/flashinfer_fp4_moe.py:416-433)
+                                                       -> the CPU twin of the 128x4 layout
+``flashinfer.fused_moe.core._maybe_get_cached_w3_``    row-permutation indices of the TRT-LLM
+``w1_permute_indices``, ``get_w2_permute_indices_``    shuffles (:367-390; fi 0.6.18 flashinfer/
+``with_cache``                                         fused_moe/core.py:417-483) -> the same
+                                                       indices from ``nvfp4.trtllm_layout``
+``flashinfer.fused_moe.core.ActivationType``           :class:`ActivationType` twin
+=====================================================  ===========================================
+
+FlashInfer is not installed in that virtualenv, so these are a stand-in module tree
+(:func:`_flashinfer_trtllm_stub`); vLLM's own weight preparation (``reorder_w1w3_to_w3w1``,
+``align_fp4_moe_*``, ``prepare_static_weights_for_trtllm_fp4_moe``), quant config, prepare/
+finalize and experts classes run unchanged. The activations are quantized by vLLM's
+``scaled_fp4_quant`` in the LINEAR SF layout the TRT-LLM kernel reads (``is_scale_swizzled``
+False, oracle/nvfp4.py:588-597).
 """
 
 from __future__ import annotations

@@ -232,8 +232,10 @@ def _log_tails(logs: list, lines: int = 30) -> str:
 
 
 def stock_and_plugin_outputs(ctx: RankContext, scenario: Scenario, formats: tuple[str, ...],
-                             modes: tuple[str, ...]) -> RankOutput:
-    """Job: build the layer once per format x mode (stock / plugin) and run the same tokens."""
+                             modes: tuple[str, ...],
+                             layer_kwargs: Optional[dict] = None) -> RankOutput:
+    """Job: build the layer once per format x mode (stock / plugin) and run the same tokens
+    (``layer_kwargs``: extra ``FusedMoE`` arguments, e.g. DeepSeek-style routing)."""
     from vllm_fp4_moe_plugin import consistency, patches
     from vllm_fp4_moe_plugin.simulation import moe_layer
 
@@ -250,7 +252,8 @@ def stock_and_plugin_outputs(ctx: RankContext, scenario: Scenario, formats: tupl
                     patches.apply_all()
                 else:
                     patches.revert_all()
-                built = moe_layer.build_layer(experts, fmt, top_k=scenario.top_k, index=index)
+                built = moe_layer.build_layer(experts, fmt, top_k=scenario.top_k, index=index,
+                                              **dict(layer_kwargs or {}))
                 index += 1
                 moe_layer.prepare_modular_kernel(built.layer)
                 key = f"{fmt}/{mode}"
@@ -315,8 +318,9 @@ def _describe_runner(runner) -> dict[str, Any]:
 
 
 def run_layout(layout: Layout, scenario: Scenario, formats=("modelopt", "compressed-tensors"),
-               modes=("stock", "plugin"), backend: str = "throughput") -> list[RankOutput]:
+               modes=("stock", "plugin"), backend: str = "throughput",
+               layer_kwargs: Optional[dict] = None) -> list[RankOutput]:
     """Stock and plugin outputs of every rank of ``layout`` on the scenario's tokens
-    (``backend``: see :func:`spawn`)."""
+    (``backend``: see :func:`spawn`; ``layer_kwargs``: see :func:`stock_and_plugin_outputs`)."""
     return spawn(layout, f"{__name__}:stock_and_plugin_outputs", scenario, tuple(formats),
-                 tuple(modes), backend=backend)
+                 tuple(modes), layer_kwargs, backend=backend)

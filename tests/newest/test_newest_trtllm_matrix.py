@@ -7,8 +7,8 @@ stood in for on CPU). Without all-to-all kernels it builds the self-routing
 ``TrtLlmNvFp4ExpertsMonolithic`` (``trtllm_fp4_block_scale_moe``), here on a DeepSeek-V3-style
 layer (grouped top-k with correction bias); under DP+EP ``TrtLlmNvFp4ExpertsModular``
 (``trtllm_fp4_block_scale_routed_moe``, routing by vLLM). Both kernels are the FlashInfer 0.7
-emulator (simulation/blackwell_oracle.py). TRT-LLM is a global-sf backend like CUTLASS, so the hole is the
-same: stock compressed-tensors under DP+EP with a sender-quantizing dispatch; the plugin fixes
+emulator (simulation/blackwell_oracle.py). TRT-LLM is a global-sf backend like CUTLASS, so the
+hole is the same: stock compressed-tensors under DP+EP with a sender-quantizing dispatch; the plugin fixes
 it and is bit-identical to stock everywhere else.
 """
 

@@ -154,7 +154,8 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     for i, name in enumerate(layouts, 1):
         _progress(f"matrix: [{i}/{len(layouts)}] {name} ...")
         t = time.monotonic()
-        layout_rows = run_matrix([name], scenario, formats)  # every backend of that layout
+        # every backend of that layout (or those asked for with --backend)
+        layout_rows = run_matrix([name], scenario, formats, backends=args.backend)
         rows.extend(layout_rows)
         oks = ", ".join(f"{r.format}/{r.backend} {'ok' if r.ok else 'NOT ok'}"
                         for r in layout_rows)
@@ -344,6 +345,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only this layout (repeatable): single, pp, tp, tp_ep, tp_all2allv, "
                    "dp_ep_allgather, dp_ep_all2allv, dp")
     m.add_argument("--format", action="append", choices=FORMATS)
+    m.add_argument("--backend", action="append",
+                   choices=("flashinfer_cutlass", "flashinfer_trtllm"),
+                   help="only this FlashInfer MoE backend (repeatable; default: CUTLASS, plus "
+                   "TRT-LLM on vLLM 0.11.0; on 0.14.0+ TRT-LLM rows only when asked for)")
     m.add_argument("--seed", type=_int_in(0, 2 ** 31 - 1), default=0)
     m.add_argument("--spread", type=_spread, default=4.0,
                    help="max/min of the per-expert input scales (default 4; 1 to 229376)")

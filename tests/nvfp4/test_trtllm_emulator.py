@@ -28,8 +28,8 @@ import torch  # noqa: E402
 from vllm_fp4_moe_plugin.nvfp4 import (fp4_quantize, moe_reference_nvfp4,  # noqa: E402
                                        trtllm_fp4_block_scale_moe)
 from vllm_fp4_moe_plugin.nvfp4 import layout as nvfp4_layout  # noqa: E402
-from vllm_fp4_moe_plugin.nvfp4.trtllm_emulator import (route,  # noqa: E402
-                                                       trtllm_fp4_block_scale_moe_0_7)
+from vllm_fp4_moe_plugin.nvfp4.trtllm_emulator import (  # noqa: E402
+    route, trtllm_fp4_block_scale_moe_0_7, trtllm_fp4_block_scale_routed_moe_0_7)
 from vllm_fp4_moe_plugin.nvfp4.trtllm_layout import (gated_row_sources,  # noqa: E402
                                                      gemm1_row_sources, shuffle_gemm1,
                                                      shuffle_gemm2, to_trtllm_inputs,
@@ -526,3 +526,50 @@ def test_0_7_refuses_what_it_does_not_emulate(refusal, device):
         change = dict(per_token_scale=torch.ones(7, device=device))
     with pytest.raises(NotImplementedError):
         trtllm_fp4_block_scale_moe_0_7(**dict(kw, **change))
+
+
+@pytest.mark.parametrize("weights_dtype", [torch.float32, BF16])
+@pytest.mark.parametrize("ep", [(1, 0), (2, 1)])
+def test_0_7_routed_entry_point_is_the_kernel_with_routing_handed_in(weights_dtype, ep, device):
+    """``trtllm_fp4_block_scale_routed_moe`` (what vLLM 0.34.0's modular TRT-LLM experts call):
+    fed the kernel's own routing as ``(ids, weights)`` it gives the unrouted kernel's bits when
+    the weights are bf16 (what the routing kernel writes); fp32 weights are read as fp32; the
+    packed ``(id << 16) | bf16 bits`` form is the same call; with an EP slice only the local
+    experts contribute."""
+    case = make_case(*SHAPE_07, 64, seed=9, device=device, spread=1.0)
+    gs, ex = case.experts.w13_input_gs, case.experts
+    logits, bias = _logits_and_bias(64, ex.num_experts, RENORMALIZE, 9, device)
+    routing = (RENORMALIZE, 4, None, None, None)
+    ids, w = route(logits.to(BF16), None, routing_method_type=RENORMALIZE, top_k=4, n_group=None,
+                   topk_group=None, routed_scaling_factor=None, contract="0.7")
+    size, rank = ep
+    e_local = ex.num_experts // size
+    xq, xsf = fp4_quantize(case.x, gs, is_sf_swizzled_layout=False)
+    inputs = to_trtllm_inputs(ex, a1_gs=gs)
+    for k in ("gemm1_weights", "gemm1_weights_scale", "gemm2_weights", "gemm2_weights_scale",
+              "output1_scale_scalar", "output1_scale_gate_scalar", "output2_scale_scalar"):
+        inputs[k] = inputs[k][rank * e_local:(rank + 1) * e_local].contiguous()
+    common = dict(
+        routing_bias=None, hidden_states=xq,
+        hidden_states_scale=xsf.view(torch.float8_e4m3fn).reshape(xq.shape[0], -1),
+        gemm1_bias=None, gemm1_alpha=None, gemm1_beta=None, gemm1_clamp_limit=None,
+        gemm2_bias=None, num_experts=ex.num_experts, top_k=4, n_group=0, topk_group=0,
+        intermediate_size=ex.intermediate, local_expert_offset=rank * e_local,
+        local_num_experts=e_local, routed_scaling_factor=None, **inputs)
+    routed = trtllm_fp4_block_scale_routed_moe_0_7(
+        (ids.to(torch.int32), w.to(weights_dtype)), routing_method_type=1, **common)[0]
+    kernel = trtllm_fp4_block_scale_moe_0_7(logits.to(BF16), routing_method_type=RENORMALIZE,
+                                            **common)[0]
+    if weights_dtype == BF16:
+        assert torch.equal(routed, kernel)
+        packed = (ids.to(torch.int32) << 16) | (
+            w.to(BF16).view(torch.int16).to(torch.int32) & 0xFFFF)
+        assert torch.equal(trtllm_fp4_block_scale_routed_moe_0_7(
+            packed, routing_method_type=1, **common)[0], routed)
+    mine = (ids >= rank * e_local) & (ids < (rank + 1) * e_local)
+    ref = moe_reference_nvfp4(case.x, ex, torch.where(mine, w.to(weights_dtype).float(),
+                                                      torch.zeros_like(w.float())), ids, a1_gs=gs)
+    assert rel_err(routed, ref) <= IDEAL_BOUND
+    with pytest.raises(NotImplementedError, match="lora"):
+        trtllm_fp4_block_scale_routed_moe_0_7((ids.to(torch.int32), w), routing_method_type=1,
+                                              gemm1_lora_delta=torch.zeros(1), **common)

@@ -447,12 +447,94 @@ def trtllm_fp4_block_scale_moe_0_7(
         contract="0.7", routing_replay_out=routing_replay_out)
 
 
+
+def _split_precomputed(topk_ids):
+    """The routed entry point's two routing encodings (fi 0.6.18 flashinfer/fused_moe/core.py:
+    5038-5045, docstring :6291-6306): a tuple ``(ids, weights)`` -- plain int16/int32 expert ids
+    and bf16 or fp32 weights, consumed at their own dtype (the finalize reads them as
+    ``mDtypeExpW = Fp32`` or ``Bfloat16``, csrc/trtllm_fused_moe_kernel_launcher.cu:3028-3031)
+    -- or one int32 tensor packing ``(expert_id << 16) | bf16 weight bits``."""
+    if isinstance(topk_ids, tuple):
+        ids, weights = topk_ids
+        _check(ids.dtype in (torch.int16, torch.int32), "unpacked topk_ids must be int16 or int32.")
+        _check(weights.dtype in (torch.bfloat16, torch.float32),
+               "topk_weights must be bfloat16 or float32.")
+        _check(weights.shape == ids.shape, "topk_weights must match topk_ids.")
+        return ids.long(), weights
+    _check(topk_ids.dtype == torch.int32, "packed topk_ids must be int32.")
+    ids = (topk_ids >> 16).long()
+    weights = (topk_ids & 0xFFFF).to(torch.int16).view(torch.bfloat16)
+    return ids, weights
+
+
+def trtllm_fp4_block_scale_routed_moe_0_7(
+    topk_ids,
+    routing_bias: Optional[torch.Tensor],
+    hidden_states: torch.Tensor,
+    hidden_states_scale: Optional[torch.Tensor],
+    gemm1_weights: torch.Tensor,
+    gemm1_weights_scale: torch.Tensor,
+    gemm1_bias: Optional[torch.Tensor],
+    gemm1_alpha: Optional[torch.Tensor],
+    gemm1_beta: Optional[torch.Tensor],
+    gemm1_clamp_limit: Optional[torch.Tensor],
+    gemm2_weights: torch.Tensor,
+    gemm2_weights_scale: torch.Tensor,
+    gemm2_bias: Optional[torch.Tensor],
+    output1_scale_scalar: Optional[torch.Tensor],
+    output1_scale_gate_scalar: Optional[torch.Tensor],
+    output2_scale_scalar: Optional[torch.Tensor],
+    num_experts: int,
+    top_k: int,
+    n_group: Optional[int],
+    topk_group: Optional[int],
+    intermediate_size: int,
+    local_expert_offset: int,
+    local_num_experts: int,
+    routed_scaling_factor: Optional[float],
+    routing_method_type: int = 0,
+    do_finalize: bool = True,
+    enable_pdl: Optional[bool] = None,
+    activation_type: int = 3,
+    per_token_scale: Optional[torch.Tensor] = None,
+    output: Optional[torch.Tensor] = None,
+    tune_max_num_tokens: int = 8192,
+    gemm1_lora_delta: Optional[torch.Tensor] = None,
+) -> List[torch.Tensor]:
+    """``trtllm_fp4_block_scale_routed_moe`` (fi 0.6.18 flashinfer/fused_moe/core.py:6254-6475):
+    the same kernel as :func:`trtllm_fp4_block_scale_moe_0_7` with the routing precomputed by
+    the caller (vLLM 0.34.0's modular ``TrtLlmNvFp4ExpertsModular``, FM/experts/
+    trtllm_nvfp4_moe.py:388-423, passes ``(topk_ids, topk_weights)``). The routing arguments
+    (``routing_bias``, ``n_group``, ``topk_group``, ``routed_scaling_factor``,
+    ``routing_method_type``) are not used for precomputed routing (vLLM: "not used"); ids
+    outside ``[local_expert_offset, +local_num_experts)`` contribute nothing, as in the routed
+    kernel. Not emulated (raises): ``gemm1_lora_delta`` and everything the unrouted entry point
+    refuses."""
+    if gemm1_lora_delta is not None:
+        raise NotImplementedError("gemm1_lora_delta is not emulated")
+    ids, weights = _split_precomputed(topk_ids)
+    _check(ids.dim() == 2 and ids.shape[1] == top_k, "topk_ids dim1 must match top_k.")
+    _check(num_experts >= top_k, "num_experts must be at least top_k.")
+    return _emulate(
+        None, None, hidden_states, hidden_states_scale, gemm1_weights,
+        gemm1_weights_scale, gemm2_weights, gemm2_weights_scale, output1_scale_scalar,
+        output1_scale_gate_scalar, output2_scale_scalar, num_experts=num_experts, top_k=top_k,
+        n_group=n_group, topk_group=topk_group, intermediate_size=intermediate_size,
+        local_expert_offset=local_expert_offset, local_num_experts=local_num_experts,
+        routed_scaling_factor=routed_scaling_factor, routing_method_type=routing_method_type,
+        do_finalize=do_finalize, swiglu=activation_type == 3, output=output,
+        unsupported={"gemm1_bias": gemm1_bias, "gemm1_alpha": gemm1_alpha,
+                     "gemm1_beta": gemm1_beta, "gemm1_clamp_limit": gemm1_clamp_limit,
+                     "gemm2_bias": gemm2_bias, "per_token_scale": per_token_scale},
+        contract="0.7", precomputed=(ids, weights))
+
+
 def _emulate(routing_logits, routing_bias, hidden_states, hidden_states_scale, gemm1_weights,
              gemm1_weights_scale, gemm2_weights, gemm2_weights_scale, out1_scale, out1_gate_scale,
              out2_scale, *, num_experts, top_k, n_group, topk_group, intermediate_size,
              local_expert_offset, local_num_experts, routed_scaling_factor, routing_method_type,
              do_finalize, swiglu, output, unsupported, contract="0.3.1",
-             routing_replay_out=None):
+             routing_replay_out=None, precomputed=None):
     for name, t in unsupported.items():
         if t is not None:
             raise NotImplementedError(f"{name} is not emulated")
@@ -495,8 +577,9 @@ def _emulate(routing_logits, routing_bias, hidden_states, hidden_states_scale, g
            "output1_scales_gate_scalar is required for E2m1 activation")
     _check(out2_scale is not None, "output2_scales_scalar is required for E2m1 activation")
 
-    _check_routing_args(method, num_experts, top_k, n_group, topk_group, routing_logits,
-                        routing_bias, contract)
+    if precomputed is None:
+        _check_routing_args(method, num_experts, top_k, n_group, topk_group, routing_logits,
+                            routing_bias, contract)
 
     # Shapes (fi.launch:892-987).
     inter, lne = intermediate_size, local_num_experts
@@ -537,9 +620,13 @@ def _emulate(routing_logits, routing_bias, hidden_states, hidden_states_scale, g
         _check(output.shape == (num_tokens, hidden) and output.dtype == torch.bfloat16,
                "output must be bf16 [num_tokens, hidden_size]")
 
-    ids, weights = route(routing_logits, routing_bias, routing_method_type=method, top_k=top_k,
-                         n_group=n_group, topk_group=topk_group,
-                         routed_scaling_factor=routed_scaling_factor, contract=contract)
+    if precomputed is not None:
+        ids, weights = precomputed
+        _check(ids.shape[0] == num_tokens, "topk_ids dim0 must match hidden_states.")
+    else:
+        ids, weights = route(routing_logits, routing_bias, routing_method_type=method,
+                             top_k=top_k, n_group=n_group, topk_group=topk_group,
+                             routed_scaling_factor=routed_scaling_factor, contract=contract)
     if routing_replay_out is not None:  # fi7 core.py:6486-6496: rows [0, M) get the ids
         routing_replay_out[:num_tokens].copy_(ids.to(torch.int16))
 

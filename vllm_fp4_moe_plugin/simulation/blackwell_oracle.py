@@ -77,6 +77,36 @@ gained
 ``situ_beta``/``situ_linear_beta`` (fi 0.6.18 flashinfer/fused_moe/core.py:1180-1217); the NVFP4
 operands (six scales, act scales scalar or one per local expert, block scales as int32 views)
 are unchanged, so the 0.3.1 emulator is reused behind :func:`_fi_cutlass_fused_moe`.
+
+With ``backend="latency"`` (``--moe-backend flashinfer_trtllm``, vLLM's first choice on SM100,
+oracle/nvfp4.py:238-247) the seam also replaces, for its duration:
+
+=====================================================  ===========================================
+vLLM 0.34.0 / FlashInfer symbol replaced               why it has to be replaced on CPU
+=====================================================  ===========================================
+``TrtLlmNvFp4ExpertsBase._supports_current_device``    capability probe (FM/experts/trtllm_nvfp4_
+                                                       moe.py:226-234): keeps SM100, drops
+                                                       ``is_cuda()`` and the FlashInfer probe
+``flashinfer.fused_moe.trtllm_fp4_block_scale_moe``    SM100 kernels (monolithic :601-634, modular
+``flashinfer.fused_moe.trtllm_fp4_block_scale_``       :388-423) -> ``nvfp4.trtllm_emulator``'s
+``routed_moe``                                         0.7 contract (``..._moe_0_7``,
+                                                       ``..._routed_moe_0_7``)
+``flashinfer.nvfp4_block_scale_interleave``            SF interleave at weight preparation
+                                                       (Q/utils/flashinfer_fp4_moe.py:416-433)
+                                                       -> the CPU twin of the 128x4 layout
+``flashinfer.fused_moe.core._maybe_get_cached_w3_``    row-permutation indices of the TRT-LLM
+``w1_permute_indices``, ``get_w2_permute_indices_``    shuffles (:367-390; fi 0.6.18 flashinfer/
+``with_cache``                                         fused_moe/core.py:417-483) -> the same
+                                                       indices from ``nvfp4.trtllm_layout``
+``flashinfer.fused_moe.core.ActivationType``           :class:`ActivationType` twin
+=====================================================  ===========================================
+
+FlashInfer is not installed in that virtualenv, so these are a stand-in module tree
+(:func:`_flashinfer_trtllm_stub`); vLLM's own weight preparation (``reorder_w1w3_to_w3w1``,
+``align_fp4_moe_*``, ``prepare_static_weights_for_trtllm_fp4_moe``), quant config, prepare/
+finalize and experts classes run unchanged. The activations are quantized by vLLM's
+``scaled_fp4_quant`` in the LINEAR SF layout the TRT-LLM kernel reads (``is_scale_swizzled``
+False, oracle/nvfp4.py:588-597).
 """
 
 from __future__ import annotations
@@ -484,18 +514,93 @@ def _fi_cutlass_supports_current_device() -> bool:
     return p.is_device_capability_family(100)
 
 
+# --- FlashInfer TRT-LLM ("latency", ``--moe-backend flashinfer_trtllm``) ---------------------
+_TRT = f"{_FM}.experts.trtllm_nvfp4_moe"
+
+
+def _w3_w1_permute_indices(cache, dst_w3_w1_weight: torch.Tensor, epilogue_tile_m: int,
+                           num_elts_per_sf=None, is_gated_act_gemm: bool = True) -> torch.Tensor:
+    """Stand-in for FlashInfer's ``_maybe_get_cached_w3_w1_permute_indices`` (fi 0.6.18
+    flashinfer/fused_moe/core.py:417-453): row ``i`` of the kernel's GEMM1 matrix is row
+    ``src[i]`` of ``[w3; w1]`` -- the gated-activation interleave chained with the 32-row
+    ``shuffle_matrix_a`` block permutation, the same for weights and linear block scales
+    (``get_shuffle_matrix_sf_a_row_indices`` permutes whole rows too). FlashInfer computes it
+    with device kernels; :mod:`nvfp4.trtllm_layout` computes the same indices on CPU (checked
+    byte for byte against FlashInfer 0.3.1's shuffles in tests/nvfp4)."""
+    from vllm_fp4_moe_plugin.nvfp4 import trtllm_layout as tl
+
+    rows = dst_w3_w1_weight.shape[0]
+    key = ("w3_w1", tuple(dst_w3_w1_weight.shape), epilogue_tile_m, num_elts_per_sf,
+           is_gated_act_gemm)
+    if key not in cache:
+        cache[key] = (tl.gemm1_row_sources(rows, epilogue_tile_m) if is_gated_act_gemm
+                      else tl.shuffle_row_sources(rows, epilogue_tile_m))
+    return cache[key]
+
+
+def _w2_permute_indices(cache, dst_w2_weight: torch.Tensor, epilogue_tile_m: int,
+                        num_elts_per_sf=None) -> torch.Tensor:
+    """Stand-in for ``get_w2_permute_indices_with_cache`` (fi 0.6.18 flashinfer/fused_moe/
+    core.py:456-483): the ``shuffle_matrix_a`` row permutation alone."""
+    from vllm_fp4_moe_plugin.nvfp4 import trtllm_layout as tl
+
+    key = ("w2", tuple(dst_w2_weight.shape), epilogue_tile_m, num_elts_per_sf)
+    if key not in cache:
+        cache[key] = tl.shuffle_row_sources(dst_w2_weight.shape[0], epilogue_tile_m)
+    return cache[key]
+
+
+def _flashinfer_trtllm_stub():
+    """The FlashInfer names vLLM 0.34.0's TRT-LLM NVFP4 path imports at call time, as a module
+    tree installed for the seam's duration (FlashInfer 0.7.3 is not installable here):
+    ``flashinfer.nvfp4_block_scale_interleave`` and the two permute-index helpers
+    (Q/utils/flashinfer_fp4_moe.py:338-342, weight preparation), ``flashinfer.fused_moe.
+    trtllm_fp4_block_scale_moe`` / ``trtllm_fp4_block_scale_routed_moe`` (FM/experts/
+    trtllm_nvfp4_moe.py:388, 601: the kernels, -> the 0.7 emulator) and ``flashinfer.fused_moe.
+    core.ActivationType`` (Q/utils/flashinfer_utils.py:39-40)."""
+    import importlib.machinery
+    import types
+
+    from vllm_fp4_moe_plugin.nvfp4 import trtllm_emulator as te
+
+    mods = {}
+    for name in ("flashinfer", "flashinfer.fused_moe", "flashinfer.fused_moe.core"):
+        m = types.ModuleType(name)
+        m.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+        mods[name] = m
+    fi, fm, core = (mods["flashinfer"], mods["flashinfer.fused_moe"],
+                    mods["flashinfer.fused_moe.core"])
+    fi.fused_moe, fm.core = fm, core
+    fi.nvfp4_block_scale_interleave = nvfp4.block_scale_interleave
+    fm.trtllm_fp4_block_scale_moe = te.trtllm_fp4_block_scale_moe_0_7
+    fm.trtllm_fp4_block_scale_routed_moe = te.trtllm_fp4_block_scale_routed_moe_0_7
+    core.ActivationType = ActivationType
+    core._maybe_get_cached_w3_w1_permute_indices = _w3_w1_permute_indices
+    core.get_w2_permute_indices_with_cache = _w2_permute_indices
+    return mods
+
+
+def _trtllm_supports_current_device() -> bool:
+    """v0.34.0 FM/experts/trtllm_nvfp4_moe.py:226-234 without ``is_cuda()`` and the FlashInfer
+    probe (its kernels are the emulator's)."""
+    from vllm.platforms import current_platform as p
+
+    return p.is_device_capability_family(100)
+
+
 @contextlib.contextmanager
 def simulated_blackwell(*, backend: str = "throughput",
                         kernel: str = "emulator") -> Iterator[None]:
     """Run vLLM's oracle-design NVFP4 MoE code on CPU with the emulator as FlashInfer.
 
     The backend is chosen the way a user does it, ``--moe-backend flashinfer_cutlass``
-    (``KernelConfig.moe_backend``; see :func:`moe_backend`); only ``backend="throughput"``
-    (CUTLASS) is simulated here."""
+    (``KernelConfig.moe_backend``; see :data:`MOE_BACKENDS`): ``backend="throughput"``
+    (CUTLASS) or ``"latency"`` (TRT-LLM: also its kernels, weight-shuffle helpers and device
+    probe, see :func:`_flashinfer_trtllm_stub`)."""
     global CpuDeviceCommunicator
-    if backend != "throughput" or kernel != "emulator":
-        raise NotImplementedError("the oracle seam simulates FlashInfer CUTLASS with the "
-                                  "emulator only")
+    if backend not in MOE_BACKENDS or kernel != "emulator":
+        raise NotImplementedError("the oracle seam simulates FlashInfer CUTLASS and TRT-LLM "
+                                  "with the emulator only")
     import vllm._custom_ops as ops
     from vllm.platforms import current_platform
 
@@ -535,6 +640,16 @@ def simulated_blackwell(*, backend: str = "throughput",
         p.set(f"{_FM}.all2all_utils", "flashinfer_one_sided_dispatch_layout",
               _one_sided_dispatch_layout, only_if_present=True)  # not in 0.28.0
         p.set(torch.accelerator, "current_device_index", lambda: 0)
+        if backend == "latency":
+            if importlib.util.find_spec("flashinfer") is not None:
+                raise NotImplementedError("the TRT-LLM seam stands in for FlashInfer only "
+                                          "where it is not installed")
+            trt = importlib.import_module(_TRT)
+            p.set_cls(trt.TrtLlmNvFp4ExpertsBase, "_supports_current_device",
+                      staticmethod(_trtllm_supports_current_device))
+            for name, mod in _flashinfer_trtllm_stub().items():
+                stubbed.append(name)
+                sys.modules[name] = mod
         # 0.28.0's workspace manager empties the device cache when it grows (v0.28.0
         # v1/worker/workspace.py:206); there is no device cache on CPU.
         p.set(torch.accelerator, "empty_cache", lambda: None, only_if_present=True)
@@ -546,3 +661,5 @@ def simulated_blackwell(*, backend: str = "throughput",
 
 
 MOE_BACKEND = "flashinfer_cutlass"  # KernelConfig.moe_backend the layouts ask for
+#: seam backend -> the ``--moe-backend`` (KernelConfig.moe_backend) a user picks it with
+MOE_BACKENDS = {"throughput": MOE_BACKEND, "latency": "flashinfer_trtllm"}

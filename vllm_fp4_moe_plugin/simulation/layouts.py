@@ -94,7 +94,7 @@ class RankContext:
 
 
 def _worker(rank: int, layout: Layout, job: str, args: tuple, ports: list[int], queue,
-            log_path: Optional[str]) -> None:
+            log_path: Optional[str], backend: str = "throughput") -> None:
     if log_path:  # vLLM and gloo print a lot per rank; keep it out of the caller's output
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(fd, 1)
@@ -102,14 +102,15 @@ def _worker(rank: int, layout: Layout, job: str, args: tuple, ports: list[int], 
     try:
         # Bytes, not tensors: torch would share storage by fd, which dies with this process.
         buf = io.BytesIO()
-        torch.save(_run_job(rank, layout, job, args, ports), buf)
+        torch.save(_run_job(rank, layout, job, args, ports, backend), buf)
         queue.put((rank, buf.getvalue()))
     except BaseException:  # report, never hang the parent
         queue.put(RuntimeError(f"rank {rank} of layout {layout.name} failed in {job}:\n"
                                f"{traceback.format_exc()}"))
 
 
-def _run_job(rank: int, layout: Layout, job: str, args: tuple, ports: list[int]):
+def _run_job(rank: int, layout: Layout, job: str, args: tuple, ports: list[int],
+             backend: str = "throughput"):
     os.environ["VLLM_ALL2ALL_BACKEND"] = layout.all2all
     torch.set_num_threads(1)
     from vllm.config import DeviceConfig, ParallelConfig, VllmConfig, set_current_vllm_config
@@ -135,17 +136,21 @@ def _run_job(rank: int, layout: Layout, job: str, args: tuple, ports: list[int])
     if "all2all_backend" in getattr(ParallelConfig, "__dataclass_fields__", {}):
         parallel.all2all_backend = layout.all2all  # 0.11.1+: a config field, not only an env
     parallel._data_parallel_master_port_list = list(ports[1:])
-    extra = {}
+    extra, seam = {}, {}
     if oracle:  # the user's --moe-backend flashinfer_cutlass (KernelConfig.moe_backend)
         from vllm.config import KernelConfig
 
-        extra["kernel_config"] = KernelConfig(moe_backend=blackwell_oracle.MOE_BACKEND)
+        extra["kernel_config"] = KernelConfig(
+            moe_backend=blackwell_oracle.MOE_BACKENDS[backend])
+        seam["backend"] = backend
+    elif backend != "throughput":
+        raise NotImplementedError("spawn(backend=...) selects the oracle design's backend")
     cfg = VllmConfig(device_config=DeviceConfig(device="cpu"), parallel_config=parallel, **extra)
     if oracle and getattr(cfg.compilation_config, "max_cudagraph_capture_size", 0) is None:
         # A GPU engine always has one; v0.20.0's FlashInferExperts passes it to FlashInfer as
         # tune_max_num_tokens (FM/flashinfer_cutlass_moe.py:393), a tuning hint only.
         cfg.compilation_config.max_cudagraph_capture_size = 512
-    with set_current_vllm_config(cfg), simulated_blackwell():
+    with set_current_vllm_config(cfg), simulated_blackwell(**seam):
         try:
             init_distributed_environment(world_size=layout.tp * layout.pp, rank=rank_in_dp,
                                          distributed_init_method=f"tcp://127.0.0.1:{ports[0]}",
@@ -178,19 +183,21 @@ def _release_groups() -> None:
 
 
 def spawn(layout: Layout, job: str, *args, timeout_s: float = 600.0,
-          quiet: bool = True) -> list:
+          quiet: bool = True, backend: str = "throughput") -> list:
     """Run ``job`` ("module:function", called as ``f(RankContext, *args)``) in every rank of
     ``layout``, each a fresh spawned process in real gloo groups; results ordered by rank.
 
     With ``quiet`` each rank's output goes to a log file, whose tail is attached to the error
-    if a rank fails."""
+    if a rank fails. ``backend`` (oracle design only): the seam backend every rank runs,
+    ``"throughput"`` (FlashInfer CUTLASS) or ``"latency"`` (TRT-LLM), as ``--moe-backend``."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     ports = [_free_port() for _ in range(4)]
     log_dir = tempfile.mkdtemp(prefix=f"fp4moe-{layout.name}-") if quiet else None
     logs = [os.path.join(log_dir, f"rank{r}.log") if log_dir else None
             for r in range(layout.world)]
-    procs = [ctx.Process(target=_worker, args=(r, layout, job, args, ports, queue, logs[r]))
+    procs = [ctx.Process(target=_worker,
+                         args=(r, layout, job, args, ports, queue, logs[r], backend))
              for r in range(layout.world)]
     for p in procs:
         p.start()
@@ -225,8 +232,10 @@ def _log_tails(logs: list, lines: int = 30) -> str:
 
 
 def stock_and_plugin_outputs(ctx: RankContext, scenario: Scenario, formats: tuple[str, ...],
-                             modes: tuple[str, ...]) -> RankOutput:
-    """Job: build the layer once per format x mode (stock / plugin) and run the same tokens."""
+                             modes: tuple[str, ...],
+                             layer_kwargs: Optional[dict] = None) -> RankOutput:
+    """Job: build the layer once per format x mode (stock / plugin) and run the same tokens
+    (``layer_kwargs``: extra ``FusedMoE`` arguments, e.g. DeepSeek-style routing)."""
     from vllm_fp4_moe_plugin import consistency, patches
     from vllm_fp4_moe_plugin.simulation import moe_layer
 
@@ -243,7 +252,8 @@ def stock_and_plugin_outputs(ctx: RankContext, scenario: Scenario, formats: tupl
                     patches.apply_all()
                 else:
                     patches.revert_all()
-                built = moe_layer.build_layer(experts, fmt, top_k=scenario.top_k, index=index)
+                built = moe_layer.build_layer(experts, fmt, top_k=scenario.top_k, index=index,
+                                              **dict(layer_kwargs or {}))
                 index += 1
                 moe_layer.prepare_modular_kernel(built.layer)
                 key = f"{fmt}/{mode}"
@@ -308,7 +318,9 @@ def _describe_runner(runner) -> dict[str, Any]:
 
 
 def run_layout(layout: Layout, scenario: Scenario, formats=("modelopt", "compressed-tensors"),
-               modes=("stock", "plugin")) -> list[RankOutput]:
-    """Stock and plugin outputs of every rank of ``layout`` on the scenario's tokens."""
+               modes=("stock", "plugin"), backend: str = "throughput",
+               layer_kwargs: Optional[dict] = None) -> list[RankOutput]:
+    """Stock and plugin outputs of every rank of ``layout`` on the scenario's tokens
+    (``backend``: see :func:`spawn`; ``layer_kwargs``: see :func:`stock_and_plugin_outputs`)."""
     return spawn(layout, f"{__name__}:stock_and_plugin_outputs", scenario, tuple(formats),
-                 tuple(modes))
+                 tuple(modes), layer_kwargs, backend=backend)

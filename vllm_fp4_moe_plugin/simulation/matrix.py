@@ -74,15 +74,24 @@ def _min_per_rank(gs: torch.Tensor, ep_size: int) -> torch.Tensor:
     return blocks.min(dim=1, keepdim=True).values.expand_as(blocks).reshape(-1)
 
 
-def references(scenario: Scenario, dp_rank: int, scheme: str, ep_size: int = 1):
+def references(scenario: Scenario, dp_rank: int, scheme: str, ep_size: int = 1,
+               intermediate_dtype: Optional[torch.dtype] = torch.bfloat16,
+               kernel_routing: bool = False):
     """(ideal NVFP4 reference, fp32 reference) for one rank's tokens, under ``scheme``
-    (see :func:`reference_scheme`); ``ep_size`` groups the experts for the per-rank schemes."""
+    (see :func:`reference_scheme`); ``ep_size`` groups the experts for the per-rank schemes.
+    ``intermediate_dtype``: where the kernel rounds GEMM1's output (CUTLASS: bf16; the TRT-LLM
+    kernel requantizes it straight from fp32, ``None``, see ``trtllm_emulator.py``).
+    ``kernel_routing``: the DeepSeek-V3-style layer routed by the TRT-LLM monolithic kernel
+    itself (:func:`trtllm_kernel_routing`) instead of the layer's softmax top-k."""
     from vllm_fp4_moe_plugin.nvfp4 import moe_reference_fp32, moe_reference_nvfp4
     from vllm_fp4_moe_plugin.simulation.blackwell import cpu_topk_softmax_routing
 
     experts = scenario.experts()
     x, logits = scenario.inputs(dp_rank)
-    weights, ids = cpu_topk_softmax_routing(x, logits, scenario.top_k, True)
+    if kernel_routing:
+        weights, ids = trtllm_kernel_routing(scenario, logits)
+    else:
+        weights, ids = cpu_topk_softmax_routing(x, logits, scenario.top_k, True)
     gs = experts.w13_input_gs.float()
     if scheme not in SCHEMES:
         raise ValueError(f"unknown reference scheme {scheme!r}")
@@ -101,9 +110,26 @@ def references(scenario: Scenario, dp_rank: int, scheme: str, ep_size: int = 1):
         a2 = None
     # bf16 where the kernel stores GEMM outputs and the SwiGLU result (fused_moe_emulator.py).
     ideal = moe_reference_nvfp4(x, experts, weights, ids, a1_gs=a1, a2_gs=a2,
-                                intermediate_dtype=torch.bfloat16)
+                                intermediate_dtype=intermediate_dtype)
     fp32 = moe_reference_fp32(x, experts, weights, ids)
     return ideal, fp32
+
+
+def trtllm_kernel_routing(scenario: Scenario, logits: torch.Tensor):
+    """(weights, ids) the TRT-LLM monolithic kernel computes for the DeepSeek-V3-style layer
+    (``trtllm_seam.layer_kwargs``: sigmoid, correction bias, 2 groups keep 1): vLLM 0.34.0
+    hands it the router logits, ``e_score_correction_bias`` and ``routing_method_type``
+    DeepSeekV3 (FM/experts/trtllm_nvfp4_moe.py:601-633); the emulator's own routing (0.7
+    contract), bf16 weights as the routing kernel writes them."""
+    from vllm_fp4_moe_plugin.nvfp4.trtllm_emulator import RoutingMethodType, route
+    from vllm_fp4_moe_plugin.simulation import trtllm_seam
+
+    ids, weights = route(logits, trtllm_seam.routing_bias(scenario),
+                         routing_method_type=int(RoutingMethodType.DeepSeekV3),
+                         top_k=scenario.top_k, n_group=trtllm_seam.NUM_EXPERT_GROUP,
+                         topk_group=trtllm_seam.TOPK_GROUP, routed_scaling_factor=1.0,
+                         contract="0.7")
+    return weights.float(), ids.long()
 
 
 # per_expert: each expert's own GEMM1 input scale (kernel-side quantization);
@@ -172,11 +198,46 @@ def installed_release() -> tuple[str, Optional[str]]:
     return vllm.__version__, compat.probe().design
 
 
+def trtllm_routes_itself(backend: str, layout) -> bool:
+    """Which TRT-LLM rows use the monolithic, self-routing kernel: vLLM 0.34.0 takes
+    ``TrtLlmNvFp4ExpertsMonolithic`` unless all-to-all kernels are in use (DP+EP) or EPLB is on
+    (FM/experts/trtllm_nvfp4_moe.py:518-524), and only for a routing method the kernel knows
+    (:526-541; a custom routing function is not one). Those rows use a DeepSeek-V3-style layer
+    (grouped top-k with correction bias) routed by the kernel; the DP+EP rows keep the layer's
+    softmax top-k and the modular experts (``trtllm_fp4_block_scale_routed_moe``)."""
+    return backend == "flashinfer_trtllm" and not (layout.dp > 1 and layout.ep)
+
+
+def trtllm_layer_kwargs(scenario: Scenario) -> dict:
+    """The DeepSeek-V3-style layer of the self-routing TRT-LLM rows, vLLM's own router."""
+    from vllm_fp4_moe_plugin.simulation import trtllm_seam
+
+    return dict(trtllm_seam.layer_kwargs(scenario), custom_routing_function=None)
+
+
+#: matrix backend -> the oracle seam's backend (blackwell_oracle.MOE_BACKENDS).
+ORACLE_SEAM_BACKENDS = {BACKEND: "throughput", "flashinfer_trtllm": "latency"}
+
+
 def rows_for_layout(layout_name: str, scenario: Scenario,
-                    formats=("modelopt", "compressed-tensors")) -> list[Row]:
+                    formats=("modelopt", "compressed-tensors"), backend: str = BACKEND,
+                    ranks=None) -> list[Row]:
+    """One row per format. ``backend`` ``"flashinfer_trtllm"`` (oracle design only): vLLM's
+    oracle picks FLASHINFER_TRTLLM (``--moe-backend flashinfer_trtllm``): the monolithic,
+    self-routing kernel on a DeepSeek-V3-style layer where vLLM takes it, the modular experts
+    and ``trtllm_fp4_block_scale_routed_moe`` under DP+EP (:func:`trtllm_routes_itself`); the
+    scales are collapsed exactly as for
+    CUTLASS (both are global-sf backends, oracle/nvfp4.py:69-83), so the reference scheme is
+    the same, without CUTLASS's bf16 rounding of GEMM1's output. ``ranks``: outputs of
+    :func:`~.layouts.run_layout` for this layout and backend already in hand."""
     layout = LAYOUTS[layout_name]
     version, design = installed_release()
-    ranks = run_layout(layout, scenario, formats=formats)
+    kernel_routing = trtllm_routes_itself(backend, layout)
+    if ranks is None:
+        ranks = run_layout(layout, scenario, formats=formats,
+                           backend=ORACLE_SEAM_BACKENDS[backend],
+                           layer_kwargs=trtllm_layer_kwargs(scenario) if kernel_routing else None)
+    inter_dtype = torch.bfloat16 if backend == BACKEND else None
     refs = {}
     rows = []
     for fmt in formats:
@@ -188,7 +249,9 @@ def rows_for_layout(layout_name: str, scenario: Scenario,
         for r in ranks:
             if (r.dp_rank, scheme) not in refs:
                 refs[r.dp_rank, scheme] = references(scenario, r.dp_rank, scheme,
-                                                     ep_size=layout.ep_size)
+                                                     ep_size=layout.ep_size,
+                                                     intermediate_dtype=inter_dtype,
+                                                     kernel_routing=kernel_routing)
             ideal, fp32 = refs[r.dp_rank, scheme]
             noise.append(rel_err(ideal, fp32))
             for mode in errs:
@@ -209,7 +272,7 @@ def rows_for_layout(layout_name: str, scenario: Scenario,
             torch.equal(r.outputs[f"{fmt}/stock"], r.outputs[f"{fmt}/plugin"]) for r in ranks)
         correct = plugin <= PLUGIN_BOUND and plugin_fp32 <= FP32_FACTOR * floor
         rows.append(Row(
-            format=fmt, layout=layout_name, backend=BACKEND,
+            format=fmt, layout=layout_name, backend=backend,
             stock_rel_err=stock, plugin_rel_err=plugin, bound=PLUGIN_BOUND, noise_floor=floor,
             plugin_fp32_err=plugin_fp32, stock_fp32_err=max(fp32_errs["stock"]),
             stock_affected=affected, bit_identical=identical, reference_scheme=scheme,
@@ -222,21 +285,47 @@ def rows_for_layout(layout_name: str, scenario: Scenario,
     return rows
 
 
+#: Layouts whose oracle-design TRT-LLM rows have been run (vLLM 0.34.0): the modular
+#: TrtLlmNvFp4ExpertsModular in each, under the layout's own prepare/finalize.
+ORACLE_TRTLLM_LAYOUTS = ("single", "pp", "tp", "tp_ep", "tp_all2allv", "dp_ep_allgather",
+                         "dp_ep_all2allv", "dp", "dp_ep_one_sided")
+
+
+def default_backends(oracle: Optional[bool] = None) -> tuple[str, ...]:
+    """The matrix's backends when none are asked for: CUTLASS and, on vLLM 0.11.0, its TRT-LLM
+    rows; on the oracle design CUTLASS only (``--backend flashinfer_trtllm`` adds TRT-LLM rows,
+    kept out of the default so the published 0.34.0 matrix stays the CUTLASS one)."""
+    if oracle is None:
+        from vllm_fp4_moe_plugin.simulation import blackwell_oracle
+
+        oracle = blackwell_oracle.applies()
+    return (BACKEND,) if oracle else (BACKEND, "flashinfer_trtllm")
+
+
 def run_matrix(layouts: Optional[Iterable[str]] = None, scenario: Optional[Scenario] = None,
                formats=("modelopt", "compressed-tensors"),
-               backends=(BACKEND, "flashinfer_trtllm")) -> list[Row]:
-    """``layouts`` default: :func:`~.layouts.default_layouts` of the installed vLLM."""
-    from vllm_fp4_moe_plugin.simulation import trtllm_seam
+               backends: Optional[Iterable[str]] = None) -> list[Row]:
+    """``layouts`` default: :func:`~.layouts.default_layouts` of the installed vLLM;
+    ``backends`` default: :func:`default_backends`."""
+    from vllm_fp4_moe_plugin.simulation import blackwell_oracle, trtllm_seam
     from vllm_fp4_moe_plugin.simulation.layouts import default_layouts
 
+    oracle = blackwell_oracle.applies()
     layouts = default_layouts() if layouts is None else layouts
+    backends = tuple(default_backends(oracle) if backends is None else backends)
     scenario = scenario or Scenario()
     design = installed_release()[1]
     rows: list[Row] = []
     for name in layouts:
         if BACKEND in backends:
             rows.extend(rows_for_layout(name, scenario, formats))
-        if trtllm_seam.BACKEND in backends and trtllm_seam.applies(name, formats, design):
+        if trtllm_seam.BACKEND not in backends:
+            continue
+        if oracle:  # vLLM 0.14.0+: the oracle picks FLASHINFER_TRTLLM
+            if name in ORACLE_TRTLLM_LAYOUTS:
+                rows.extend(rows_for_layout(name, scenario, formats,
+                                            backend=trtllm_seam.BACKEND))
+        elif trtllm_seam.applies(name, formats, design):
             rows.extend(trtllm_seam.rows_for_layout(name, scenario))  # vLLM 0.11.0's TRT-LLM
     return rows
 

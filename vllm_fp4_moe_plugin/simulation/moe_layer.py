@@ -125,11 +125,14 @@ def _build_runner(experts: QuantizedExperts, fmt: str, *, top_k: int, index: int
 
     mlp = MLP_PREFIX.format(index=index)
     prefix = f"{mlp}.experts"
+    # custom_routing_function=None: vLLM's own router (e.g. grouped top-k), which the TRT-LLM
+    # monolithic kernel replaces by its own routing
+    layer_kwargs.setdefault("custom_routing_function", cpu_topk_softmax_routing)
     runner = FusedMoEFactory(
         num_experts=experts.num_experts, top_k=top_k, hidden_size=experts.hidden,
         intermediate_size=experts.intermediate, params_dtype=dtype, reduce_results=True,
         renormalize=True, quant_config=make_quant_config(fmt), prefix=prefix,
-        custom_routing_function=cpu_topk_softmax_routing, **layer_kwargs)
+        **layer_kwargs)
     tensors = expert_tensors(experts, fmt, prefix)
     for name, tensor in (overrides or {}).items():
         if name not in tensors:

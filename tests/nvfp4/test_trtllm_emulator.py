@@ -539,7 +539,6 @@ def test_0_7_routed_entry_point_is_the_kernel_with_routing_handed_in(weights_dty
     case = make_case(*SHAPE_07, 64, seed=9, device=device, spread=1.0)
     gs, ex = case.experts.w13_input_gs, case.experts
     logits, bias = _logits_and_bias(64, ex.num_experts, RENORMALIZE, 9, device)
-    routing = (RENORMALIZE, 4, None, None, None)
     ids, w = route(logits.to(BF16), None, routing_method_type=RENORMALIZE, top_k=4, n_group=None,
                    topk_group=None, routed_scaling_factor=None, contract="0.7")
     size, rank = ep

@@ -37,7 +37,6 @@ DP x TP, ``support.rank_local_maxima``). Single, pp, tp, tp_ep and dp without EP
 from __future__ import annotations
 
 import contextlib
-import math
 import re
 from collections import defaultdict
 from pathlib import Path

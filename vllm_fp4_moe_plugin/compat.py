@@ -154,6 +154,13 @@ def _probe() -> ProbeResult:
                        findings)
 
 
+def eplb_scale_allreduce() -> bool:
+    """0.28.0+ (#48355): ``amax_for_moe_activation_quant`` all-reduces the collapsed activation
+    scale over the EP group when EPLB is on (v0.34.0 Q/utils/quant_utils.py:77-97, v0.28.0
+    :65-84); 0.14.0-0.27.x have no such helper."""
+    return _has(_FFM, "amax_for_moe_activation_quant")
+
+
 def _probe_0_14_0(findings: dict) -> ProbeResult:
     """The oracle design: patchable when the oracle still calls the scale-collapsing helpers
     by module-global name with the layer and ``a13_scale``, decides global-scale backends with
@@ -181,7 +188,7 @@ def _probe_0_14_0(findings: dict) -> ProbeResult:
     findings["moe_parallel_config_all2all"] = (hasattr(parallel_config, "use_all2all_kernels")
                                                and "all2all_backend" in fields)
     # 0.28.0+: the collapse all-reduces over the EP group, but only with EPLB (#48355).
-    findings["eplb_scale_allreduce"] = _has(_FFM, "amax_for_moe_activation_quant")
+    findings["eplb_scale_allreduce"] = eplb_scale_allreduce()
     required = ("oracle_helpers_take_layer_and_a13_scale", "global_sf_backend_probe",
                 "moe_parallel_config_all2all")
     missing = [k for k in required if not findings[k]]

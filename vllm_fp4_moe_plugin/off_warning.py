@@ -95,7 +95,7 @@ def _on_oracle_parameter(module) -> None:
     if not support.oracle_design_hole(
             "compressed-tensors", dp=max(pc.dp_size, getattr(pc, "pcp_size", 1)), ep=pc.use_ep,
             all2all_backend=pc.all2all_backend, enable_eplb=getattr(pc, "enable_eplb", False),
-            eplb_agrees=_eplb_agrees(),
+            eplb_agrees=compat.eplb_scale_allreduce(),
             global_scale_backend=backend.startswith("FLASHINFER")):
         return None
     logger.warning(
@@ -107,12 +107,6 @@ def _on_oracle_parameter(module) -> None:
         pc.all2all_backend, pc.ep_size)
     remove()
     return None
-
-
-def _eplb_agrees() -> bool:
-    from vllm_fp4_moe_plugin.patches.ep_agreed_gemm1_scale import stock_agrees_under_eplb
-
-    return stock_agrees_under_eplb()
 
 
 _TORCH_MODULE = "torch.nn.modules.module"

@@ -33,7 +33,6 @@ from vllm_fp4_moe_plugin.log import get_logger, layer_label
 logger = get_logger("methods")
 
 ORACLE = "vllm.model_executor.layers.fused_moe.oracle.nvfp4"
-FI_FP4_MOE = "vllm.model_executor.layers.quantization.utils.flashinfer_fp4_moe"
 # The oracle helpers whose a13_scale argument is collapsed to one global activation scale
 # (v0.34.0 Q/utils/flashinfer_fp4_moe.py:444-506 and :211-216).
 WRAPPED = ("prepare_nvfp4_moe_layer_for_fi_or_cutlass",
@@ -101,9 +100,10 @@ def quantized_inputs_cross_ranks(layer: torch.nn.Module, backend) -> bool:
 
 
 def stock_agrees_under_eplb() -> bool:
-    """0.28.0+: ``amax_for_moe_activation_quant`` all-reduces over the EP group when EPLB is on
-    (v0.34.0 Q/utils/quant_utils.py:77-97; v0.28.0 :65-84). 0.14.0-0.27.x have no such helper."""
-    return hasattr(importlib.import_module(FI_FP4_MOE), "amax_for_moe_activation_quant")
+    """0.28.0+: upstream all-reduces the collapsed scale when EPLB is on (compat's probe)."""
+    from vllm_fp4_moe_plugin import compat
+
+    return compat.eplb_scale_allreduce()
 
 
 def agreed_a13_scale(layer: torch.nn.Module, a13_scale: torch.Tensor) -> torch.Tensor:
@@ -112,9 +112,9 @@ def agreed_a13_scale(layer: torch.nn.Module, a13_scale: torch.Tensor) -> torch.T
     from vllm.distributed import get_ep_group
 
     global _first_change_logged
-    agreed = scales.agree_max(a13_scale, get_ep_group().cpu_group, layer=layer_label(layer))
-    local = a13_scale.detach().float().max().cpu()
     label = layer_label(layer)
+    agreed = scales.agree_max(a13_scale, get_ep_group().cpu_group, layer=label)
+    local = a13_scale.detach().float().max().cpu()
     if torch.equal(local, agreed):
         logger.debug("%s: GEMM1 activation amax %.6g is already the EP group's max", label,
                      float(local))

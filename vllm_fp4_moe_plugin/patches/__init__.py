@@ -93,8 +93,9 @@ LEDGER: tuple[ModulePatch, ...] = (
              "ModelOpt entry."),
         upstream=("TP layouts: vllm-project/vllm#27223 (0.11.1). DP layouts: still open in "
                   "0.11.1-0.13.0 (the 0.11.1-design entry below); 0.14.0's oracle (#31692) fixes "
-                  "DP without EP, DP+EP stays open through 0.34.0 except with --enable-eplb "
-                  "(0.28.0+). See docs/SUPPORT.md."),
+                  "DP without EP; DP+EP stays open upstream through 0.34.0 except with "
+                  "--enable-eplb (0.28.0+), and is the 0.14.0-design entry below. See "
+                  "docs/SUPPORT.md."),
         remove_when=("Never on 0.11.0. On later releases only the DP part remains needed; see "
                      "the support matrix."),
     ),

@@ -34,7 +34,7 @@ def _upstream_scales() -> Iterator[None]:
     """
     from vllm.distributed import get_ep_group
 
-    from vllm_fp4_moe_plugin.patches.nvfp4_moe_methods import ConsistentNvFp4MoEMixin
+    from vllm_fp4_moe_plugin.patches.init_prepare_finalize.methods import ConsistentNvFp4MoEMixin
 
     def set_scales(self, layer):
         g = scales.agree_min_scale(layer.w13_input_scale_quant, get_ep_group().cpu_group)
@@ -148,7 +148,7 @@ def load_time(ctx, num_layers: int, num_experts: int) -> dict:
     from vllm.model_executor.layers.fused_moe.config import nvfp4_moe_quant_config
 
     from vllm_fp4_moe_plugin import consistency
-    from vllm_fp4_moe_plugin.patches.flashinfer_cutlass import KernelQuantizedPrepareAndFinalize
+    from vllm_fp4_moe_plugin.patches.init_prepare_finalize.flashinfer_cutlass import KernelQuantizedPrepareAndFinalize
 
     group = get_ep_group().cpu_group
     world = dist.get_world_size(group)

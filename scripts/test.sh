@@ -12,11 +12,11 @@ cd "$(dirname "$0")/.."
 status=0
 .venv/bin/python -m pytest "$@" || status=$?
 # The focused suites refuse to run (exit 3) in a virtualenv of another MoE design.
-VLLM_FP4_MOE_EXPECT_DESIGN=0.11.1 .venv-vllm-0.12.0/bin/python -m pytest tests/upstream \
+VLLM_FP4_MOE_EXPECT_DESIGN=modular_method .venv-vllm-0.12.0/bin/python -m pytest tests/upstream \
   -p no:cacheprovider || status=$?
 if [ "${FP4MOE_TEST_DROP_RELEASE_VENVS:-0}" = 1 ]; then rm -rf .venv-vllm-0.12.0; fi
 ./scripts/bootstrap-release.sh 0.34.0
-VLLM_FP4_MOE_EXPECT_DESIGN=0.14.0 .venv-vllm-0.34.0/bin/python -m pytest tests/newest \
+VLLM_FP4_MOE_EXPECT_DESIGN=nvfp4_oracle .venv-vllm-0.34.0/bin/python -m pytest tests/newest \
   -p no:cacheprovider || status=$?
 if [ "${FP4MOE_TEST_DROP_RELEASE_VENVS:-0}" = 1 ]; then rm -rf .venv-vllm-0.34.0; fi
 exit $status

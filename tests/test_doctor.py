@@ -11,7 +11,7 @@ from vllm_fp4_moe_plugin.checkpoint.writer import write_checkpoint
 
 pytestmark = pytest.mark.cpu
 
-TP4_EP = doctor.Layout(tp=4, ep=True)
+TP4_EP = doctor.deployed_layout(tp=4, ep=True)
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def test_sections_on_a_machine_without_gpu(blackwell_env):
     assert r["versions"]["vllm"] == "0.11.0" and r["versions"]["vllm-fp4-moe-plugin"]
     assert r["gpu"]["available"] is False and "no CUDA" in r["gpu"]["reason"]
     assert r["entry_point"]["discoverable"]
-    assert r["probes"]["would_install"] and r["probes"]["findings"]["design_0_11_0"]
+    assert r["probes"]["would_install"] and r["probes"]["findings"]["init_prepare_finalize"]
     assert r["layout"]["kernel"] is None and "--capability" in r["layout"]["why"]
     assert r["verdict"] == doctor.CANNOT_TELL
     text = doctor.format_doctor(r)

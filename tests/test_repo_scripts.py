@@ -31,9 +31,9 @@ def test_readme_opens_with_demo_and_test_commands():
     assert "./scripts/test.sh" in ci
     test_sh = (ROOT / "scripts" / "test.sh").read_text()
     for step in ("./scripts/bootstrap.sh --with-engine", "./scripts/bootstrap-release.sh",
-                 ".venv/bin/python -m pytest", "VLLM_FP4_MOE_EXPECT_DESIGN=0.11.1",
+                 ".venv/bin/python -m pytest", "VLLM_FP4_MOE_EXPECT_DESIGN=modular_method",
                  "tests/upstream", "./scripts/bootstrap-release.sh 0.34.0",
-                 "VLLM_FP4_MOE_EXPECT_DESIGN=0.14.0", "tests/newest"):
+                 "VLLM_FP4_MOE_EXPECT_DESIGN=nvfp4_oracle", "tests/newest"):
         assert step in test_sh
 
 

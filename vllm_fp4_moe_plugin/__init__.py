@@ -13,16 +13,9 @@ from __future__ import annotations
 
 import os
 
-__version__ = "0.1.0"
+from vllm_fp4_moe_plugin.vllm_modules import TRIGGER_MODULES  # cheap and vLLM-free
 
-# Modules whose first import triggers probe + patch; vLLM imports them while verifying a
-# ModelConfig's quantization method, before any quant method is constructed. From 0.14.0 both
-# quant methods import the NVFP4 oracle (the module the patch changes) at their top.
-TRIGGER_MODULES = (
-    "vllm.model_executor.layers.quantization.modelopt",
-    "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe",
-    "vllm.model_executor.layers.fused_moe.oracle.nvfp4",
-)
+__version__ = "0.1.0"
 
 # None until register() runs; then "inert", "pending", "inactive", "active" or "failed" (a
 # patch could not be applied: none is, and importing vLLM's NVFP4 MoE modules raises).
@@ -52,13 +45,13 @@ def register() -> None:
 
 
 def _install() -> None:
-    """Probe the installed vLLM and apply the patches; one INFO line either way."""
+    """Probe the installed vLLM, let the ledger decide, apply; one INFO line either way."""
     global _state, _reason
-    from vllm_fp4_moe_plugin import compat, patches
+    from vllm_fp4_moe_plugin import patches
     from vllm_fp4_moe_plugin.log import get_logger
 
     logger = get_logger()
-    result = compat.probe()
+    result = patches.plan()
     if not result.install:
         _state, _reason = "inactive", result.reason
         logger.info("vllm-fp4-moe-plugin inactive: %s.", result.reason)

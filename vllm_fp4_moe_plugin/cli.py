@@ -175,8 +175,9 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         from vllm_fp4_moe_plugin.simulation.matrix import installed_release
 
         version, design = installed_release()
-        print(f"NVFP4 MoE consistency matrix: real vLLM {version} code on CPU (plugin design: "
-              f"{design or 'none, inactive'}), SM100 simulated, FlashInfer's NVFP4 MoE contract "
+        print(f"NVFP4 MoE consistency matrix: real vLLM {version} code on CPU ("
+              f"{design.label if design else 'a design the plugin does not know: inactive'}), "
+              "SM100 simulated, FlashInfer's NVFP4 MoE contract "
               "emulated.")
         print(f"Fixture: E={scenario.num_experts} H={scenario.hidden} I={scenario.intermediate} "
               f"top-{scenario.top_k}, {scenario.tokens} tokens/rank, per-expert input scales "
@@ -272,7 +273,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     return EXIT_FINDING if report["affected_layers"] else EXIT_OK
 
 
-def _audit_design(release: Optional[str]) -> str:
+def _audit_design(release: Optional[str]):
     """The MoE design whose semantics audit applies: ``--vllm RELEASE``, else the installed
     vLLM's release (read from its package metadata; vLLM is not imported)."""
     import importlib.metadata as md
@@ -293,7 +294,7 @@ def _audit_design(release: Optional[str]) -> str:
     if found is None:
         raise ValueError(f"--vllm {release}: releases before 0.11.0 are not modelled "
                          f"(designs: {', '.join(d.releases for d in support.DESIGNS)})")
-    return found.key
+    return found
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -310,15 +311,16 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from vllm_fp4_moe_plugin.doctor import Layout, format_doctor, run_doctor
+    from vllm_fp4_moe_plugin.doctor import deployed_layout, format_doctor, run_doctor
 
-    layout = Layout(tp=args.tp, dp=args.dp, pp=args.pp, ep=args.ep,
-                    all2all_backend=args.all2all_backend, moe_backend=args.moe_backend)
+    layout = deployed_layout(tp=args.tp, dp=args.dp, pp=args.pp, ep=args.ep,
+                             all2all_backend=args.all2all_backend)
     if args.checkpoint:  # a bad checkpoint is bad input: say so before importing vLLM
         ep_size = layout.tp * layout.dp if layout.ep and layout.tp * layout.dp > 1 else 2
         _audit(args.checkpoint, "--checkpoint", ep_size=ep_size)
     _progress("doctor: importing vLLM to run the plugin's probes ...")
-    report = run_doctor(args.checkpoint, layout, capability=args.capability)
+    report = run_doctor(args.checkpoint, layout, capability=args.capability,
+                        moe_backend=args.moe_backend)
     print(json.dumps(report, indent=2, default=str) if args.json else format_doctor(report))
     return report["verdict"]
 

@@ -1,26 +1,20 @@
-"""Feature probes of the installed vLLM: which MoE design is it, and which holes does it still have?
+"""Feature probes of the installed vLLM: which MoE design is it, and what does its code do?
 
-Decisions are made from what the code *is*, not from ``vllm.__version__`` (a source build or a
-backport would lie). docs/ROOT-CAUSE.md §10 lists the probes; ``docs/SUPPORT.md`` lists which
-release has which design (read from each release's wheel).
+compat only observes. :func:`probe` names the design (``support.Design``), says whether the
+code the design's patches are written against is all there (``patchable``), and returns the
+findings; the ledger (``patches/``) decides from those findings which entries are needed. Every
+probe reads what the code *is*, never ``vllm.__version__`` (a source build or a backport would
+lie). docs/ROOT-CAUSE.md §10 explains the probes; docs/SUPPORT.md lists which release has which
+design (read from each release's wheel).
 
-Two designs are patched, each with its own part of the ledger (``patches.LEDGER``):
+- ``INIT_PREPARE_FINALIZE`` (0.11.0): quant methods build their modular kernel in
+  ``init_prepare_finalize``; every FlashInfer layout pre-quantizes with expert 0's scale.
+- ``MODULAR_METHOD`` (0.11.1-0.13.0): ``FusedMoE.maybe_init_modular_kernel`` swaps the quant
+  method for a ``FusedMoEModularMethod``; upstream fixed TP (#27223) and ModelOpt DP (#26135).
+- ``NVFP4_ORACLE`` (0.14.0-0.34.0): ``fused_moe/oracle/nvfp4.py`` picks the backend and
+  collapses the activation scales (from 0.28.0 with an EPLB-only all-reduce).
 
-- ``0.11.0``: quant methods build their modular kernel in ``init_prepare_finalize``; every
-  FlashInfer CUTLASS layout pre-quantizes with expert 0's scale. All three 0.11.0 patches.
-- ``0.11.1``: ``FusedMoE.maybe_init_modular_kernel`` swaps the quant method for a
-  ``FusedMoEModularMethod``, and there is no NVFP4 backend oracle yet (0.11.1 to 0.13.0).
-  Upstream fixed TP (#27223) and ModelOpt DP (#26135); compressed-tensors DP is still
-  inconsistent, and TP with ``flashinfer_all2allv`` still pre-quantizes. Only those two
-  patches, and only while the probes see the holes.
-
-- ``0.14.0``: the NVFP4 backend oracle (``fused_moe/oracle/nvfp4.py``, 0.14.0 to at least
-  0.34.0; from 0.28.0 with an EPLB-only all-reduce of the collapsed scale). Compressed-tensors
-  under DP+EP with sender-side quantization is inconsistent across ranks; one patch, the
-  EP-agreed GEMM1 scale, wraps the oracle's scale-collapsing helpers.
-
-Anything else (a mix such as 0.11.0 with part of the fix backported, or an oracle whose helpers
-no longer take the layer and ``a13_scale``) is left alone, with the reason in the one log line.
+Anything else is left alone, with the reason in the one log line.
 """
 
 from __future__ import annotations
@@ -31,54 +25,51 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Optional
 
-_MO = "vllm.model_executor.layers.quantization.modelopt"
-_CT = "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe"
-_FX = "vllm.model_executor.layers.fused_moe.flashinfer_cutlass_moe"
-_PF = "vllm.model_executor.layers.fused_moe.flashinfer_cutlass_prepare_finalize"
-_FU = "vllm.model_executor.layers.quantization.utils.flashinfer_utils"
-_MM = "vllm.model_executor.layers.fused_moe.fused_moe_modular_method"
-_ORACLE = "vllm.model_executor.layers.fused_moe.oracle.nvfp4"
-_FFM = "vllm.model_executor.layers.quantization.utils.flashinfer_fp4_moe"
-_MOE_CONFIG = "vllm.model_executor.layers.fused_moe.config"
-# The 0.14.0 design's scale-collapsing helpers, as the oracle imports them (the first is in
-# every release of the design, the CuteDSL one from 0.20.0), and the parameters the wrapper reads.
-ORACLE_HELPERS = ("prepare_nvfp4_moe_layer_for_fi_or_cutlass",
-                  "prepare_nvfp4_moe_layer_for_flashinfer_cutedsl")
-_ORACLE_HELPER_PARAMS = ("layer", "a13_scale")
+from vllm_fp4_moe_plugin import vllm_modules as vm
+from vllm_fp4_moe_plugin.patching import original_attr
+from vllm_fp4_moe_plugin.support import Design
 
-DESIGN_0_11_0 = "0.11.0"
-DESIGN_0_11_1 = "0.11.1"
-DESIGN_0_14_0 = "0.14.0"
+# What each design's probe reports (a test checks the real probe against this, in each release
+# world; another checks that every ledger predicate reads only these).
+_COMMON = ("nvfp4_oracle",)
+_PRE_ORACLE = _COMMON + ("init_prepare_finalize", "modular_method", "tp_fix_present",
+                         "modelopt_dp_fix_present")
+FINDINGS: dict[Design, tuple[str, ...]] = {
+    Design.INIT_PREPARE_FINALIZE: _PRE_ORACLE + ("targets_present",),
+    Design.MODULAR_METHOD: _PRE_ORACLE + ("compressed_tensors_class",
+                                          "compressed_tensors_dp_scale_shared",
+                                          "all2allv_tp_prequantizes"),
+    Design.NVFP4_ORACLE: _COMMON + ("oracle_helpers", "oracle_helpers_take_layer_and_a13_scale",
+                                    "global_sf_backend_probe", "moe_parallel_config_all2all",
+                                    "eplb_scale_allreduce"),
+}
 
-# The compressed-tensors NVFP4 MoE method: its 0.11.x name, then 0.12.0's rename (CT:195 there).
-CT_NVFP4_CLASS_NAMES = ("CompressedTensorsW4A4MoeMethod", "CompressedTensorsW4A4Nvfp4MoEMethod")
-
-_TARGETS_0_11_0 = (
-    (_MO, "ModelOptNvFp4FusedMoE"),
-    (_CT, "CompressedTensorsW4A4MoeMethod"),
-    (_FX, "flashinfer_cutlass_moe_fp4"),
-    (_FX, "FlashInferExperts"),
-    (_PF, "FlashInferAllGatherMoEPrepareAndFinalize"),
-    (_PF, "FlashInferAllToAllMoEPrepareAndFinalize"),
+# The symbols the INIT_PREPARE_FINALIZE patches replace or subclass, and the methods its
+# subclasses override; if any is gone the design has changed under us.
+_TARGETS_INIT_PREPARE_FINALIZE = (
+    (vm.MODELOPT, "ModelOptNvFp4FusedMoE"),
+    (vm.COMPRESSED_TENSORS_MOE, "CompressedTensorsW4A4MoeMethod"),
+    (vm.FLASHINFER_CUTLASS_MOE, "flashinfer_cutlass_moe_fp4"),
+    (vm.FLASHINFER_CUTLASS_MOE, "FlashInferExperts"),
+    (vm.FLASHINFER_CUTLASS_PREPARE_FINALIZE, "FlashInferAllGatherMoEPrepareAndFinalize"),
+    (vm.FLASHINFER_CUTLASS_PREPARE_FINALIZE, "FlashInferAllToAllMoEPrepareAndFinalize"),
 )
-# Methods our 0.11.0 subclasses override; if any is gone the design has changed under us.
-_OVERRIDDEN_0_11_0 = ("create_weights", "process_weights_after_loading",
-                      "get_fused_moe_quant_config", "maybe_make_prepare_finalize",
-                      "select_gemm_impl", "init_prepare_finalize")
-# Methods the 0.11.1-era compressed-tensors subclass relies on.
-_OVERRIDDEN_0_11_1 = ("process_weights_after_loading", "get_fused_moe_quant_config",
-                      "maybe_make_prepare_finalize", "select_gemm_impl")
+_OVERRIDDEN_INIT_PREPARE_FINALIZE = (
+    "create_weights", "process_weights_after_loading", "get_fused_moe_quant_config",
+    "maybe_make_prepare_finalize", "select_gemm_impl", "init_prepare_finalize")
+_OVERRIDDEN_MODULAR_METHOD = ("process_weights_after_loading", "get_fused_moe_quant_config",
+                              "maybe_make_prepare_finalize", "select_gemm_impl")
 
 
 @dataclass(frozen=True)
-class ProbeResult:
-    """What the installed vLLM needs from us. register() acts on ``install`` and ``patches``."""
+class Observation:
+    """What the probes saw. ``patchable``: the design is known and has every symbol its
+    patches are written against; ``reason``: one line saying what was seen."""
 
-    install: bool
+    design: Optional[Design]
+    patchable: bool
     reason: str
     findings: dict[str, object] = field(default_factory=dict)
-    design: Optional[str] = None
-    patches: tuple[str, ...] = ()  # ledger targets ("module.attr") to apply
 
 
 def _attr(module: str, name: str):
@@ -96,13 +87,14 @@ def _has(module: str, name: str) -> bool:
 def experts_take_use_dp() -> bool:
     """P1: 0.11.1's TP fix (#27223) added ``FlashInferExperts(use_dp=...)``, which sizes the
     output for what prepare hands over (v0111 flashinfer_cutlass_moe.py:59)."""
-    return (_has(_FX, "FlashInferExperts") and "use_dp" in
-            inspect.signature(_attr(_FX, "FlashInferExperts").__init__).parameters)
+    return (_has(vm.FLASHINFER_CUTLASS_MOE, "FlashInferExperts") and "use_dp" in
+            inspect.signature(_attr(vm.FLASHINFER_CUTLASS_MOE,
+                                    "FlashInferExperts").__init__).parameters)
 
 
 def builds_modular_kernel() -> bool:
-    """Both designs build a prepare/finalize + experts kernel only when the EP group has more
-    than one rank: only then does the group get a device communicator (v0110
+    """Both pre-oracle designs build a prepare/finalize + experts kernel only when the EP group
+    has more than one rank: only then does the group get a device communicator (v0110
     parallel_state.py:252, v0120 :360), whose prepare_communication_buffer_for_model builds it
     (v0110 base_device_communicator.py:274, v0120 :276). With one rank the quant method's apply
     runs FlashInfer's direct call."""
@@ -113,123 +105,70 @@ def builds_modular_kernel() -> bool:
 
 def _nvfp4_oracle_present() -> bool:
     """0.14.0+ (PR #31692): ``fused_moe/oracle/nvfp4.py``. Checked without importing it."""
-    parent = _ORACLE.rsplit(".", 1)[0]
+    parent = vm.NVFP4_ORACLE.rsplit(".", 1)[0]
     return (importlib.util.find_spec(parent) is not None
-            and importlib.util.find_spec(_ORACLE) is not None)
+            and importlib.util.find_spec(vm.NVFP4_ORACLE) is not None)
 
 
-def probe() -> ProbeResult:
-    """Never raises: any surprise becomes ``install=False`` with the reason."""
+def probe() -> Observation:
+    """Never raises: any surprise becomes ``patchable=False`` with the reason."""
     try:
         return _probe()
     except Exception as exc:  # a vLLM we cannot even inspect is not one we patch
-        return ProbeResult(False, f"could not inspect vLLM's MoE internals ({exc!r})")
+        return Observation(None, False, f"could not inspect vLLM's MoE internals ({exc!r})")
 
 
-def _probe() -> ProbeResult:
+def _probe() -> Observation:
     findings: dict[str, object] = {}
-    # 0.14.0 added the NVFP4 backend oracle (fused_moe/oracle/nvfp4.py, PR #31692); from 0.28.0
-    # fused_moe/layer.py no longer defines FusedMoE, so look for the oracle first.
+    # From 0.28.0 fused_moe/layer.py no longer defines FusedMoE: look for the oracle first.
     findings["nvfp4_oracle"] = _nvfp4_oracle_present()
     if findings["nvfp4_oracle"]:
-        return _probe_0_14_0(findings)
+        return _probe_nvfp4_oracle(findings)
     from vllm.model_executor.layers.fused_moe.layer import FusedMoE, FusedMoEMethodBase
 
     # P3: 0.11.0 builds modular kernels through FusedMoEMethodBase.init_prepare_finalize;
     # 0.11.1 moved that to FusedMoE.maybe_init_modular_kernel (v0111 layer.py:622).
     has_init_pf = hasattr(FusedMoEMethodBase, "init_prepare_finalize")
     has_maybe_init = hasattr(FusedMoE, "maybe_init_modular_kernel")
-    findings["design_0_11_0"] = has_init_pf and not has_maybe_init
-    findings["design_0_11_1"] = (has_maybe_init and not has_init_pf
-                                 and _has(_MM, "FusedMoEModularMethod"))
+    findings["init_prepare_finalize"] = has_init_pf and not has_maybe_init
+    findings["modular_method"] = (has_maybe_init and not has_init_pf
+                                  and _has(vm.FUSED_MOE_MODULAR_METHOD, "FusedMoEModularMethod"))
     findings["tp_fix_present"] = experts_take_use_dp()
     # P2: 0.11.1's ModelOpt DP fix (v0111 flashinfer_utils.py:292).
-    findings["modelopt_dp_fix_present"] = _has(_FU, "is_flashinfer_supporting_global_sf")
-    if findings["design_0_11_0"]:
-        return _probe_0_11_0(findings)
-    if findings["design_0_11_1"]:
-        return _probe_0_11_1(findings)
-    return ProbeResult(False, "vLLM's MoE internals are none of the designs this plugin knows "
-                       "(0.11.0, 0.11.1, 0.14.0; see docs/SUPPORT.md); nothing to patch",
-                       findings)
+    findings["modelopt_dp_fix_present"] = _has(vm.FLASHINFER_UTILS,
+                                               "is_flashinfer_supporting_global_sf")
+    if findings["init_prepare_finalize"]:
+        return _probe_init_prepare_finalize(findings)
+    if findings["modular_method"]:
+        return _probe_modular_method(findings)
+    return Observation(None, False, "vLLM's MoE internals are none of the designs this plugin "
+                       "knows (" + ", ".join(d.label for d in Design) + "; see "
+                       "docs/SUPPORT.md)", findings)
 
 
-def eplb_scale_allreduce() -> bool:
-    """0.28.0+ (#48355): ``amax_for_moe_activation_quant`` all-reduces the collapsed activation
-    scale over the EP group when EPLB is on (v0.34.0 Q/utils/quant_utils.py:77-97, v0.28.0
-    :65-84); 0.14.0-0.27.x have no such helper."""
-    return _has(_FFM, "amax_for_moe_activation_quant")
+def _missing_overrides(module: str, cls_name: str, methods) -> list[str]:
+    cls = _attr(module, cls_name)
+    return [m for m in methods if not callable(getattr(cls, m, None))]
 
 
-def _probe_0_14_0(findings: dict) -> ProbeResult:
-    """The oracle design: patchable when the oracle still calls the scale-collapsing helpers
-    by module-global name with the layer and ``a13_scale``, decides global-scale backends with
-    ``is_global_sf_supported_for_nvfp4_backend``, and the MoE parallel config says whether the
-    all-to-all kernels are in use (v0.34.0 FM/oracle/nvfp4.py:60-83, :312-420,
-    FM/config.py:1066-1069; the same names in 0.14.0, 0.20.0 and 0.28.0)."""
-    from vllm_fp4_moe_plugin.patches.patching import original_attr
-
-    try:
-        oracle = importlib.import_module(_ORACLE)
-    except ImportError as exc:
-        return ProbeResult(False, f"vLLM has the NVFP4 backend oracle ({_ORACLE}) but it does not "
-                           f"import ({exc!r}); nothing to patch, see docs/SUPPORT.md", findings,
-                           DESIGN_0_14_0)
-    helpers = [n for n in ORACLE_HELPERS if callable(getattr(oracle, n, None))]
-    findings["oracle_helpers"] = tuple(helpers)
-    findings["oracle_helpers_take_layer_and_a13_scale"] = bool(helpers) and all(
-        all(p in inspect.signature(original_attr(_ORACLE, n)).parameters
-            for p in _ORACLE_HELPER_PARAMS) for n in helpers)
-    findings["global_sf_backend_probe"] = callable(
-        getattr(oracle, "is_global_sf_supported_for_nvfp4_backend", None))
-    parallel_config = getattr(importlib.import_module(_MOE_CONFIG), "FusedMoEParallelConfig",
-                              None)
-    fields = getattr(parallel_config, "__dataclass_fields__", {})  # all2all_backend is a field
-    findings["moe_parallel_config_all2all"] = (hasattr(parallel_config, "use_all2all_kernels")
-                                               and "all2all_backend" in fields)
-    # 0.28.0+: the collapse all-reduces over the EP group, but only with EPLB (#48355).
-    findings["eplb_scale_allreduce"] = eplb_scale_allreduce()
-    required = ("oracle_helpers_take_layer_and_a13_scale", "global_sf_backend_probe",
-                "moe_parallel_config_all2all")
-    missing = [k for k in required if not findings[k]]
-    if ORACLE_HELPERS[0] not in helpers or missing:
-        return ProbeResult(False, "vLLM has the NVFP4 backend oracle but not the code this "
-                           "plugin patches there (" + ", ".join(missing or [ORACLE_HELPERS[0]])
-                           + " missing); nothing to patch, see docs/SUPPORT.md for the "
-                           "workaround", findings, DESIGN_0_14_0)
-    from vllm_fp4_moe_plugin.patches import targets_for_design
-
-    wanted = {f"{_ORACLE}.{n}" for n in helpers}
-    targets = tuple(t for t in targets_for_design(DESIGN_0_14_0) if t in wanted)
-    return ProbeResult(True, "vLLM NVFP4 backend-oracle MoE design (0.14.0+): compressed-tensors "
-                       "collapses GEMM1 input scales to each EP rank's local max, which DP+EP "
-                       "dispatch mixes across ranks", findings, DESIGN_0_14_0, targets)
-
-
-def _probe_0_11_0(findings: dict) -> ProbeResult:
-    missing = [f"{m}.{a}" for m, a in _TARGETS_0_11_0 if not _has(m, a)]
+def _probe_init_prepare_finalize(findings: dict) -> Observation:
+    d = Design.INIT_PREPARE_FINALIZE
+    missing = [f"{m}.{a}" for m, a in _TARGETS_INIT_PREPARE_FINALIZE if not _has(m, a)]
     findings["targets_present"] = not missing
     if missing:
-        return ProbeResult(False, "vLLM lacks symbols this plugin replaces: " + ", ".join(missing),
-                           findings, DESIGN_0_11_0)
-    for mod, cls_name in _TARGETS_0_11_0[:2]:
-        gone = [m for m in _OVERRIDDEN_0_11_0 if not callable(getattr(_attr(mod, cls_name), m,
-                                                                      None))]
+        return Observation(d, False, "vLLM lacks symbols this plugin replaces: "
+                           + ", ".join(missing), findings)
+    for mod, cls_name in _TARGETS_INIT_PREPARE_FINALIZE[:2]:
+        gone = _missing_overrides(mod, cls_name, _OVERRIDDEN_INIT_PREPARE_FINALIZE)
         if gone:
-            return ProbeResult(False, f"{cls_name} lacks {', '.join(gone)}", findings,
-                               DESIGN_0_11_0)
-    if findings["tp_fix_present"] or findings["modelopt_dp_fix_present"]:
-        return ProbeResult(False, "vLLM already carries part of the upstream fix "
-                           "(#27223/#26135); the 0.11.0 patches would fight it", findings,
-                           DESIGN_0_11_0)
-    from vllm_fp4_moe_plugin.patches import targets_for_design
-    return ProbeResult(True, "vLLM 0.11.0 MoE design with the per-expert GEMM1 scale bug",
-                       findings, DESIGN_0_11_0, targets_for_design(DESIGN_0_11_0))
+            return Observation(d, False, f"{cls_name} lacks {', '.join(gone)}", findings)
+    return Observation(d, True, "vLLM 0.11.0 MoE design: every FlashInfer prepare quantizes "
+                       "with expert 0's GEMM1 scale", findings)
 
 
 def compressed_tensors_nvfp4_class_name() -> Optional[str]:
     """The name under which this vLLM's compressed-tensors module defines the NVFP4 MoE method."""
-    return next((n for n in CT_NVFP4_CLASS_NAMES if _has(_CT, n)), None)
+    return next((n for n in vm.CT_NVFP4_CLASS_NAMES if _has(vm.COMPRESSED_TENSORS_MOE, n)), None)
 
 
 def all2allv_tp_prequantizes() -> bool:
@@ -244,9 +183,8 @@ def all2allv_tp_prequantizes() -> bool:
     import torch
     from vllm.model_executor.layers.fused_moe.config import nvfp4_moe_quant_config
 
-    from vllm_fp4_moe_plugin.patches.patching import original_attr
-
-    pf_cls = original_attr(_PF, "FlashInferAllToAllMoEPrepareAndFinalize")
+    pf_cls = original_attr(vm.FLASHINFER_CUTLASS_PREPARE_FINALIZE,
+                           "FlashInferAllToAllMoEPrepareAndFinalize")
     one = torch.ones(1)
     cfg = nvfp4_moe_quant_config(g1_alphas=one, g2_alphas=one, a1_gscale=one, a2_gscale=one,
                                  w1_scale=one, w2_scale=one)
@@ -259,31 +197,114 @@ def all2allv_tp_prequantizes() -> bool:
     return out[0] is not a1
 
 
-def _probe_0_11_1(findings: dict) -> ProbeResult:
-    from vllm_fp4_moe_plugin.patches import targets_for_design
+def compressed_tensors_dp_scale_shared(cls_name: str) -> bool:
+    """P5, behavioural: does compressed-tensors give every expert one GEMM1 activation scale?
 
+    Under DP dispatch the prepare quantizes with element 0 of ``w13_input_scale_quant`` while
+    ``g1_alphas`` fold in each expert's own (v0111 CT:358-368, v0120 CT:378-393); ModelOpt got one
+    shared scale in #26135. Runs the method's own ``process_weights_after_loading`` (FlashInfer
+    CUTLASS, DP=2) on a two-expert CPU layer whose experts' input global scales differ, and reads
+    back ``w13_input_scale_quant``: shared means every element is equal. Anything that stops the
+    probe from seeing the vector counts as not shared (the patch is a no-op where the scales
+    already agree, so that answer is safe).
+    """
+    import types
+
+    import torch
+    from vllm.model_executor.layers.quantization.utils.flashinfer_utils import (
+        FlashinferMoeBackend)
+
+    cls = original_attr(vm.COMPRESSED_TENSORS_MOE, cls_name)
+    method = object.__new__(cls)
+    parallel = types.SimpleNamespace(dp_size=2, tp_size=1, ep_size=2, use_ep=True,
+                                     use_dp=True)
+    method.__dict__.update(allow_flashinfer=True, use_marlin=False,
+                           flashinfer_moe_backend=FlashinferMoeBackend.CUTLASS,
+                           moe=types.SimpleNamespace(moe_parallel_config=parallel))
+    e, n, k = 2, 128, 128
+    layer = torch.nn.Module()
+    tensors = {
+        "w13_weight_packed": torch.zeros(e, 2 * n, k // 2, dtype=torch.uint8),
+        "w2_weight_packed": torch.zeros(e, k, n // 2, dtype=torch.uint8),
+        "w13_weight_scale": torch.ones(e, 2 * n, k // 16).to(torch.float8_e4m3fn),
+        "w2_weight_scale": torch.ones(e, k, n // 16).to(torch.float8_e4m3fn),
+        "w13_weight_global_scale": torch.ones(e, 2),
+        "w2_weight_global_scale": torch.ones(e),
+        "w13_input_global_scale": torch.tensor([[1.0, 1.0], [4.0, 4.0]]),
+        "w2_input_global_scale": torch.ones(e),
+    }
+    for name, t in tensors.items():
+        layer.register_parameter(name, torch.nn.Parameter(t, requires_grad=False))
+    layer.num_experts = layer.local_num_experts = layer.global_num_experts = e
+    try:
+        method.process_weights_after_loading(layer)
+    except Exception:
+        pass  # the scales are set before the block-scale swizzle: read what is there
+    vec = getattr(layer, "w13_input_scale_quant", None)
+    if not isinstance(vec, torch.Tensor) or vec.numel() < e:
+        return False
+    vec = vec.detach().float().reshape(-1)
+    return bool((vec == vec[0]).all())
+
+
+def _probe_modular_method(findings: dict) -> Observation:
+    d = Design.MODULAR_METHOD
     ct_name = compressed_tensors_nvfp4_class_name()
     findings["compressed_tensors_class"] = ct_name
+    findings["compressed_tensors_dp_scale_shared"] = (
+        ct_name is not None and compressed_tensors_dp_scale_shared(ct_name))
+    findings["all2allv_tp_prequantizes"] = (
+        _has(vm.FLASHINFER_CUTLASS_PREPARE_FINALIZE, "FlashInferAllToAllMoEPrepareAndFinalize")
+        and all2allv_tp_prequantizes())
     if not (findings["tp_fix_present"] and findings["modelopt_dp_fix_present"]):
-        return ProbeResult(False, "vLLM has the 0.11.1 MoE design without the upstream TP/DP "
-                           "fixes (#27223/#26135) this plugin builds on", findings,
-                           DESIGN_0_11_1)
-    wanted = []
+        return Observation(d, False, "vLLM has the 0.11.1 MoE design without the upstream TP/DP "
+                           "fixes (#27223/#26135) this plugin builds on", findings)
     if ct_name is not None:
-        gone = [m for m in _OVERRIDDEN_0_11_1
-                if not callable(getattr(_attr(_CT, ct_name), m, None))]
+        gone = _missing_overrides(vm.COMPRESSED_TENSORS_MOE, ct_name, _OVERRIDDEN_MODULAR_METHOD)
         if gone:
-            return ProbeResult(False, f"{ct_name} lacks {', '.join(gone)}", findings,
-                               DESIGN_0_11_1)
-        wanted.append(f"{_CT}.{ct_name}")
-    findings["all2allv_tp_prequantizes"] = (_has(_PF, "FlashInferAllToAllMoEPrepareAndFinalize")
-                                            and all2allv_tp_prequantizes())
-    if findings["all2allv_tp_prequantizes"]:
-        wanted.append(f"{_PF}.FlashInferAllToAllMoEPrepareAndFinalize")
-    targets = tuple(t for t in targets_for_design(DESIGN_0_11_1) if t in wanted)
-    if not targets:
-        return ProbeResult(False, "vLLM 0.11.1-era MoE design with no hole left that this "
-                           "plugin fixes", findings, DESIGN_0_11_1)
-    return ProbeResult(True, "vLLM 0.11.1-era MoE design: upstream fixed ModelOpt and TP; "
-                       "compressed-tensors DP dispatch (and TP with flashinfer_all2allv) still "
-                       "quantize with expert 0's scale", findings, DESIGN_0_11_1, targets)
+            return Observation(d, False, f"{ct_name} lacks {', '.join(gone)}", findings)
+    return Observation(d, True, "vLLM 0.11.1-era MoE design: upstream fixed ModelOpt and TP",
+                       findings)
+
+
+def eplb_scale_allreduce() -> bool:
+    """0.28.0+ (#48355): ``amax_for_moe_activation_quant`` all-reduces the collapsed activation
+    scale over the EP group when EPLB is on (v0.34.0 Q/utils/quant_utils.py:77-97, v0.28.0
+    :65-84); 0.14.0-0.27.x have no such helper."""
+    return _has(vm.FLASHINFER_FP4_MOE, "amax_for_moe_activation_quant")
+
+
+def _probe_nvfp4_oracle(findings: dict) -> Observation:
+    """Patchable when the oracle still calls the scale-collapsing helpers by module-global name
+    with the layer and ``a13_scale``, decides global-scale backends with
+    ``is_global_sf_supported_for_nvfp4_backend``, and the MoE parallel config says whether the
+    all-to-all kernels are in use (v0.34.0 FM/oracle/nvfp4.py:60-83, :312-420,
+    FM/config.py:1066-1069; the same names in 0.14.0, 0.20.0 and 0.28.0)."""
+    d = Design.NVFP4_ORACLE
+    try:
+        oracle = importlib.import_module(vm.NVFP4_ORACLE)
+    except ImportError as exc:
+        return Observation(d, False, f"vLLM has the NVFP4 backend oracle ({vm.NVFP4_ORACLE}) but "
+                           f"it does not import ({exc!r}); see docs/SUPPORT.md", findings)
+    helpers = [n for n in vm.ORACLE_HELPERS if callable(getattr(oracle, n, None))]
+    findings["oracle_helpers"] = tuple(helpers)
+    findings["oracle_helpers_take_layer_and_a13_scale"] = bool(helpers) and all(
+        all(p in inspect.signature(original_attr(vm.NVFP4_ORACLE, n)).parameters
+            for p in vm.ORACLE_HELPER_PARAMS) for n in helpers)
+    findings["global_sf_backend_probe"] = callable(
+        getattr(oracle, "is_global_sf_supported_for_nvfp4_backend", None))
+    parallel_config = getattr(importlib.import_module(vm.FUSED_MOE_CONFIG),
+                              "FusedMoEParallelConfig", None)
+    fields = getattr(parallel_config, "__dataclass_fields__", {})  # all2all_backend is a field
+    findings["moe_parallel_config_all2all"] = (hasattr(parallel_config, "use_all2all_kernels")
+                                               and "all2all_backend" in fields)
+    # 0.28.0+: the collapse all-reduces over the EP group, but only with EPLB (#48355).
+    findings["eplb_scale_allreduce"] = eplb_scale_allreduce()
+    required = ("oracle_helpers_take_layer_and_a13_scale", "global_sf_backend_probe",
+                "moe_parallel_config_all2all")
+    missing = [k for k in required if not findings[k]]
+    if vm.ORACLE_HELPERS[0] not in helpers or missing:
+        return Observation(d, False, "vLLM has the NVFP4 backend oracle but not the code this "
+                           "plugin patches there (" + ", ".join(missing or [vm.ORACLE_HELPERS[0]])
+                           + " missing); see docs/SUPPORT.md for the workaround", findings)
+    return Observation(d, True, "vLLM NVFP4 backend-oracle MoE design (0.14.0+)", findings)

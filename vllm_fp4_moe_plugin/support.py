@@ -21,35 +21,68 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from enum import Enum
 from typing import Optional, Sequence
 
 
-@dataclass(frozen=True)
-class Design:
-    """One MoE design of vLLM: what it is, and the releases read to have it (docs/SUPPORT.md).
+class Design(str, Enum):
+    """vLLM's NVFP4 MoE designs, named for what each one *is*.
 
-    The plugin decides which design is *installed* by feature probes (``compat``); this table
-    only serves commands that judge a release that is not installed (``audit --vllm``)."""
+    The plugin decides which design is *installed* by feature probes (``compat``); the release
+    ranges here (read from each release's wheel, docs/SUPPORT.md) only serve commands that judge
+    a release that is not installed (``audit --vllm``) and the words shown to users. The value
+    is the name used in the ledger, reports, matrix rows and ``patches/<design>/``.
+    """
 
-    key: str  # the design's name in probes, the ledger and reports
-    what: str
-    first: tuple[int, int, int]
-    last: tuple[int, int, int]  # newest release read; later ones are assumed the same
+    # Quant methods build their modular kernel in FusedMoEMethodBase.init_prepare_finalize.
+    INIT_PREPARE_FINALIZE = "init_prepare_finalize"
+    # FusedMoE.maybe_init_modular_kernel wraps the method in FusedMoEModularMethod; no oracle.
+    MODULAR_METHOD = "modular_method"
+    # fused_moe/oracle/nvfp4.py picks the NVFP4 backend and collapses the activation scales.
+    NVFP4_ORACLE = "nvfp4_oracle"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    @property
+    def what(self) -> str:
+        return _DESIGN_FACTS[self][0]
+
+    @property
+    def first(self) -> tuple[int, int, int]:
+        return _DESIGN_FACTS[self][1]
+
+    @property
+    def last(self) -> tuple[int, int, int]:
+        """The newest release read; later ones are assumed the same until read."""
+        return _DESIGN_FACTS[self][2]
 
     @property
     def releases(self) -> str:
         a, b = (".".join(map(str, v)) for v in (self.first, self.last))
         return a if a == b else f"{a} - {b}"
 
+    @property
+    def label(self) -> str:
+        """What users read: ``nvfp4_oracle design (vLLM 0.14.0 - 0.34.0)``."""
+        return f"{self.value} design (vLLM {self.releases})"
 
-DESIGNS = (
-    Design("0.11.0", "modular kernels built in init_prepare_finalize; every FlashInfer prepare "
-           "quantizes with expert 0's GEMM1 scale", (0, 11, 0), (0, 11, 0)),
-    Design("0.11.1", "FusedMoE.maybe_init_modular_kernel, no NVFP4 oracle; ModelOpt and TP "
-           "fixed upstream", (0, 11, 1), (0, 13, 0)),
-    Design("0.14.0", "the NVFP4 backend oracle; one global activation scale per rank, "
-           "collapsed over the rank's loaded experts", (0, 14, 0), (0, 34, 0)),
-)
+
+_DESIGN_FACTS = {
+    Design.INIT_PREPARE_FINALIZE: (
+        "modular kernels built in init_prepare_finalize; every FlashInfer prepare quantizes "
+        "with expert 0's GEMM1 scale", (0, 11, 0), (0, 11, 0)),
+    Design.MODULAR_METHOD: (
+        "FusedMoE.maybe_init_modular_kernel, no NVFP4 oracle; ModelOpt and TP fixed upstream",
+        (0, 11, 1), (0, 13, 0)),
+    Design.NVFP4_ORACLE: (
+        "the NVFP4 backend oracle; one global activation scale per rank, collapsed over the "
+        "rank's loaded experts", (0, 14, 0), (0, 34, 0)),
+}
+DESIGNS = tuple(Design)  # oldest first
 
 
 def parse_release(version: str) -> tuple[int, int, int]:
@@ -70,11 +103,13 @@ def design_for_release(version: str) -> Optional[Design]:
     return found
 
 
-def design(key: str) -> Design:
-    for d in DESIGNS:
-        if d.key == key:
-            return d
-    raise ValueError(f"unknown MoE design {key!r}: one of {[d.key for d in DESIGNS]}")
+def design(key: "str | Design") -> Design:
+    """A design from its name; ValueError listing the names otherwise."""
+    try:
+        return Design(key)
+    except ValueError:
+        raise ValueError(f"unknown MoE design {key!r}: one of "
+                         f"{[d.value for d in DESIGNS]}") from None
 
 # vLLM's --all2all-backend values whose prepare step quantizes NVFP4 activations on the
 # *receiving* rank (after dispatch, with the receiver's own scale), so they are consistent
@@ -161,19 +196,53 @@ def oracle_design_hole(fmt: str, *, dp: int, ep: bool, all2all_backend: str,
 
 # --- the layouts the matrix, audit and doctor speak of ------------------------------------------
 
+DEFAULT_ALL2ALL = "allgather_reducescatter"  # vLLM's --all2all-backend default
+# Backends with a GEMM1 scale that can disagree with the activations' quantization, per design:
+# FlashInfer's (0.11.0: CUTLASS and TRT-LLM, v0110 modelopt.py:1445-1449; the 0.11.1 design
+# fixed all but CUTLASS under DP; the oracle design: every global-scale backend,
+# v0.34.0 FM/oracle/nvfp4.py:69-83). Marlin never reads activation scales; vLLM's own CUTLASS
+# kernel quantizes per expert.
+_KERNELS_WITH_HOLES = {
+    Design.INIT_PREPARE_FINALIZE: ("flashinfer_cutlass", "flashinfer_trtllm"),
+    Design.MODULAR_METHOD: ("flashinfer_cutlass",),
+    Design.NVFP4_ORACLE: ("flashinfer_cutlass", "flashinfer_trtllm", "flashinfer_cutedsl"),
+}
+
+
 @dataclass(frozen=True)
-class LayoutSpec:
+class Layout:
     """One parallel layout, as vLLM's flags set it (``--tensor-parallel-size`` ...,
-    ``--enable-expert-parallel``, ``--all2all-backend``)."""
+    ``--enable-expert-parallel``, ``--all2all-backend``). ``name`` is its class in the
+    matrix's vocabulary (:data:`LAYOUTS`); a deployment (:meth:`deployed`) keeps its own sizes.
+    """
 
     name: str
     tp: int = 1
     pp: int = 1
     dp: int = 1
     ep: bool = False
-    all2all: str = "allgather_reducescatter"
+    all2all: str = DEFAULT_ALL2ALL
     placement: str = "linear"  # vLLM's --expert-placement-strategy
-    first_design: str = "0.11.0"  # the all2all backend does not exist before this design
+    # the all2all backend does not exist before this design
+    first_design: Design = Design.INIT_PREPARE_FINALIZE
+
+    @classmethod
+    def deployed(cls, tp: int = 1, dp: int = 1, pp: int = 1, ep: bool = False,
+                 all2all: Optional[str] = None, placement: str = "linear") -> "Layout":
+        """The layout of a real deployment, named by the matrix layout it behaves like."""
+        all2all = all2all or DEFAULT_ALL2ALL
+        two_sided = all2all in ("flashinfer_all2allv", "flashinfer_nvlink_two_sided")
+        if dp > 1:
+            name = ("dp" if not ep else "dp_ep_all2allv" if two_sided
+                    else "dp_ep_one_sided" if all2all == "flashinfer_nvlink_one_sided"
+                    else "dp_ep_allgather")
+        elif tp > 1:
+            name = ("tp_all2allv" if all2all == "flashinfer_all2allv"
+                    else "tp_ep" if ep else "tp")
+        else:
+            name = "pp" if pp > 1 else "single"
+        return cls(name, tp=tp, pp=pp, dp=dp, ep=ep, all2all=all2all, placement=placement,
+                   first_design=LAYOUTS[name].first_design)
 
     @property
     def world(self) -> int:
@@ -194,44 +263,57 @@ class LayoutSpec:
         return self.dp > 1 and self.ep
 
 
-LAYOUTS: dict[str, LayoutSpec] = {s.name: s for s in (
-    LayoutSpec("single"),
-    LayoutSpec("pp", pp=2),
-    LayoutSpec("tp", tp=2),
-    LayoutSpec("tp_ep", tp=2, ep=True),
+LAYOUTS: dict[str, Layout] = {s.name: s for s in (
+    Layout("single"),
+    Layout("pp", pp=2),
+    Layout("tp", tp=2),
+    Layout("tp_ep", tp=2, ep=True),
     # --all2all-backend flashinfer_all2allv without DP (docs/ROOT-CAUSE.md §7, item 2)
-    LayoutSpec("tp_all2allv", tp=2, all2all="flashinfer_all2allv"),
-    LayoutSpec("dp_ep_allgather", dp=2, ep=True),
-    LayoutSpec("dp_ep_all2allv", dp=2, ep=True, all2all="flashinfer_all2allv"),
-    LayoutSpec("dp", dp=2),
+    Layout("tp_all2allv", tp=2, all2all="flashinfer_all2allv"),
+    Layout("dp_ep_allgather", dp=2, ep=True),
+    Layout("dp_ep_all2allv", dp=2, ep=True, all2all="flashinfer_all2allv"),
+    Layout("dp", dp=2),
     # FlashInfer's NVLink one-sided dispatcher, 0.14.0+ (v0.34.0 FM/all2all_utils.py)
-    LayoutSpec("dp_ep_one_sided", dp=2, ep=True, all2all="flashinfer_nvlink_one_sided",
-               first_design="0.14.0"),
+    Layout("dp_ep_one_sided", dp=2, ep=True, all2all="flashinfer_nvlink_one_sided",
+           first_design=Design.NVFP4_ORACLE),
 )}
 
 WRONG, FAILS = "wrong", "fails"
 
+# Where stock vLLM of each design computes wrongly, in words (the off-switch warning).
+WHERE_WRONG = {
+    Design.INIT_PREPARE_FINALIZE: "in every parallel layout",
+    Design.MODULAR_METHOD: "with data-parallel dispatch",
+    Design.NVFP4_ORACLE: "under DP+EP with a dispatcher that quantizes on the sending rank",
+}
 
-def stock_hole(design_key: str, fmt: str, layout: str) -> Optional[str]:
-    """Where stock vLLM of a design computes a FlashInfer CUTLASS NVFP4 MoE layer wrongly.
 
-    ``WRONG``: inconsistent GEMM1 scales, whenever the scales that matter differ (0.11.0: the
-    experts' input scales; 0.11.1: the experts' scales under DP dispatch; 0.14.0: the EP ranks'
-    local maxima). ``FAILS``: the layer cannot run. None: consistent. ValueError for a layout
-    the design does not have. docs/SUPPORT.md's table is checked against this function.
+def stock_hole(design_key: "str | Design", fmt: str, layout: "str | Layout",
+               kernel: str = "flashinfer_cutlass", *, deepep_ll_nvfp4_dispatch: bool = False,
+               enable_eplb: bool = False, eplb_agrees: bool = False) -> Optional[str]:
+    """Where stock vLLM of a design computes an NVFP4 MoE layer on ``kernel`` wrongly.
+
+    ``WRONG``: inconsistent GEMM1 scales, whenever the scales that matter differ
+    (INIT_PREPARE_FINALIZE: the experts' input scales; MODULAR_METHOD: the experts' scales
+    under DP dispatch; NVFP4_ORACLE: the EP ranks' local maxima). ``FAILS``: the layer cannot
+    run. None: consistent. ValueError for a layout the design does not have. ``layout``: a
+    matrix layout name or a :class:`Layout` (a deployment). docs/SUPPORT.md's table is checked
+    against this function; the keywords are the oracle design's (:func:`oracle_design_hole`).
     """
-    spec = LAYOUTS[layout]
-    order = [d.key for d in DESIGNS]
-    if order.index(design_key) < order.index(spec.first_design):
-        raise ValueError(f"layout {layout} needs the {spec.first_design} design or later")
-    ct = fmt == "compressed-tensors"
-    if design_key == "0.11.0":
+    d = design(design_key)
+    spec = LAYOUTS[layout] if isinstance(layout, str) else layout
+    if DESIGNS.index(d) < DESIGNS.index(spec.first_design):
+        raise ValueError(f"layout {spec.name} needs the {spec.first_design.label} or later")
+    if d is Design.NVFP4_ORACLE:
+        return WRONG if oracle_design_hole(
+            fmt, dp=spec.dp, ep=spec.ep, all2all_backend=spec.all2all,
+            enable_eplb=enable_eplb, eplb_agrees=eplb_agrees,
+            deepep_ll_nvfp4_dispatch=deepep_ll_nvfp4_dispatch,
+            global_scale_backend=kernel in _KERNELS_WITH_HOLES[d]) else None
+    if kernel not in _KERNELS_WITH_HOLES[d]:
+        return None
+    if d is Design.INIT_PREPARE_FINALIZE:
         return WRONG
-    if design_key == "0.11.1":
-        if layout == "tp_all2allv":
-            return FAILS
-        return WRONG if ct and spec.dp > 1 else None
-    if design_key == "0.14.0":
-        return WRONG if oracle_design_hole(fmt, dp=spec.dp, ep=spec.ep,
-                                           all2all_backend=spec.all2all) else None
-    raise ValueError(f"unknown MoE design {design_key!r}")
+    if spec.name == "tp_all2allv":  # MODULAR_METHOD
+        return FAILS
+    return WRONG if fmt == "compressed-tensors" and spec.dp > 1 else None

@@ -315,7 +315,7 @@ def test_oracle_design_judges_the_ep_ranks_local_maxima(tmp_path, fmt, ep_size, 
     w13 = [1 / a for a in amax] if fmt == "compressed-tensors" else amax
     _, w2 = _uniform(fmt)
     write_scales_only(tmp_path, fmt, {LAYER: (w13, w2)})
-    report = audit_checkpoint(tmp_path, ep_size=ep_size, design="0.14.0")
+    report = audit_checkpoint(tmp_path, ep_size=ep_size, design="nvfp4_oracle")
     (entry,) = report["layers"]
     # Reference check: the maxima per rank, from the amax list and vLLM's linear placement.
     want_maxima = [max(amax[r * (NUM_EXPERTS // ep_size):(r + 1) * (NUM_EXPERTS // ep_size)])
@@ -338,11 +338,11 @@ def test_oracle_design_spread_within_ranks_only_is_not_affected(tmp_path, fmt):
     w13 = [1 / a for a in amax] if fmt == "compressed-tensors" else amax
     _, w2 = _uniform(fmt)
     write_scales_only(tmp_path, fmt, {LAYER: (w13, w2)})
-    (entry,) = audit_checkpoint(tmp_path, ep_size=2, design="0.14.0")["layers"]
+    (entry,) = audit_checkpoint(tmp_path, ep_size=2, design="nvfp4_oracle")["layers"]
     assert entry["w13_spread"] == 4.0
     assert not any(entry["affected"].values())
     # The same checkpoint on 0.11.0 is wrong in every layout but tp_ep.
-    (old,) = audit_checkpoint(tmp_path, ep_size=2, design="0.11.0")["layers"]
+    (old,) = audit_checkpoint(tmp_path, ep_size=2, design="init_prepare_finalize")["layers"]
     assert all(old["affected"][lay] for lay in LAYOUTS if lay != "tp_ep")
 
 
@@ -353,7 +353,7 @@ def test_0_11_1_design_judges_only_compressed_tensors_dp(tmp_path, fmt, want):
     w13 = [1 / a for a in amax] if fmt == "compressed-tensors" else amax
     _, w2 = _uniform(fmt)
     write_scales_only(tmp_path, fmt, {LAYER: (w13, w2)})
-    (entry,) = audit_checkpoint(tmp_path, design="0.11.1")["layers"]
+    (entry,) = audit_checkpoint(tmp_path, design="modular_method")["layers"]
     assert {lay for lay in LAYOUTS if entry["affected"][lay]} == want
 
 

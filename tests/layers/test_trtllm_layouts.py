@@ -9,7 +9,7 @@ output scales are per expert; the plugin sets one scalar per EP rank and rebuild
 
 import pytest
 
-from vllm_fp4_moe_plugin.compat import DESIGN_0_11_0
+from vllm_fp4_moe_plugin.support import Design
 from vllm_fp4_moe_plugin.simulation import trtllm_seam
 from vllm_fp4_moe_plugin.simulation.layouts import Scenario
 from vllm_fp4_moe_plugin.simulation.matrix import (AFFECTED_FACTOR, FP32_FACTOR, PLUGIN_BOUND,
@@ -22,7 +22,7 @@ SCENARIO = Scenario()  # E=8, H=256, I=512, top-2, 32 tokens/rank, 4x input-scal
 
 @pytest.mark.parametrize("layout", trtllm_seam.LAYOUTS)
 def test_trtllm_layout(layout):
-    if installed_release()[1] != DESIGN_0_11_0:
+    if installed_release()[1] is not Design.INIT_PREPARE_FINALIZE:
         pytest.skip("the TRT-LLM seam covers vLLM 0.11.0's design")
     ranks = trtllm_seam.run_layout(layout, SCENARIO)
     for r in ranks:

@@ -11,26 +11,31 @@ pytestmark = pytest.mark.cpu
 
 
 
-@pytest.mark.parametrize("fmt,layout,stock_ok", [
-    ("modelopt", doctor.Layout(dp=2, ep=True), True),
-    ("compressed-tensors", doctor.Layout(tp=2, ep=True), True),
-    ("compressed-tensors", doctor.Layout(dp=2), True),
-    ("compressed-tensors", doctor.Layout(dp=2, ep=True, all2all_backend="deepep_high_throughput"),
+L = doctor.deployed_layout
+
+
+@pytest.mark.parametrize("fmt,layout,moe_backend,stock_ok", [
+    ("modelopt", L(dp=2, ep=True), "auto", True),
+    ("compressed-tensors", L(tp=2, ep=True), "auto", True),
+    ("compressed-tensors", L(dp=2), "auto", True),
+    ("compressed-tensors", L(dp=2, ep=True, all2all_backend="deepep_high_throughput"), "auto",
      True),
-    ("compressed-tensors", doctor.Layout(dp=2, ep=True), False),
-    ("compressed-tensors", doctor.Layout(dp=2, ep=True, all2all_backend="flashinfer_all2allv"),
+    ("compressed-tensors", L(dp=2, ep=True), "auto", False),
+    ("compressed-tensors", L(dp=2, ep=True, all2all_backend="flashinfer_all2allv"), "auto",
      False),
-    ("compressed-tensors", doctor.Layout(dp=2, ep=True, moe_backend="flashinfer_cutlass"), False),
+    ("compressed-tensors", L(dp=2, ep=True), "flashinfer_cutlass", False),
 ])
 def test_layers_judged_by_the_oracle_designs_hole(blackwell_env, spread_checkpoints, fmt, layout,
-                                                  stock_ok):
-    r = doctor.run_doctor(str(spread_checkpoints[fmt]), layout, capability="10.0")
-    assert r["probes"]["design"] == "0.14.0"
+                                                  moe_backend, stock_ok):
+    r = doctor.run_doctor(str(spread_checkpoints[fmt]), layout, capability="10.0",
+                          moe_backend=moe_backend)
+    assert r["probes"]["design"] == "nvfp4_oracle"
     # Reference check: the audit's verdict for this layout with this release's semantics.
     assert r["layers"] and all(row["stock_consistent"] is stock_ok for row in r["layers"])
     assert r["verdict"] == (doctor.FINE if stock_ok else doctor.AT_RISK)  # plugin off
     blackwell_env.setenv("VLLM_FP4_MOE_PLUGIN", "1")
-    r = doctor.run_doctor(str(spread_checkpoints[fmt]), layout, capability="10.0")
+    r = doctor.run_doctor(str(spread_checkpoints[fmt]), layout, capability="10.0",
+                          moe_backend=moe_backend)
     assert r["plugin"]["would_be_active"] and r["verdict"] == doctor.FINE
     assert all(row["plugin_consistent"] for row in r["layers"])
     assert "prepare_nvfp4_moe_layer_for_fi_or_cutlass" in doctor.format_doctor(r)
@@ -39,7 +44,7 @@ def test_layers_judged_by_the_oracle_designs_hole(blackwell_env, spread_checkpoi
 def test_audit_defaults_to_the_installed_releases_semantics(spread_checkpoints):
     from vllm_fp4_moe_plugin.cli import main
 
-    report = audit_checkpoint(spread_checkpoints["compressed-tensors"], design="0.14.0")
+    report = audit_checkpoint(spread_checkpoints["compressed-tensors"], design="nvfp4_oracle")
     assert report["affected_layers"] == len(report["layers"])
     assert main(["audit", str(spread_checkpoints["compressed-tensors"])]) == 1
     assert main(["audit", str(spread_checkpoints["modelopt"])]) == 0

@@ -39,7 +39,7 @@ def _row(layout: str, fmt: str):
 @pytest.mark.parametrize("layout", list(LAYOUT_PF))
 def test_hole_fixed_and_everything_else_untouched(layout, fmt):
     row = _row(layout, fmt)
-    assert row.design == "0.14.0"
+    assert row.design == "nvfp4_oracle"
     assert row.plugin_prepare_finalize == LAYOUT_PF[layout], row
     assert row.stock_error is None and row.plugin_error is None, row
     # The plugin sits at this release's ideal NVFP4 answer and at the noise floor from fp32.

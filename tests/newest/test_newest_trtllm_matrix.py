@@ -55,7 +55,7 @@ def test_trtllm_rows(layout, fmt):
             info = r.info[f"{fmt}/{mode}"]
             assert info["backend"] == "FLASHINFER_TRTLLM", info
             assert (info["experts"], info["prepare_finalize"]) == LAYOUT_KERNEL[layout], info
-    assert row.backend == "flashinfer_trtllm" and row.design == "0.14.0"
+    assert row.backend == "flashinfer_trtllm" and row.design == "nvfp4_oracle"
     assert row.stock_error is None and row.plugin_error is None, row
     assert row.plugin_rel_err <= PLUGIN_BOUND, row
     assert row.plugin_fp32_err <= FP32_FACTOR * row.noise_floor, row

@@ -302,7 +302,7 @@ def test_wrong_output1_scale_scalar_is_visible(routing, device):
 def test_stock_vllm_vector_scale_is_wrong_and_one_scalar_is_right(largest, device):
     """vLLM 0.11.0 quantizes with ``w13_input_scale_quant`` ([E]; fp4_quantize reads element 0)
     but builds ``g1_alphas``/``g1_scale_c`` per expert; the plugin sets every element to the min
-    and rebuilds both (patches/nvfp4_moe_methods.py ``_fp4_set_trtllm_scales``)."""
+    and rebuilds both (patches/init_prepare_finalize/methods.py ``_fp4_set_trtllm_scales``)."""
     case = make_case(*SHAPE, 64, seed=5, device=device, spread=4.0)
     ex = case.experts
     gs = ex.w13_input_gs.clone()

@@ -12,9 +12,9 @@ pytestmark = pytest.mark.cpu
 
 
 def _design_targets():
-    from vllm_fp4_moe_plugin import compat
+    from vllm_fp4_moe_plugin import patches
 
-    result = compat.probe()
+    result = patches.plan()
     return result.design, list(result.patches)
 
 
@@ -28,7 +28,7 @@ def _resolve(target):
 
 def _inject_failure(monkeypatch, target):
     """Make the build of ``target``'s replacement raise, after the entries before it applied."""
-    from vllm_fp4_moe_plugin.patches import patching
+    from vllm_fp4_moe_plugin import patching
 
     real = patching.ModulePatch.apply
 
@@ -80,7 +80,7 @@ def test_unknown_target_is_refused_before_anything_is_applied(fresh_plugin):
     from vllm_fp4_moe_plugin import patches
 
     with pytest.raises(patches.PatchInstallError, match="vllm.nowhere.Thing"):
-        patches.apply_targets(DESIGN or "0.11.0", [*TARGETS, "vllm.nowhere.Thing"])
+        patches.apply_targets(DESIGN or "init_prepare_finalize", [*TARGETS, "vllm.nowhere.Thing"])
     assert patches.applied_targets() == []
 
 
@@ -89,7 +89,7 @@ import os, sys
 os.environ["VLLM_FP4_MOE_PLUGIN"] = "1"
 import vllm_fp4_moe_plugin as plugin
 from vllm_fp4_moe_plugin import patches
-from vllm_fp4_moe_plugin.patches import patching
+from vllm_fp4_moe_plugin import patching
 target, targets = sys.argv[1], sys.argv[1:]  # the probe itself would import vLLM's MoE code
 real = patching.ModulePatch.apply
 def apply(self):

@@ -1,22 +1,99 @@
-"""Every replaced symbol has a complete ledger entry, and docs/PATCHES.md says the same."""
+"""Every replaced symbol has a complete ledger entry whose predicate reads only findings the
+probe reports, and docs/PATCHES.md says the same as the code."""
 
+import itertools
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
+from vllm_fp4_moe_plugin import compat, patches
 from vllm_fp4_moe_plugin.patches import LEDGER, render_ledger_markdown
+from vllm_fp4_moe_plugin.support import Design
 
 pytestmark = pytest.mark.cpu
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "PATCHES.md"
+# Sample values per kind of finding: the class name the CT entries compare with, the helper
+# tuples the oracle entries look in, and booleans for the rest.
+SAMPLES = {
+    "compressed_tensors_class": (None, "CompressedTensorsW4A4MoeMethod",
+                                 "CompressedTensorsW4A4Nvfp4MoEMethod"),
+    "oracle_helpers": ((), ("prepare_nvfp4_moe_layer_for_fi_or_cutlass",),
+                       ("prepare_nvfp4_moe_layer_for_fi_or_cutlass",
+                        "prepare_nvfp4_moe_layer_for_flashinfer_cutedsl")),
+}
 
 
-@pytest.mark.parametrize("patch", LEDGER, ids=lambda p: f"{p.target}@{p.designs[0]}")
+class StrictFindings(Mapping):
+    """The findings a design's probe reports, and nothing else: reading another key fails."""
+
+    def __init__(self, design, values):
+        self._design, self._values = design, values
+
+    def __getitem__(self, key):
+        if key not in self._values:
+            raise AssertionError(f"predicate reads {key!r}, which the {self._design} probe "
+                                 "does not report (compat.FINDINGS)")
+        return self._values[key]
+
+    def __iter__(self):
+        return iter(self._values)
+
+    def __len__(self):
+        return len(self._values)
+
+
+def _all_findings(design):
+    keys = compat.FINDINGS[design]
+    for combo in itertools.product(*(SAMPLES.get(k, (False, True)) for k in keys)):
+        yield StrictFindings(design, dict(zip(keys, combo)))
+
+
+@pytest.mark.parametrize("patch", LEDGER, ids=lambda p: f"{p.target}@{p.design}")
 def test_entry_is_complete(patch):
     for field in ("why", "how", "upstream", "remove_when"):
         assert len(getattr(patch, field).strip()) > 20, (patch.target, field)
+    assert isinstance(patch.design, Design)
+    assert patch.needed.__doc__ and len(patch.needed.__doc__.strip()) > 20, patch.target
+
+
+@pytest.mark.parametrize("patch", LEDGER, ids=lambda p: f"{p.target}@{p.design}")
+def test_predicate_reads_only_reported_findings(patch):
+    verdicts = {bool(patch.needed(f)) for f in _all_findings(patch.design)}
+    # A predicate that can never be true (or never false) decides nothing.
+    assert verdicts == {False, True}, patch.target
+
+
+def test_every_design_has_a_slice_and_each_target_is_unique_within_it():
+    assert {p.design for p in LEDGER} == set(Design)
+    for design in Design:
+        targets = [p.target for p in patches.entries_for_design(design)]
+        assert len(targets) == len(set(targets)), design
+
+
+def test_plan_follows_the_predicates_not_the_design_alone():
+    base = dict.fromkeys(compat.FINDINGS[Design.MODULAR_METHOD], False)
+    seen = compat.Observation(Design.MODULAR_METHOD, True, "seen", {
+        **base, "compressed_tensors_class": "CompressedTensorsW4A4Nvfp4MoEMethod"})
+    plan = patches.plan(seen)
+    assert plan.install and [t.rsplit(".", 1)[1] for t in plan.patches] == [
+        "CompressedTensorsW4A4Nvfp4MoEMethod"]
+    fixed = compat.Observation(Design.MODULAR_METHOD, True, "seen", {
+        **base, "compressed_tensors_class": "CompressedTensorsW4A4Nvfp4MoEMethod",
+        "compressed_tensors_dp_scale_shared": True})
+    plan = patches.plan(fixed)
+    assert not plan.install and not plan.patches and "no hole left" in plan.reason
+    unpatchable = compat.Observation(Design.NVFP4_ORACLE, False, "helpers changed", {})
+    assert patches.plan(unpatchable).reason == "helpers changed"
 
 
 def test_doc_matches_code():
     assert DOC.read_text() == render_ledger_markdown() + "\n", (
         "docs/PATCHES.md is stale: run `python -m vllm_fp4_moe_plugin.patches > docs/PATCHES.md`")
+
+
+def test_the_installed_probe_reports_exactly_the_declared_findings():
+    obs = compat.probe()
+    # Reference check: the keys the ledger's predicates are checked against above.
+    assert obs.patchable and set(obs.findings) == set(compat.FINDINGS[obs.design]), obs

@@ -5,7 +5,8 @@ import types
 
 import pytest
 
-from vllm_fp4_moe_plugin.patches.patching import ModulePatch, PatchConflictError
+from vllm_fp4_moe_plugin.patching import ModulePatch, PatchConflictError, same_named_subclass
+from vllm_fp4_moe_plugin.support import Design
 
 pytestmark = pytest.mark.cpu
 
@@ -21,6 +22,7 @@ def target_module():
 
 def _patch(build=lambda orig: type(orig.__name__, (orig,), {"x": 2})):
     return ModulePatch(module="fp4_moe_throwaway_target", attr="Thing", build=build,
+                       design=Design.INIT_PREPARE_FINALIZE, needed=lambda findings: True,
                        why="w", how="h", upstream="u", remove_when="r")
 
 
@@ -44,3 +46,11 @@ def test_refuses_to_stack_on_a_foreign_replacement(target_module):
     with pytest.raises(PatchConflictError, match="fp4_moe_throwaway_target.Thing"):
         patch.apply()
     patch.revert()
+
+
+def test_same_named_subclass_keeps_name_and_doc_and_puts_the_mixin_first(target_module):
+    target_module.Thing.__doc__ = "upstream's doc"
+    mixin = type("Mixin", (), {"x": 3})
+    cls = same_named_subclass(target_module.Thing, mixin, "somewhere", y=4)
+    assert (cls.__name__, cls.__doc__, cls.__module__) == ("Thing", "upstream's doc", "somewhere")
+    assert cls.__mro__[1:3] == (mixin, target_module.Thing) and (cls.x, cls.y) == (3, 4)

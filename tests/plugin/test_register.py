@@ -113,7 +113,7 @@ def test_probe_never_raises(monkeypatch):
 
     monkeypatch.setattr(compat, "_probe", boom)
     result = compat.probe()
-    assert not result.install and "surprise" in result.reason
+    assert not result.patchable and "surprise" in result.reason
 
 
 def test_entry_point_is_discovered_by_vllm(fresh_plugin, monkeypatch):

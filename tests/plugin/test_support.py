@@ -1,4 +1,4 @@
-"""The vLLM-free support model: designs by release, EP slices, where the 0.14.0 design is wrong."""
+"""The vLLM-free support model: designs by release, EP slices, where each design is wrong."""
 
 import pytest
 
@@ -8,12 +8,14 @@ pytestmark = pytest.mark.cpu
 
 
 @pytest.mark.parametrize("release, design", [
-    ("0.11.0", "0.11.0"), ("0.11.1", "0.11.1"), ("0.12.0+cpu", "0.11.1"), ("0.13.0", "0.11.1"),
-    ("0.14.0rc1", "0.14.0"), ("0.20.0", "0.14.0"), ("0.34.0", "0.14.0"), ("0.10.2", None),
+    ("0.11.0", "init_prepare_finalize"), ("0.11.1", "modular_method"),
+    ("0.12.0+cpu", "modular_method"), ("0.13.0", "modular_method"),
+    ("0.14.0rc1", "nvfp4_oracle"), ("0.20.0", "nvfp4_oracle"), ("0.34.0", "nvfp4_oracle"),
+    ("0.10.2", None),
 ])
 def test_design_for_release(release, design):
     found = support.design_for_release(release)
-    assert (found.key if found else None) == design
+    assert (found.value if found else None) == design
 
 
 @pytest.mark.parametrize("bad", ["", "latest", "v0.34"])

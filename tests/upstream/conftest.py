@@ -1,7 +1,7 @@
-"""The focused suite for a vLLM release in the 0.11.1-era MoE design (0.11.1 to 0.13.0).
+"""The focused suite for a vLLM release in the modular_method MoE design (0.11.1 to 0.13.0).
 
-It runs only when asked: ``VLLM_FP4_MOE_EXPECT_DESIGN=0.11.1`` (``scripts/test.sh`` sets it for
-``.venv-vllm-0.12.0``). The installed vLLM must then probe as that design, or the run stops
+It runs only when asked: ``VLLM_FP4_MOE_EXPECT_DESIGN=modular_method`` (``scripts/test.sh`` sets
+it for ``.venv-vllm-0.12.0``). The installed vLLM must then probe as that design, or the run stops
 (exit 3) instead of testing the wrong release. Without the variable nothing here is collected,
 so the default suite (vLLM 0.11.0) neither runs these files nor imports vLLM's MoE code early.
 """
@@ -10,12 +10,13 @@ import os
 
 import pytest
 
+DESIGN = "modular_method"
 _expected = os.environ.get("VLLM_FP4_MOE_EXPECT_DESIGN")
-if _expected:
+if _expected == DESIGN:
     from vllm_fp4_moe_plugin import compat
 
     _design = compat.probe().design
     if _design != _expected:
         pytest.exit(f"VLLM_FP4_MOE_EXPECT_DESIGN={_expected} but the installed vLLM probes as "
                     f"design {_design!r}; wrong virtualenv?", returncode=3)
-collect_ignore_glob = [] if _expected else ["test_*.py"]
+collect_ignore_glob = [] if _expected == DESIGN else ["test_*.py"]

@@ -14,13 +14,13 @@ def env(blackwell_env):
 
 
 @pytest.mark.parametrize("fmt,layout,stock_ok", [
-    ("modelopt", doctor.Layout(dp=2, ep=True), True),           # #26135
-    ("compressed-tensors", doctor.Layout(tp=2, ep=True), True),  # #27223
-    ("compressed-tensors", doctor.Layout(dp=2, ep=True), False),  # the hole left open
+    ("modelopt", doctor.deployed_layout(dp=2, ep=True), True),           # #26135
+    ("compressed-tensors", doctor.deployed_layout(tp=2, ep=True), True),  # #27223
+    ("compressed-tensors", doctor.deployed_layout(dp=2, ep=True), False),  # the hole left open
 ])
 def test_layers_judged_by_this_releases_holes(env, spread_checkpoints, fmt, layout, stock_ok):
     r = doctor.run_doctor(str(spread_checkpoints[fmt]), layout, capability="10.0")
-    assert r["probes"]["design"] == "0.11.1"
+    assert r["probes"]["design"] == "modular_method"
     assert r["layers"] and all(row["stock_consistent"] is stock_ok for row in r["layers"])
     assert r["verdict"] == (doctor.FINE if stock_ok else doctor.AT_RISK)  # plugin off
     env.setenv("VLLM_FP4_MOE_PLUGIN", "1")
@@ -31,7 +31,7 @@ def test_layers_judged_by_this_releases_holes(env, spread_checkpoints, fmt, layo
 
 def test_all2allv_without_dp_is_a_hole_for_modelopt_too(env, spread_checkpoints):
     env.setenv("VLLM_ALL2ALL_BACKEND", "flashinfer_all2allv")
-    r = doctor.run_doctor(str(spread_checkpoints["modelopt"]), doctor.Layout(tp=2),
+    r = doctor.run_doctor(str(spread_checkpoints["modelopt"]), doctor.deployed_layout(tp=2),
                           capability="10.0")
     assert r["layout"]["name"] == "tp_all2allv"
     assert r["verdict"] == doctor.AT_RISK

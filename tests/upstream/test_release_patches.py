@@ -27,9 +27,9 @@ def _get(module, attr):
 
 
 def test_probe_sees_the_0_11_1_design_and_its_two_holes():
-    result = compat.probe()
+    result = patches.plan()
     ct = compat.compressed_tensors_nvfp4_class_name()
-    assert result.install and result.design == compat.DESIGN_0_11_1, result.reason
+    assert result.install and result.design == "modular_method", result.reason
     assert result.findings["tp_fix_present"] and result.findings["modelopt_dp_fix_present"]
     assert set(result.patches) == {f"{_CT}.{ct}",
                                    f"{_PF}.FlashInferAllToAllMoEPrepareAndFinalize"}
@@ -48,7 +48,7 @@ def test_register_leaves_upstream_fixed_symbols_alone(fresh_plugin, monkeypatch,
     ct_after = _get(_CT, ct_name)
     assert ct_after is not ct_before and ct_after.__name__ == ct_name
     assert issubclass(ct_after, ct_before)
-    assert sorted(patches.applied_targets()) == sorted(compat.probe().patches)
+    assert sorted(patches.applied_targets()) == sorted(patches.plan().patches)
     lines = [r.getMessage() for r in caplog_plugin.records if "plugin active" in r.getMessage()]
     assert len(lines) == 1 and "ModelOpt" not in lines[0]
 
@@ -58,8 +58,8 @@ def test_no_0_11_0_patch_applies_on_this_design(fresh_plugin, monkeypatch):
     what is installed must be built by this design's ledger entries."""
     monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN", "1")
     fresh_plugin.register()
-    ours = {"vllm_fp4_moe_plugin.patches.compressed_tensors_dp",
-            "vllm_fp4_moe_plugin.patches.all2allv_passthrough"}
+    ours = {"vllm_fp4_moe_plugin.patches.modular_method.compressed_tensors_dp",
+            "vllm_fp4_moe_plugin.patches.modular_method.all2allv_passthrough"}
     for target in patches.applied_targets():
         module, _, attr = target.rpartition(".")
         assert _get(module, attr).__module__ in ours, target
@@ -92,7 +92,7 @@ def test_compressed_tensors_without_backend_attribute_means_cutlass():
     from vllm.model_executor.layers.quantization.utils.flashinfer_utils import (
         FlashinferMoeBackend)
 
-    from vllm_fp4_moe_plugin.patches.compressed_tensors_dp import SharedGemm1ScaleForDpMixin
+    from vllm_fp4_moe_plugin.patches.modular_method.compressed_tensors_dp import SharedGemm1ScaleForDpMixin
 
     method = object.__new__(SharedGemm1ScaleForDpMixin)
     method.allow_flashinfer, method.use_marlin = True, False
@@ -114,3 +114,30 @@ def test_off_warning_only_where_this_release_is_wrong():
     dp = spawn(LAYOUTS["dp"], "tests.layers.jobs:off_warning")[0]
     assert len(dp["unset/4.0"]) == 1 and "data-parallel dispatch" in dp["unset/4.0"][0]
     assert dp["unset/1.0"] == [] and dp["0/4.0"] == []
+
+
+def test_the_probe_reports_exactly_the_declared_findings():
+    obs = compat.probe()
+    # Reference check: the keys tests/plugin/test_ledger.py checks every predicate against.
+    assert obs.patchable and set(obs.findings) == set(compat.FINDINGS[obs.design]), obs
+
+
+def test_compressed_tensors_dp_probe_sees_the_hole_and_would_see_a_fix(monkeypatch):
+    """P5 runs the method's own process_weights_after_loading on experts whose input scales
+    differ: this release keeps one scale per expert (the hole, the entry is needed); a method
+    that shares one scale, as an upstream fix would, flips the finding."""
+    import torch
+
+    ct = compat.compressed_tensors_nvfp4_class_name()
+    assert compat.compressed_tensors_dp_scale_shared(ct) is False
+    cls = _get(_CT, ct)
+    stock = cls.process_weights_after_loading
+
+    def shared(self, layer):
+        stock(self, layer)
+        vec = layer.w13_input_scale_quant
+        layer.w13_input_scale_quant = torch.nn.Parameter(vec.min().expand_as(vec).clone(),
+                                                         requires_grad=False)
+
+    monkeypatch.setattr(cls, "process_weights_after_loading", shared)
+    assert compat.compressed_tensors_dp_scale_shared(ct) is True

@@ -1,7 +1,7 @@
 """Is an NVFP4 MoE checkpoint hit by a vLLM release's GEMM1 activation-scale bug? Read only scales.
 
-``design`` picks the release's semantics (``support.DESIGNS``; the default is vLLM 0.11.0's,
-described first):
+``design`` picks the release's semantics (``support.Design``; the default,
+init_prepare_finalize, is vLLM 0.11.0's, described first):
 
 Stock 0.11.0 pre-quantizes every FlashInfer CUTLASS MoE input with ONE expert's GEMM1 input scale
 (expert 0, or the first local expert of the quantizing rank) but dequantizes with each expert's
@@ -25,11 +25,12 @@ checkpoint (:class:`CheckpointAuditError`), not a finding.
   blocks (``round_robin`` placement, or experts % EP size != 0): FlashInfer then computes the
   wrong experts (``ep_layout_problem``).
 
-0.11.1 design (0.11.1 - 0.13.0): ModelOpt is consistent everywhere (#26135); compressed-tensors
-with DP dispatch (dp, dp_ep_*) still pre-quantizes with element 0 -> affected iff not all equal.
+The modular_method design (0.11.1 - 0.13.0): ModelOpt is consistent everywhere (#26135);
+compressed-tensors with DP dispatch (dp, dp_ep_*) still pre-quantizes with element 0 -> affected
+iff not all equal.
 
-0.14.0 design (0.14.0 - 0.34.0): ModelOpt is consistent everywhere; compressed-tensors under
-DP+EP (dp_ep_*) quantizes on the sender with the max amax of the *sender's* local experts and
+The nvfp4_oracle design (0.14.0 - 0.34.0): ModelOpt is consistent everywhere; compressed-tensors
+under DP+EP (dp_ep_*) quantizes on the sender with the max amax of the *sender's* local experts and
 dequantizes with the owner's -> affected iff the EP slices' maxima differ (at ``ep_size`` =
 DP x TP, ``support.rank_local_maxima``). Single, pp, tp, tp_ep and dp without EP are consistent.
 """
@@ -45,6 +46,7 @@ from typing import Iterator, Optional
 from vllm_fp4_moe_plugin.scale_check import InvalidScaleError, check_scale
 
 from vllm_fp4_moe_plugin import support
+from vllm_fp4_moe_plugin.support import Design
 
 from .tensor_index import CheckpointError, checkpoint_dir, open_safetensors, read_json, \
     tensor_files
@@ -260,36 +262,39 @@ def ep_layout_problem(num_experts: int, ep_size: int, placement: str) -> Optiona
 
 
 
-def _affected(design: str, fmt: str, stored: list[float], amax: list[float], ep_size: int,
+def _affected(design: Design, fmt: str, stored: list[float], amax: list[float], ep_size: int,
               placement: str) -> dict[str, bool]:
     """Per layout, does stock vLLM of ``design`` compute this layer inconsistently? Where it can
     is the support model's (``support.stock_hole``); whether it does here depends on the scales
     that matter to the design. ``stored``: the per-expert GEMM1 value 0.11.x keeps; ``amax``:
     the activation amax 0.14.0+ collapses (max over gate/up of the input amax)."""
     uneven = any(v != stored[0] for v in stored)
-    if design == "0.11.0":  # the quantizing rank's first expert's scale vs each expert's own
+    if design is Design.INIT_PREPARE_FINALIZE:  # the quantizing rank's first expert's scale
+        # vs each expert's own
         tp_ep = any(any(stored[e] != stored[s[0]] for e in s)
                     for s in ep_slices(len(stored), ep_size, placement) if s)
         differ = {"tp_ep": tp_ep}
-    elif design == "0.11.1":  # element 0 of the per-expert vector under DP dispatch
+    elif design is Design.MODULAR_METHOD:  # element 0 of the per-expert vector, DP dispatch
         differ = {}
-    elif design == "0.14.0":  # the sender's local max vs the owner's local max
+    elif design is Design.NVFP4_ORACLE:  # the sender's local max vs the owner's local max
         ep_slices(len(amax), ep_size, placement)  # validates placement and size
         maxima = support.rank_local_maxima(amax, ep_size, placement)
         uneven = len({m for m in maxima if m > 0}) > 1
         differ = {}
     else:
         raise ValueError(
-            f"unknown MoE design {design!r}: one of {[d.key for d in support.DESIGNS]}")
+            f"unknown MoE design {design!r}: one of {[d.value for d in support.DESIGNS]}")
     out = {layout: support.stock_hole(design, fmt, layout) is not None
            and differ.get(layout, uneven) for layout in LAYOUTS}
-    if design == "0.11.0" and ep_layout_problem(len(stored), ep_size, placement):
+    if (design is Design.INIT_PREPARE_FINALIZE
+            and ep_layout_problem(len(stored), ep_size, placement)):
         out.update({layout: True for layout in EP_LAYOUTS})
     return out
 
 
 def _layer_report(fmt: str, layer: str, gate: list[float], up: list[float], down: list[float],
-                  ep_size: int, placement: str, design: str = "0.11.0") -> dict:
+                  ep_size: int, placement: str,
+                  design: Design = Design.INIT_PREPARE_FINALIZE) -> dict:
     # vLLM keeps one GEMM1 scale per expert: .max() over gate/up of the *stored* quantity
     # (modelopt.py:1307-1308, compressed_tensors_moe.py:300-301).
     w13 = [max(g, u) for g, u in zip(gate, up)]
@@ -322,24 +327,25 @@ def _layer_report(fmt: str, layer: str, gate: list[float], up: list[float], down
         "gate_up_mismatch": [e for e, (g, u) in enumerate(zip(gate, up)) if g != u],
         "affected": _affected(design, fmt, w13, amax, ep_size, placement),
         "layout_problem": (ep_layout_problem(len(w13), ep_size, placement)
-                           if design == "0.11.0" else None),
+                           if design is Design.INIT_PREPARE_FINALIZE else None),
     }
-    if design == "0.14.0":
+    if design is Design.NVFP4_ORACLE:
         report["ep_rank_max_amax"] = support.rank_local_maxima(amax, ep_size, placement)
         report["dp_ep_off_by"] = (support.stock_dp_ep_off_by(amax, ep_size, placement)
                                   if ct else 1.0)
     return report
 
 
-def _summary(layers: list[dict], design: str = "0.11.0", ep_size: int = 2) -> str:
+def _summary(layers: list[dict], design: Design = Design.INIT_PREPARE_FINALIZE,
+             ep_size: int = 2) -> str:
     bad = [entry for entry in layers if any(entry["affected"].values())]
-    if design != "0.11.0":
+    if design is not Design.INIT_PREPARE_FINALIZE:
         releases = support.design(design).releases
         if not bad:
             return (f"not affected: stock vLLM {releases} computes all {len(layers)} MoE "
                     f"layer(s) correctly in every layout judged (EP size {ep_size})")
         where = sorted({lay for entry in bad for lay, hit in entry["affected"].items() if hit})
-        if design == "0.14.0":
+        if design is Design.NVFP4_ORACLE:
             worst = max(bad, key=lambda entry: entry["dp_ep_off_by"])
             how = (f"the EP ranks' local maxima of the GEMM1 input amax differ (worst "
                    f"{worst['layer']}: GEMM1 off by up to {worst['dp_ep_off_by']:.4g}x on tokens "
@@ -369,7 +375,7 @@ def _summary(layers: list[dict], design: str = "0.11.0", ep_size: int = 2) -> st
 
 
 def audit_checkpoint(path, *, ep_size: int = 2, expert_placement: str = "linear",
-                     design: str = "0.11.0") -> dict:
+                     design: Design = Design.INIT_PREPARE_FINALIZE) -> dict:
     """Audit the per-expert activation scales of every NVFP4 MoE layer under ``path``.
 
     ``ep_size``/``expert_placement`` describe the EP layouts judged (0.11.0: ``tp_ep``; 0.14.0:
@@ -377,7 +383,7 @@ def audit_checkpoint(path, *, ep_size: int = 2, expert_placement: str = "linear"
     placement. ``design``: whose semantics (``support.DESIGNS``). Raises
     :class:`CheckpointAuditError`.
     """
-    support.design(design)  # ValueError for an unknown design, before any file is read
+    design = support.design(design)  # ValueError for an unknown one, before any file is read
     with _audit_errors():
         root = checkpoint_dir(path)
         config = read_json(root / "config.json", what="config.json")
@@ -440,23 +446,23 @@ def audit_checkpoint(path, *, ep_size: int = 2, expert_placement: str = "linear"
 
 def format_audit(report: dict, *, max_layers: Optional[int] = None) -> str:
     """A human-readable table of :func:`audit_checkpoint`'s report."""
-    design = report.get("design", "0.11.0")
-    ep_layouts = "tp_ep" if design == "0.11.0" else "EP layouts"
+    design = support.design(report.get("design", Design.INIT_PREPARE_FINALIZE))
+    ep_layouts = "tp_ep" if design is Design.INIT_PREPARE_FINALIZE else "EP layouts"
     head = [f"NVFP4 MoE activation-scale audit (stock vLLM {support.design(design).releases} "
-            f"semantics, MoE design {design})",
+            f"semantics, MoE design {design.value})",
             f"  checkpoint : {report['path']}",
             f"  format     : {report['format']} (from {report['quant_config_source']})",
             f"  {ep_layouts:<11}: ep_size={report['ep_size']}, {report['expert_placement']} "
             "placement",
             ""]
     cols = "  ".join(f"{lay:>{max(5, len(lay))}}" for lay in LAYOUTS)
-    err_head = "dp_ep off by" if design == "0.14.0" else "error vs expert 0"
+    err_head = "dp_ep off by" if design is Design.NVFP4_ORACLE else "error vs expert 0"
     width = max([len(entry["layer"]) for entry in report["layers"]] + [5])
     lines = [f"{'layer':<{width}}  {'E':>4}  {'w13 spread':>10}  {'w2 spread':>9}  "
              f"{err_head:>17}  {cols}"]
     shown = report["layers"] if max_layers is None else report["layers"][:max_layers]
     for entry in shown:
-        err = (f"{entry['dp_ep_off_by']:.3g}x" if design == "0.14.0" else
+        err = (f"{entry['dp_ep_off_by']:.3g}x" if design is Design.NVFP4_ORACLE else
                f"{entry['error_factor_min']:.3g}..{entry['error_factor_max']:.3g}x")
         flags = "  ".join(f"{('yes' if entry['affected'][lay] else 'no'):>{max(5, len(lay))}}"
                           for lay in LAYOUTS)

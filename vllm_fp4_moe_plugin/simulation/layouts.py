@@ -21,11 +21,11 @@ from typing import Any, Optional
 
 import torch
 
-from vllm_fp4_moe_plugin.support import LAYOUTS, LayoutSpec
+from vllm_fp4_moe_plugin.support import LAYOUTS, Design, Layout
 
 # One vocabulary of layouts, in the vLLM-free support model (support.LAYOUTS).
-Layout = LayoutSpec
-LAYOUT_NAMES = tuple(n for n, spec in LAYOUTS.items() if spec.first_design == "0.11.0")
+LAYOUT_NAMES = tuple(n for n, spec in LAYOUTS.items()
+                     if spec.first_design is Design.INIT_PREPARE_FINALIZE)
 # Layouts that exist only in the NVFP4-oracle design's all-to-all choices.
 ORACLE_ONLY_LAYOUTS = tuple(n for n in LAYOUTS if n not in LAYOUT_NAMES)
 

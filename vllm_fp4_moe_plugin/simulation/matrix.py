@@ -23,6 +23,7 @@ from typing import Iterable, Optional
 import torch
 
 from vllm_fp4_moe_plugin.simulation.layouts import LAYOUTS, Scenario, run_layout
+from vllm_fp4_moe_plugin.support import Design
 
 BACKEND = "flashinfer_cutlass"
 # Plugin vs the ideal NVFP4 reference. Both quantize identically; what is left is bf16
@@ -49,7 +50,7 @@ class Row:
     bit_identical: bool  # plugin output == stock output, bit for bit, on every rank
     reference_scheme: str  # one of SCHEMES
     vllm_version: str
-    design: Optional[str]
+    design: Optional[Design]
     stock_error: Optional[str]  # set when stock's forward raised (the layer cannot run)
     plugin_error: Optional[str]
     ok: bool
@@ -170,26 +171,24 @@ def _oracle_reference_scheme(fmt: str, layout) -> str:
     return "rank_gemm1_gemm2"
 
 
-def reference_scheme(design: Optional[str], fmt: str, layout,
+def reference_scheme(design: Optional[Design], fmt: str, layout,
                      oracle: Optional[bool] = None) -> str:
     """Which activation scales a *correct* layer uses on this release and layout.
     ``oracle``: the installed vLLM has the NVFP4-oracle design (default: probe it)."""
-    from vllm_fp4_moe_plugin.compat import DESIGN_0_11_1
-
     if oracle is None:
         from vllm_fp4_moe_plugin.simulation import blackwell_oracle
 
         oracle = blackwell_oracle.applies()
     if oracle:
         return _oracle_reference_scheme(fmt, layout)
-    if design == DESIGN_0_11_1 and fmt == "modelopt":
+    if design is Design.MODULAR_METHOD and fmt == "modelopt":
         return "shared_gemm1_gemm2"
     if layout.dispatches_quantized:
         return "shared_gemm1"
     return "per_expert"
 
 
-def installed_release() -> tuple[str, Optional[str]]:
+def installed_release() -> tuple[str, Optional[Design]]:
     """(vLLM version, MoE design the plugin's probe sees) of the installed vLLM."""
     import vllm
 

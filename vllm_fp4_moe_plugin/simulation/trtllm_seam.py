@@ -227,6 +227,6 @@ def rows_for_layout(layout_name: str, scenario, ranks=None) -> list:
 
 def applies(layout_name: str, formats, design) -> bool:
     """Whether the matrix gets a TRT-LLM row: vLLM 0.11.0's design, ModelOpt, a listed layout."""
-    from vllm_fp4_moe_plugin.compat import DESIGN_0_11_0
+    from vllm_fp4_moe_plugin.support import Design
 
-    return design == DESIGN_0_11_0 and "modelopt" in formats and layout_name in LAYOUTS
+    return design is Design.INIT_PREPARE_FINALIZE and "modelopt" in formats and layout_name in LAYOUTS

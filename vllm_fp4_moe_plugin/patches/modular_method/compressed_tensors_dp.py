@@ -1,4 +1,5 @@
-"""vLLM 0.11.1-era compressed-tensors NVFP4 MoE: one shared GEMM1 scale under DP dispatch.
+"""MODULAR_METHOD design (vLLM 0.11.1-0.13.0): compressed-tensors NVFP4 MoE gets one shared
+GEMM1 scale under DP dispatch.
 
 0.11.1 fixed TP for everyone (the all-gather prepare passes bf16 through, v0111 PF:184-185) and
 DP for ModelOpt only (#26135: every expert's input scale collapsed to the global max). The
@@ -18,6 +19,7 @@ from torch.nn import Parameter
 
 from vllm_fp4_moe_plugin import compat, consistency, scales
 from vllm_fp4_moe_plugin.log import get_logger, layer_label
+from vllm_fp4_moe_plugin.patching import same_named_subclass
 
 logger = get_logger("methods")
 
@@ -85,5 +87,4 @@ class SharedGemm1ScaleForDpMixin:
 
 
 def build_compressed_tensors_dp_method(original: type) -> type:
-    return type(original.__name__, (SharedGemm1ScaleForDpMixin, original),
-                {"__doc__": original.__doc__, "__module__": __name__})
+    return same_named_subclass(original, SharedGemm1ScaleForDpMixin, __name__)

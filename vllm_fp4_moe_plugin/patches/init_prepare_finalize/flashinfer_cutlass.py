@@ -22,22 +22,14 @@ from vllm.model_executor.layers.fused_moe.flashinfer_cutlass_moe import FlashInf
 from vllm.model_executor.layers.fused_moe.flashinfer_cutlass_prepare_finalize import (
     FlashInferAllGatherMoEPrepareAndFinalize, FlashInferAllToAllMoEPrepareAndFinalize)
 
+from vllm_fp4_moe_plugin.patches.bf16_passthrough import Bf16PassthroughPrepareMixin
 
-class KernelQuantizedPrepareAndFinalize(FlashInferAllGatherMoEPrepareAndFinalize):
-    """Non-DP prepare that hands bf16 to the kernel, so it quantizes with each expert's scale.
 
-    Mirrors upstream's fix (vLLM 0.11.1 flashinfer_cutlass_prepare_finalize.py:184-185, PR #27223).
-    With ``use_dp=True`` it is the stock all-gather prepare (quantize once, then gather).
-    """
-
-    def prepare(self, a1, topk_weights, topk_ids, num_experts, expert_map,
-                apply_router_weight_on_input, quant_config: FusedMoEQuantConfig):
-        if self.use_dp or quant_config.quant_dtype != "nvfp4":
-            return super().prepare(a1, topk_weights, topk_ids, num_experts, expert_map,
-                                   apply_router_weight_on_input, quant_config)
-        self._apply_router_weight_on_input(a1, topk_weights, topk_ids,
-                                           apply_router_weight_on_input)
-        return a1, None, None, topk_ids, topk_weights
+class KernelQuantizedPrepareAndFinalize(Bf16PassthroughPrepareMixin,
+                                        FlashInferAllGatherMoEPrepareAndFinalize):
+    """Non-DP prepare that hands bf16 to the kernel, so it quantizes with each expert's scale
+    (:mod:`..bf16_passthrough`, upstream's fix in vLLM 0.11.1, PR #27223). With ``use_dp=True``
+    it is the stock all-gather prepare (quantize once, then gather)."""
 
 
 class KernelOutputShapeFlashInferExperts(FlashInferExperts):
@@ -47,6 +39,8 @@ class KernelOutputShapeFlashInferExperts(FlashInferExperts):
     for nvfp4, assuming packed FP4 input; with bf16 passthrough that gives ``(M, 2H)`` and
     FlashInfer's output shape check fails. The hidden size is ``a.size(-1)`` in both cases.
     """
+
+    fp4_moe_output_for_bf16 = True  # read by the load-time check (consistency)
 
     def workspace_shapes(self, a, aq, M, N, K, topk, global_num_experts, local_num_experts,
                          expert_tokens_meta):
@@ -105,3 +99,6 @@ def flashinfer_cutlass_moe_fp4(
         topk_ids=topk_ids, inplace=inplace, activation=activation,
         global_num_experts=global_num_experts, expert_map=expert_map,
         apply_router_weight_on_input=apply_router_weight_on_input)
+
+
+flashinfer_cutlass_moe_fp4.fp4_moe_bf16_passthrough = True  # read by consistency

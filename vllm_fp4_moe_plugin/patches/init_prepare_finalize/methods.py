@@ -1,4 +1,5 @@
-"""Subclasses of vLLM 0.11.0's two NVFP4 MoE quant methods whose quant config tells the truth.
+"""INIT_PREPARE_FINALIZE design (vLLM 0.11.0): NVFP4 MoE quant methods whose quant config tells
+the truth.
 
 ``ModelOptNvFp4FusedMoE`` (modelopt.py:1040) and ``CompressedTensorsW4A4MoeMethod``
 (compressed_tensors_moe.py:152) compute per-expert GEMM1 scales, then hand them to a prepare
@@ -16,7 +17,8 @@ from torch.nn import Parameter
 
 from vllm_fp4_moe_plugin import compat, consistency, scales
 from vllm_fp4_moe_plugin.log import get_logger, layer_label
-from vllm_fp4_moe_plugin.patches import flashinfer_cutlass
+from vllm_fp4_moe_plugin.patches.init_prepare_finalize import flashinfer_cutlass
+from vllm_fp4_moe_plugin.patching import same_named_subclass
 
 logger = get_logger("methods")
 
@@ -174,16 +176,11 @@ class ConsistentNvFp4MoEMixin:
         return flashinfer_cutlass.make_experts(self.moe, self.moe_quant_config)
 
 
-def _subclass(original: type, fmt: str) -> type:
-    cls = type(original.__name__, (ConsistentNvFp4MoEMixin, original),
-               {"_fp4_moe_format": fmt, "__doc__": original.__doc__,
-                "__module__": __name__})
-    return cls
-
-
 def build_modelopt_method(original: type) -> type:
-    return _subclass(original, "modelopt")
+    return same_named_subclass(original, ConsistentNvFp4MoEMixin, __name__,
+                               _fp4_moe_format="modelopt")
 
 
 def build_compressed_tensors_method(original: type) -> type:
-    return _subclass(original, "compressed-tensors")
+    return same_named_subclass(original, ConsistentNvFp4MoEMixin, __name__,
+                               _fp4_moe_format="compressed-tensors")

@@ -27,16 +27,11 @@ import inspect
 
 import torch
 
-from vllm_fp4_moe_plugin import scales, support
+from vllm_fp4_moe_plugin import compat, scales, support
+from vllm_fp4_moe_plugin import vllm_modules as vm
 from vllm_fp4_moe_plugin.log import get_logger, layer_label
 
 logger = get_logger("methods")
-
-ORACLE = "vllm.model_executor.layers.fused_moe.oracle.nvfp4"
-# The oracle helpers whose a13_scale argument is collapsed to one global activation scale
-# (v0.34.0 Q/utils/flashinfer_fp4_moe.py:444-506 and :211-216).
-WRAPPED = ("prepare_nvfp4_moe_layer_for_fi_or_cutlass",
-           "prepare_nvfp4_moe_layer_for_flashinfer_cutedsl")
 
 # The checkpoint's global scales as each format's quant method registers them on the layer
 # (v0.34.0 CT w4a4_nvfp4.py:180-210; Q/modelopt.py:1020-1060).
@@ -88,7 +83,7 @@ def quantized_inputs_cross_ranks(layer: torch.nn.Module, backend) -> bool:
     if pc.ep_size <= 1 or not pc.use_all2all_kernels:
         return False
     if backend is not None and not importlib.import_module(
-            ORACLE).is_global_sf_supported_for_nvfp4_backend(backend):
+            vm.NVFP4_ORACLE).is_global_sf_supported_for_nvfp4_backend(backend):
         return False  # per-expert scales (vLLM CUTLASS): quantized on the owning rank
     if getattr(pc, "enable_eplb", False) and stock_agrees_under_eplb():
         return False
@@ -101,8 +96,6 @@ def quantized_inputs_cross_ranks(layer: torch.nn.Module, backend) -> bool:
 
 def stock_agrees_under_eplb() -> bool:
     """0.28.0+: upstream all-reduces the collapsed scale when EPLB is on (compat's probe)."""
-    from vllm_fp4_moe_plugin import compat
-
     return compat.eplb_scale_allreduce()
 
 

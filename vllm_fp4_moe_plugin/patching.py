@@ -1,15 +1,18 @@
 """A small, reversible patch primitive: rebind one module attribute, remember the original.
 
 Mirrors the shape of ArcticInference's ``patching.py`` (one object per replaced symbol, a
-double-patch guard, one log line per replacement), but patches *module attributes* because that
-is how vLLM 0.11.0 looks up every symbol we replace (see docs/PATCHES.md).
+double-patch guard), but patches *module attributes*, because that is how vLLM looks up every
+symbol the plugin replaces (docs/PATCHES.md). The ledger (``patches/``) is built from these
+objects; ``compat`` reads :func:`original_attr` to probe what vLLM itself defines. vLLM-free.
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
+
+from vllm_fp4_moe_plugin.support import Design
 
 # (module, attribute) -> (original, replacement), for every patch currently applied.
 _APPLIED: dict[tuple[str, str], tuple[Any, Any]] = {}
@@ -24,17 +27,20 @@ class ModulePatch:
     """One replaced vLLM symbol, with its ledger entry.
 
     ``build`` receives the original object and returns the replacement, so replacements can
-    subclass or wrap what is really installed.
+    subclass or wrap what is really installed. ``needed`` reads the probe's findings
+    (``compat.FINDINGS[design]``) and says whether the installed vLLM still has the hole; it is
+    the only place that decides whether the entry is applied.
     """
 
     module: str
     attr: str
     build: Callable[[Any], Any]
+    design: Design
+    needed: Callable[[Mapping[str, object]], bool]
     why: str
     how: str
     upstream: str
     remove_when: str
-    designs: tuple[str, ...] = ("0.11.0",)  # compat.DESIGN_* this entry belongs to
 
     @property
     def target(self) -> str:
@@ -81,3 +87,10 @@ def original_attr(module: str, attr: str) -> Any:
 
 def applied_targets() -> list[str]:
     return [f"{m}.{a}" for m, a in _APPLIED]
+
+
+def same_named_subclass(original: type, mixin: type, module: str, **attrs: Any) -> type:
+    """``mixin`` over ``original``, under the original's name and docstring: vLLM looks some of
+    these classes up by name (e.g. v0111 layer.py:968), and logs show the familiar name."""
+    return type(original.__name__, (mixin, original),
+                {"__doc__": original.__doc__, "__module__": module, **attrs})

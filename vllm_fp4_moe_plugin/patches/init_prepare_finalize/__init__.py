@@ -1,0 +1,94 @@
+"""The INIT_PREPARE_FINALIZE design's slice of the ledger (vLLM 0.11.0). vLLM-free.
+
+Every FlashInfer NVFP4 MoE layout pre-quantizes with expert 0's GEMM1 scale while GEMM1 is
+dequantized per expert (docs/ROOT-CAUSE.md §1-§6). Its three entries go together: they are
+needed while the installed code has neither upstream fix (#27223, #26135) and would fight a
+backport of either.
+"""
+
+from __future__ import annotations
+
+from vllm_fp4_moe_plugin import vllm_modules as vm
+from vllm_fp4_moe_plugin.patching import ModulePatch
+from vllm_fp4_moe_plugin.support import Design
+
+DESIGN = Design.INIT_PREPARE_FINALIZE
+ACTIVE = "every FlashInfer prepare quantizes with expert 0's GEMM1 scale"
+NOTHING_NEEDED = ("vLLM already carries part of the upstream fix (#27223/#26135); these "
+                  "patches would fight it")
+
+
+def _unfixed(findings) -> bool:
+    """Neither upstream fix is present (compat P1, P2)."""
+    return not findings["tp_fix_present"] and not findings["modelopt_dp_fix_present"]
+
+
+def _build_modelopt(original):
+    from vllm_fp4_moe_plugin.patches.init_prepare_finalize.methods import build_modelopt_method
+    return build_modelopt_method(original)
+
+
+def _build_compressed_tensors(original):
+    from vllm_fp4_moe_plugin.patches.init_prepare_finalize.methods import (
+        build_compressed_tensors_method)
+    return build_compressed_tensors_method(original)
+
+
+def _build_direct_call(original):
+    from vllm_fp4_moe_plugin.patches.init_prepare_finalize.flashinfer_cutlass import (
+        flashinfer_cutlass_moe_fp4)
+    return flashinfer_cutlass_moe_fp4
+
+
+_REMOVE_WHEN = ("The installed vLLM has either upstream fix (compat findings 'tp_fix_present' "
+                "or 'modelopt_dp_fix_present'; the entry's predicate is then false) or another "
+                "design; delete this folder when vLLM 0.11.0 is no longer supported.")
+
+LEDGER: tuple[ModulePatch, ...] = (
+    ModulePatch(
+        module=vm.MODELOPT, attr="ModelOptNvFp4FusedMoE", build=_build_modelopt,
+        design=DESIGN, needed=_unfixed,
+        why=("Its quant config gives the FlashInfer CUTLASS prepare step a per-expert GEMM1 "
+             "activation-scale vector, of which fp4_quantize reads only element 0, while GEMM1 "
+             "is dequantized per expert: wrong results whenever experts' input scales differ "
+             "(gsm8k 0.01 for DeepSeek-R1-0528-FP4-v2 at TP=4+EP). The TRT-LLM backend has the "
+             "same flaw."),
+        how=("Subclass with the same name, rebound where ModelOptNvFp4Config.get_quant_method "
+             "looks it up (modelopt.py:823). Overrides process_weights_after_loading (validate "
+             "scales; per-expert scales for TP-like layouts, one EP-group-wide scalar with rebuilt "
+             "g1_alphas for DP; one scalar for TRT-LLM), get_fused_moe_quant_config, "
+             "maybe_make_prepare_finalize (bf16 passthrough when not DP), select_gemm_impl, "
+             "create_weights (layout guards) and init_prepare_finalize (the load-time "
+             "consistency check). Marlin and vLLM CUTLASS paths call the originals."),
+        upstream=("vllm-project/vllm#27223 (TP passthrough) and #26135 (global input scale for "
+                  "DP), both first released in vLLM 0.11.1."),
+        remove_when=_REMOVE_WHEN,
+    ),
+    ModulePatch(
+        module=vm.COMPRESSED_TENSORS_MOE, attr="CompressedTensorsW4A4MoeMethod",
+        build=_build_compressed_tensors, design=DESIGN, needed=_unfixed,
+        why=("Same defect as ModelOpt: per-expert w13_input_scale_quant pre-quantized with "
+             "element 0 in every FlashInfer CUTLASS layout."),
+        how=("Subclass with the same name, rebound where CompressedTensorsMoEMethod."
+             "get_moe_method looks it up (compressed_tensors_moe.py:134); same overrides as the "
+             "ModelOpt entry."),
+        upstream=("TP layouts: vllm-project/vllm#27223 (0.11.1). DP layouts: still open in "
+                  "0.11.1-0.13.0 (the modular_method entry below); 0.14.0's oracle (#31692) "
+                  "fixes DP without EP; DP+EP stays open upstream through 0.34.0 except with "
+                  "--enable-eplb (0.28.0+), and is the nvfp4_oracle entry below. See "
+                  "docs/SUPPORT.md."),
+        remove_when=_REMOVE_WHEN,
+    ),
+    ModulePatch(
+        module=vm.FLASHINFER_CUTLASS_MOE, attr="flashinfer_cutlass_moe_fp4",
+        build=_build_direct_call, design=DESIGN, needed=_unfixed,
+        why=("The direct path (single GPU, PP with TP=1: EP group of one, so no modular kernel "
+             "is built) pre-quantizes with element 0 too, and its FlashInferExperts sizes the "
+             "output (M, 2H) for bf16 input."),
+        how=("Module attribute rebound; both NVFP4 methods import it from this module at call "
+             "time (modelopt.py:1559, compressed_tensors_moe.py:448). The replacement builds the "
+             "passthrough prepare and the output-shape-fixed experts."),
+        upstream="vllm-project/vllm#27223 (direct call passes use_dp=False), vLLM 0.11.1.",
+        remove_when=_REMOVE_WHEN,
+    ),
+)

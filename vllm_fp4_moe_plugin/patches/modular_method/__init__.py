@@ -1,0 +1,87 @@
+"""The MODULAR_METHOD design's slice of the ledger (vLLM 0.11.1-0.13.0). vLLM-free.
+
+Upstream fixed TP (#27223) and ModelOpt DP (#26135). Two holes stay: compressed-tensors under
+DP dispatch (expert 0's scale) and TP with ``--all2all-backend flashinfer_all2allv`` (the layer
+cannot run). Each entry is needed only while its behavioural probe still sees its hole.
+"""
+
+from __future__ import annotations
+
+from vllm_fp4_moe_plugin import vllm_modules as vm
+from vllm_fp4_moe_plugin.patching import ModulePatch
+from vllm_fp4_moe_plugin.support import Design
+
+DESIGN = Design.MODULAR_METHOD
+ACTIVE = ("compressed-tensors DP dispatch (and TP with flashinfer_all2allv) still quantize "
+          "with expert 0's scale")
+NOTHING_NEEDED = "no hole left that this plugin fixes"
+
+
+def _build_compressed_tensors_dp(original):
+    from vllm_fp4_moe_plugin.patches.modular_method.compressed_tensors_dp import (
+        build_compressed_tensors_dp_method)
+    return build_compressed_tensors_dp_method(original)
+
+
+def _build_all2allv(original):
+    from vllm_fp4_moe_plugin.patches.modular_method.all2allv_passthrough import (
+        build_all2allv_prepare)
+    return build_all2allv_prepare(original)
+
+
+def _ct_dp_needed(name: str):
+    def needed(findings) -> bool:
+        """This release names the method so, and it still hands DP a per-expert scale (P5)."""
+        return (findings["compressed_tensors_class"] == name
+                and not findings["compressed_tensors_dp_scale_shared"])
+    return needed
+
+
+def _all2allv_needed(findings) -> bool:
+    """The all-to-all prepare still quantizes without DP (P6)."""
+    return bool(findings["all2allv_tp_prequantizes"])
+
+
+_CT_DP_WHY = ("vLLM 0.11.1 fixed ModelOpt's DP path (#26135) but not compressed-tensors': with DP "
+              "dispatch its per-expert w13_input_scale_quant is still pre-quantized with element "
+              "0 while g1_alphas stay per expert (v0111 CT:358-368, v0120 CT:378-393).")
+_CT_DP_HOW = ("Subclass with the same name, rebound where CompressedTensorsMoEMethod."
+              "get_moe_method looks it up. Only with DP + FlashInfer CUTLASS: validates the raw "
+              "scales, runs upstream's process_weights_after_loading, then sets every element of "
+              "w13_input_scale_quant to the MIN over the EP group and rebuilds g1_alphas (no-op "
+              "when the group's scales are already equal). select_gemm_impl adds the read-only "
+              "load-time check. TP layouts, Marlin, TRT-LLM, CuteDSL: upstream code unchanged.")
+
+LEDGER: tuple[ModulePatch, ...] = (
+    *(ModulePatch(
+        module=vm.COMPRESSED_TENSORS_MOE, attr=name, build=_build_compressed_tensors_dp,
+        design=DESIGN, needed=_ct_dp_needed(name),
+        why=f"{_CT_DP_WHY} Name used by vLLM {releases}.",
+        how=_CT_DP_HOW,
+        upstream=("None in the 0.11.1 design (0.11.1-0.13.0); 0.14.0 changed the design "
+                  "(#31692). See docs/SUPPORT.md."),
+        remove_when=("compat finding 'compressed_tensors_dp_scale_shared' turns true (the "
+                     "behavioural probe runs the method's own process_weights_after_loading on "
+                     "experts with different input scales and sees one shared scale), or the "
+                     "design goes; delete this folder when 0.13.0 is no longer supported."),
+    ) for name, releases in zip(vm.CT_NVFP4_CLASS_NAMES,
+                                ("0.11.1 and 0.11.2",
+                                 "0.12.0 and 0.13.0 (renamed there, v0120 CT:195)"))),
+    ModulePatch(
+        module=vm.FLASHINFER_CUTLASS_PREPARE_FINALIZE,
+        attr="FlashInferAllToAllMoEPrepareAndFinalize", build=_build_all2allv, design=DESIGN,
+        needed=_all2allv_needed,
+        why=("With --all2all-backend flashinfer_all2allv and DP=1, the all-to-all prepare still "
+             "quantizes with element 0 of the per-expert scale (v0120 PF:104-114), while "
+             "FlashInferExperts(use_dp=False) sizes its output for bf16 input: the layer fails "
+             "(ModelOpt and compressed-tensors alike)."),
+        how=("Same-named subclass rebound in its module, where create_flashinfer_prepare_"
+             "finalize looks it up at call time; prepare() passes bf16 through when not use_dp "
+             "(upstream's all-gather rule, #27223; patches/bf16_passthrough.py); the DP branch "
+             "is upstream's."),
+        upstream=("None in 0.11.1-0.13.0 (the all-gather twin was fixed in #27223); 0.14.0 "
+                  "builds MoEPrepareAndFinalizeNoEP without DP instead."),
+        remove_when=("compat finding 'all2allv_tp_prequantizes' is false (the behavioural probe "
+                     "sees prepare return bf16 input unchanged)."),
+    ),
+)

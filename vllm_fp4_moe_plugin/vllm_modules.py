@@ -1,0 +1,34 @@
+"""Where in vLLM the plugin looks: the module paths and symbol names it probes and patches.
+
+One place for them, read by ``compat`` (probes), the ledger (``patches/``) and ``register()``
+(its trigger modules). vLLM-free: importing this module imports nothing of vLLM.
+"""
+
+from __future__ import annotations
+
+_Q = "vllm.model_executor.layers.quantization"
+_FM = "vllm.model_executor.layers.fused_moe"
+
+MODELOPT = f"{_Q}.modelopt"
+COMPRESSED_TENSORS_MOE = f"{_Q}.compressed_tensors.compressed_tensors_moe"
+FLASHINFER_UTILS = f"{_Q}.utils.flashinfer_utils"
+FLASHINFER_FP4_MOE = f"{_Q}.utils.flashinfer_fp4_moe"
+FUSED_MOE_LAYER = f"{_FM}.layer"
+FUSED_MOE_CONFIG = f"{_FM}.config"
+FLASHINFER_CUTLASS_MOE = f"{_FM}.flashinfer_cutlass_moe"
+FLASHINFER_CUTLASS_PREPARE_FINALIZE = f"{_FM}.flashinfer_cutlass_prepare_finalize"
+FUSED_MOE_MODULAR_METHOD = f"{_FM}.fused_moe_modular_method"  # MODULAR_METHOD design
+NVFP4_ORACLE = f"{_FM}.oracle.nvfp4"  # NVFP4_ORACLE design (#31692)
+
+# The compressed-tensors NVFP4 MoE method: its 0.11.x name, then 0.12.0's rename (v0120 CT:195).
+CT_NVFP4_CLASS_NAMES = ("CompressedTensorsW4A4MoeMethod", "CompressedTensorsW4A4Nvfp4MoEMethod")
+# The NVFP4_ORACLE design's scale-collapsing helpers, as the oracle imports them (the first is in
+# every release of the design, the CuteDSL one from 0.20.0), and the parameters the patch reads.
+ORACLE_HELPERS = ("prepare_nvfp4_moe_layer_for_fi_or_cutlass",
+                  "prepare_nvfp4_moe_layer_for_flashinfer_cutedsl")
+ORACLE_HELPER_PARAMS = ("layer", "a13_scale")
+
+# Modules whose first import triggers probe + patch; vLLM imports them while verifying a
+# ModelConfig's quantization method, before any quant method is constructed. From 0.14.0 both
+# quant methods import the NVFP4 oracle (the module the patch changes) at their top.
+TRIGGER_MODULES = (MODELOPT, COMPRESSED_TENSORS_MOE, NVFP4_ORACLE)

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from vllm_fp4_moe_plugin.simulation.layouts import LAYOUTS, Layout, Scenario, spawn
-from vllm_fp4_moe_plugin.simulation.matrix import PLUGIN_BOUND, references, rel_err
-
+from tests.pass_marks import PLUGIN_BOUND
+from vllm_fp4_moe_plugin.simulation.matrix import references, rel_err
 pytestmark = [pytest.mark.cpu, pytest.mark.multiproc]
 
 JOBS = "tests.layers.jobs"

@@ -15,8 +15,8 @@ it and is bit-identical to stock everywhere else.
 import pytest
 
 from vllm_fp4_moe_plugin.simulation.layouts import LAYOUTS, Scenario, run_layout
-from vllm_fp4_moe_plugin.simulation.matrix import (AFFECTED_FACTOR, FP32_FACTOR, PLUGIN_BOUND,
-                                                   rows_for_layout, trtllm_layer_kwargs,
+from tests.pass_marks import AFFECTED_FACTOR, FP32_FACTOR, PLUGIN_BOUND
+from vllm_fp4_moe_plugin.simulation.matrix import (rows_for_layout, trtllm_layer_kwargs,
                                                    trtllm_routes_itself)
 
 pytestmark = [pytest.mark.cpu, pytest.mark.multiproc, pytest.mark.slow]

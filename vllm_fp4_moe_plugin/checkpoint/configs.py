@@ -11,9 +11,24 @@ from __future__ import annotations
 
 import copy
 
-from vllm_fp4_moe_plugin.simulation.moe_layer import COMPRESSED_TENSORS_NVFP4
-
 ARCHS = ("deepseek_v3", "qwen3_moe")
+
+# The quantization_config of an NVFP4 compressed-tensors checkpoint, as llm-compressor writes it;
+# the writer and the simulated layer (simulation/moe_layer.py) both use it.
+COMPRESSED_TENSORS_NVFP4 = {
+    "quant_method": "compressed-tensors",
+    "format": "nvfp4-pack-quantized",
+    "quantization_status": "compressed",
+    "config_groups": {"group_0": {
+        "targets": ["Linear"],
+        "weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group",
+                    "group_size": 16, "symmetric": True, "dynamic": False},
+        "input_activations": {"num_bits": 4, "type": "float", "strategy": "tensor_group",
+                              "group_size": 16, "symmetric": True, "dynamic": "local"},
+    }},
+    "ignore": ["lm_head"],
+    "kv_cache_scheme": None,
+}
 
 # Every size key is set: vLLM's DeepseekV3Config defaults are the 671B model's
 # (vllm/transformers_utils/configs/deepseek_v3.py:14-55). kv_lora_rank + qk_rope_head_dim must be

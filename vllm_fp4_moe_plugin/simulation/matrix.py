@@ -9,63 +9,24 @@ seeds:
   inside the kernel, or with the one shared scalar ``min_e gs_e`` over all experts (DP layouts;
   and every ModelOpt layout from 0.11.1, whose #26135 collapses the scales in all layouts).
 
-``noise_floor`` is the ideal reference against fp32: the error NVFP4 itself costs. A correct
-layer sits at about 0 from the ideal reference and at about the noise floor from fp32. A row is
-a *hole* when stock is at least ``AFFECTED_FACTOR`` x the bound away from the ideal; on every
-other row the plugin must be bit-identical to stock (it is inert there).
+How a row is judged against them (the bound, the noise floor, the ``ok`` rule) is
+:mod:`.judge`'s, the same for every backend.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from typing import Iterable, Optional
 
 import torch
 
+from vllm_fp4_moe_plugin.simulation import trtllm_rows
+from vllm_fp4_moe_plugin.simulation.judge import (AFFECTED_FACTOR, FP32_FACTOR,  # noqa: F401
+                                                  PLUGIN_BOUND, Row, installed_release,
+                                                  judge, rel_err)
 from vllm_fp4_moe_plugin.simulation.layouts import LAYOUTS, Scenario, run_layout
 from vllm_fp4_moe_plugin.support import Design
 
 BACKEND = "flashinfer_cutlass"
-# Plugin vs the ideal NVFP4 reference. Both quantize identically; what is left is bf16
-# rounding of the layer output (2^-8 relative) and, with TP/DP, a bf16 all-reduce/reduce-scatter.
-PLUGIN_BOUND = 1e-2
-# The plugin's fp32 error may exceed the noise floor by this factor (issue #3 acceptance).
-FP32_FACTOR = 1.1
-# Stock counts as "affected" when it is this many times further from ideal than the bound.
-AFFECTED_FACTOR = 10.0
-
-
-@dataclass
-class Row:
-    format: str
-    layout: str
-    backend: str
-    stock_rel_err: float
-    plugin_rel_err: float
-    bound: float
-    noise_floor: float
-    plugin_fp32_err: float
-    stock_fp32_err: float
-    stock_affected: bool
-    bit_identical: bool  # plugin output == stock output, bit for bit, on every rank
-    reference_scheme: str  # one of SCHEMES
-    vllm_version: str
-    design: Optional[Design]
-    stock_error: Optional[str]  # set when stock's forward raised (the layer cannot run)
-    plugin_error: Optional[str]
-    ok: bool
-    plugin_prepare_finalize: str
-    plugin_a1_gscale_shape: Optional[list]
-    plugin_check: list  # the load-time check's verdict per rank
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """``||out - ref|| / ||ref||`` (Frobenius), in fp64."""
-    out, ref = out.double(), ref.double()
-    return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
 def _min_per_rank(gs: torch.Tensor, ep_size: int) -> torch.Tensor:
@@ -188,15 +149,6 @@ def reference_scheme(design: Optional[Design], fmt: str, layout,
     return "per_expert"
 
 
-def installed_release() -> tuple[str, Optional[Design]]:
-    """(vLLM version, MoE design the plugin's probe sees) of the installed vLLM."""
-    import vllm
-
-    from vllm_fp4_moe_plugin import compat
-
-    return vllm.__version__, compat.probe().design
-
-
 def trtllm_routes_itself(backend: str, layout) -> bool:
     """Which TRT-LLM rows use the monolithic, self-routing kernel: vLLM 0.34.0 takes
     ``TrtLlmNvFp4ExpertsMonolithic`` unless all-to-all kernels are in use (DP+EP) or EPLB is on
@@ -237,50 +189,24 @@ def rows_for_layout(layout_name: str, scenario: Scenario,
                            backend=ORACLE_SEAM_BACKENDS[backend],
                            layer_kwargs=trtllm_layer_kwargs(scenario) if kernel_routing else None)
     inter_dtype = torch.bfloat16 if backend == BACKEND else None
-    refs = {}
-    rows = []
-    for fmt in formats:
-        scheme = reference_scheme(design, fmt, layout)
-        errs = {"stock": [], "plugin": []}
-        fp32_errs = {"stock": [], "plugin": []}
-        noise = []
-        failures: dict[str, Optional[str]] = {"stock": None, "plugin": None}
-        for r in ranks:
+    refs: dict = {}
+
+    def refs_for(scheme):
+        def rank_refs(r):
             if (r.dp_rank, scheme) not in refs:
                 refs[r.dp_rank, scheme] = references(scenario, r.dp_rank, scheme,
                                                      ep_size=layout.ep_size,
                                                      intermediate_dtype=inter_dtype,
                                                      kernel_routing=kernel_routing)
-            ideal, fp32 = refs[r.dp_rank, scheme]
-            noise.append(rel_err(ideal, fp32))
-            for mode in errs:
-                out = r.outputs.get(f"{fmt}/{mode}")
-                if out is None:  # forward raised: the layer cannot run in this layout
-                    errs[mode].append(float("inf"))
-                    fp32_errs[mode].append(float("inf"))
-                    failures[mode] = failures[mode] or r.errors[f"{fmt}/{mode}"]
-                    continue
-                errs[mode].append(rel_err(out, ideal))
-                fp32_errs[mode].append(rel_err(out, fp32))
-        stock, plugin = max(errs["stock"]), max(errs["plugin"])
-        floor = max(noise)
-        plugin_fp32 = max(fp32_errs["plugin"])
-        info = ranks[0].info[f"{fmt}/plugin"]
-        affected = stock >= AFFECTED_FACTOR * PLUGIN_BOUND
-        identical = not any(failures.values()) and all(
-            torch.equal(r.outputs[f"{fmt}/stock"], r.outputs[f"{fmt}/plugin"]) for r in ranks)
-        correct = plugin <= PLUGIN_BOUND and plugin_fp32 <= FP32_FACTOR * floor
-        rows.append(Row(
-            format=fmt, layout=layout_name, backend=backend,
-            stock_rel_err=stock, plugin_rel_err=plugin, bound=PLUGIN_BOUND, noise_floor=floor,
-            plugin_fp32_err=plugin_fp32, stock_fp32_err=max(fp32_errs["stock"]),
-            stock_affected=affected, bit_identical=identical, reference_scheme=scheme,
-            vllm_version=version, design=design,
-            stock_error=failures["stock"], plugin_error=failures["plugin"],
-            ok=correct and (affected or identical),
-            plugin_prepare_finalize=info["prepare_finalize"],
-            plugin_a1_gscale_shape=info["a1_gscale_shape"],
-            plugin_check=[(r.info[f"{fmt}/plugin"].get("check") or (None,))[0] for r in ranks]))
+            return refs[r.dp_rank, scheme]
+        return rank_refs
+
+    rows = []
+    for fmt in formats:
+        scheme = reference_scheme(design, fmt, layout)
+        rows.append(judge(fmt, layout_name, backend, ranks, refs_for(scheme), scheme=scheme,
+                          release=(version, design),
+                          check=lambda r: (r.info[f"{fmt}/plugin"].get("check") or (None,))[0]))
     return rows
 
 
@@ -306,7 +232,7 @@ def run_matrix(layouts: Optional[Iterable[str]] = None, scenario: Optional[Scena
                backends: Optional[Iterable[str]] = None) -> list[Row]:
     """``layouts`` default: :func:`~.layouts.default_layouts` of the installed vLLM;
     ``backends`` default: :func:`default_backends`."""
-    from vllm_fp4_moe_plugin.simulation import blackwell_oracle, trtllm_seam
+    from vllm_fp4_moe_plugin.simulation import blackwell_oracle
     from vllm_fp4_moe_plugin.simulation.layouts import default_layouts
 
     oracle = blackwell_oracle.applies()
@@ -318,14 +244,14 @@ def run_matrix(layouts: Optional[Iterable[str]] = None, scenario: Optional[Scena
     for name in layouts:
         if BACKEND in backends:
             rows.extend(rows_for_layout(name, scenario, formats))
-        if trtllm_seam.BACKEND not in backends:
+        if trtllm_rows.BACKEND not in backends:
             continue
         if oracle:  # vLLM 0.14.0+: the oracle picks FLASHINFER_TRTLLM
             if name in ORACLE_TRTLLM_LAYOUTS:
                 rows.extend(rows_for_layout(name, scenario, formats,
-                                            backend=trtllm_seam.BACKEND))
-        elif trtllm_seam.applies(name, formats, design):
-            rows.extend(trtllm_seam.rows_for_layout(name, scenario))  # vLLM 0.11.0's TRT-LLM
+                                            backend=trtllm_rows.BACKEND))
+        elif trtllm_rows.applies(name, formats, design):
+            rows.extend(trtllm_rows.rows_for_layout(name, scenario))  # vLLM 0.11.0's TRT-LLM
     return rows
 
 

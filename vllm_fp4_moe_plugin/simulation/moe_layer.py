@@ -14,27 +14,12 @@ from typing import Optional
 
 import torch
 
+from vllm_fp4_moe_plugin.checkpoint.configs import COMPRESSED_TENSORS_NVFP4
 from vllm_fp4_moe_plugin.checkpoint.expert_tensors import expert_tensors
 from vllm_fp4_moe_plugin.nvfp4 import QuantizedExperts
 from vllm_fp4_moe_plugin.simulation.blackwell import cpu_topk_softmax_routing
 
 MLP_PREFIX = "model.layers.{index}.mlp"
-
-COMPRESSED_TENSORS_NVFP4 = {
-    "quant_method": "compressed-tensors",
-    "format": "nvfp4-pack-quantized",
-    "quantization_status": "compressed",
-    "config_groups": {"group_0": {
-        "targets": ["Linear"],
-        "weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group",
-                    "group_size": 16, "symmetric": True, "dynamic": False},
-        "input_activations": {"num_bits": 4, "type": "float", "strategy": "tensor_group",
-                              "group_size": 16, "symmetric": True, "dynamic": "local"},
-    }},
-    "ignore": ["lm_head"],
-    "kv_cache_scheme": None,
-}
-
 
 def make_quant_config(fmt: str):
     """vLLM's own quant config object for a tiny NVFP4 checkpoint of ``fmt``."""

@@ -1,0 +1,153 @@
+"""The package's imports obey docs/ARCHITECTURE.md's layer table: no upward import, no cycle.
+
+Read with ``ast`` (nothing is imported), function-local imports included: a lazy import that
+closes a circle is still a circle. The table is the one place the layers are written down."""
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.cpu
+
+ROOT = Path(__file__).resolve().parents[2]
+PKG = "vllm_fp4_moe_plugin"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted((ROOT / PKG).rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _targets(node, package: str) -> list[str]:
+    """What one import statement imports: absolute module names (any package)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    base = node.module or ""
+    if node.level:
+        up = package.split(".")[:len(package.split(".")) - node.level + 1]
+        base = ".".join(up + ([node.module] if node.module else []))
+    # ``from pkg import sub`` imports the submodule sub; ``from mod import name``, mod.
+    return [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+
+
+def _own(target: str):
+    """The package module ``target`` names, or None for another package."""
+    if target != PKG and not target.startswith(PKG + "."):
+        return None
+    while target not in MODULES:
+        target = target.rsplit(".", 1)[0]
+    return target
+
+
+def _package_of(name: str, path: Path) -> str:
+    return name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """The package modules ``name`` imports anywhere in its file."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        for target in _targets(node, _package_of(name, path)):
+            own = _own(target)
+            if own is not None and own != name:
+                found.add(own)
+    return found
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def _layer_table() -> dict[str, int]:
+    """pattern -> layer, from the table in docs/ARCHITECTURE.md."""
+    table = {}
+    for line in (ROOT / "docs" / "ARCHITECTURE.md").read_text().splitlines():
+        m = re.match(r"^\| (\d+) [a-z]+ \| (.+?) \|", line)
+        if m:
+            for pattern in re.findall(r"`([^`]+)`", m[2]):
+                table[pattern] = int(m[1])
+    assert table, "docs/ARCHITECTURE.md has no layer table"
+    return table
+
+
+TABLE = _layer_table()
+
+
+def layer_of(module: str) -> int:
+    """The layer of the table's most specific pattern for ``module`` (``x.*``: x and below)."""
+    short = module[len(PKG) + 1:] if module != PKG else PKG
+    best = None
+    for pattern, layer in TABLE.items():
+        stem = pattern[:-2] if pattern.endswith(".*") else pattern
+        hit = short == stem or (pattern.endswith(".*") and short.startswith(stem + "."))
+        if hit and (best is None or len(stem) > len(best[0])):
+            best = (stem, layer)
+    assert best is not None, f"{module} is in no layer of docs/ARCHITECTURE.md's table"
+    return best[1]
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_only_its_own_layer_or_below(module):
+    mine = layer_of(module)
+    upward = sorted(t for t in GRAPH[module] if layer_of(t) > mine)
+    assert not upward, f"{module} (layer {mine}) imports a higher layer: {upward}"
+
+
+def test_no_import_cycle():
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node, path):
+        state[node] = 1
+        for nxt in sorted(GRAPH[node]):
+            if state.get(nxt) == 1:
+                cycle = path[path.index(nxt):] + [nxt]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = 2
+
+    for module in sorted(GRAPH):
+        if module not in state:
+            visit(module, [module])
+
+
+def test_the_table_names_only_modules_that_exist():
+    for pattern in TABLE:
+        stem = pattern[:-2] if pattern.endswith(".*") else pattern
+        full = stem if stem == PKG else f"{PKG}.{stem}"
+        assert full in MODULES, f"docs/ARCHITECTURE.md's layer table names {pattern}"
+
+
+def test_the_analysis_sees_a_planted_upward_import(tmp_path):
+    """The graph would catch a violation: the support model importing the patches."""
+    planted = tmp_path / "support.py"
+    planted.write_text("def f():\n    from vllm_fp4_moe_plugin import patches\n")
+    assert f"{PKG}.patches" in _imports(f"{PKG}.support", planted)
+    assert layer_of(f"{PKG}.patches") > layer_of(f"{PKG}.support")
+
+
+VLLM_FREE_AT_IMPORT = [m for m in MODULES if layer_of(m) == 0] + [
+    f"{PKG}.patching", f"{PKG}.patches", f"{PKG}.patches.bf16_passthrough",
+    f"{PKG}.patches.init_prepare_finalize", f"{PKG}.patches.modular_method",
+    f"{PKG}.patches.nvfp4_oracle"]
+
+
+@pytest.mark.parametrize("module", sorted(VLLM_FREE_AT_IMPORT))
+def test_vllm_free_modules_import_no_vllm_at_module_level(module):
+    path = MODULES[module]
+    for node in ast.parse(path.read_text()).body:  # module level: functions may import vLLM
+        names = _targets(node, _package_of(module, path))
+        assert not any(n == "vllm" or n.startswith("vllm.") for n in names), (module, names)
+        for n in filter(None, map(_own, names)):  # and what they import is vLLM-free too
+            assert n in VLLM_FREE_AT_IMPORT, (module, n)

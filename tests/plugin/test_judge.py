@@ -1,0 +1,54 @@
+"""The one rule every matrix row is judged by (simulation/judge.py), on hand-made outputs."""
+
+import pytest
+import torch
+
+from tests import pass_marks
+from vllm_fp4_moe_plugin.simulation import judge
+from vllm_fp4_moe_plugin.simulation.layouts import RankOutput
+
+pytestmark = pytest.mark.cpu
+
+IDEAL = torch.ones(4, 8)
+FP32 = IDEAL * (1 + 1e-3)  # a noise floor of 1e-3
+INFO = {"prepare_finalize": "X", "a1_gscale_shape": [1]}
+
+
+def _rank(stock, plugin, error=None):
+    r = RankOutput(rank=0, dp_rank=0, info={"modelopt/plugin": INFO})
+    for mode, out in (("stock", stock), ("plugin", plugin)):
+        if out is None:
+            r.errors[f"modelopt/{mode}"] = error
+        else:
+            r.outputs[f"modelopt/{mode}"] = out
+    return r
+
+
+def _row(rank):
+    return judge.judge("modelopt", "tp", "flashinfer_cutlass", [rank], lambda r: (IDEAL, FP32),
+                       scheme="per_expert", release=("0.0.0", None))
+
+
+def test_the_codes_marks_are_no_looser_than_the_tests():
+    assert judge.PLUGIN_BOUND <= pass_marks.PLUGIN_BOUND
+    assert judge.FP32_FACTOR <= pass_marks.FP32_FACTOR
+    assert judge.AFFECTED_FACTOR >= pass_marks.AFFECTED_FACTOR
+
+
+@pytest.mark.parametrize("stock_off, plugin_off, affected, identical, ok", [
+    (0.0, 0.0, False, True, True),      # no hole: bit-identical, both at the ideal
+    (0.5, 0.0, True, False, True),      # a hole the plugin fixes
+    (0.5, 0.5, True, True, False),      # a hole the plugin does not fix
+    (0.0, 5e-4, False, False, False),   # no hole, but the plugin changed the output
+    (0.05, 0.0, False, False, False),   # stock off, but not clearly a hole: must be identical
+])
+def test_ok_rule(stock_off, plugin_off, affected, identical, ok):
+    row = _row(_rank(IDEAL * (1 + stock_off), IDEAL * (1 + plugin_off)))
+    assert (row.stock_affected, row.bit_identical, row.ok) == (affected, identical, ok)
+    assert row.noise_floor == pytest.approx(1e-3, rel=1e-3)
+
+
+def test_a_layer_that_cannot_run_is_a_row_with_its_error():
+    row = _row(_rank(None, IDEAL, error="RuntimeError: shape"))
+    assert row.stock_error == "RuntimeError: shape" and row.stock_rel_err == float("inf")
+    assert row.stock_affected and row.ok and not row.bit_identical

@@ -1,0 +1,110 @@
+"""How a matrix row is judged: errors against the layout's references, the bound, the ``ok`` rule.
+
+One rule for every backend's rows (CUTLASS and TRT-LLM, every design). ``noise_floor`` is the
+ideal NVFP4 reference against fp32: the error NVFP4 itself costs. A correct layer sits at about
+0 from the ideal reference and at about the noise floor from fp32. A row is a *hole* when stock
+is at least ``AFFECTED_FACTOR`` x the bound away from the ideal; on every other row the plugin
+must be bit-identical to stock (it is inert there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Callable, Optional
+
+import torch
+
+from vllm_fp4_moe_plugin.support import Design
+
+# Plugin vs the ideal NVFP4 reference. Both quantize identically; what is left is bf16
+# rounding of the layer output (2^-8 relative) and, with TP/DP, a bf16 all-reduce/reduce-scatter.
+PLUGIN_BOUND = 1e-2
+# The plugin's fp32 error may exceed the noise floor by this factor (issue #3 acceptance).
+FP32_FACTOR = 1.1
+# Stock counts as "affected" when it is this many times further from ideal than the bound.
+AFFECTED_FACTOR = 10.0
+MODES = ("stock", "plugin")
+
+
+@dataclass
+class Row:
+    format: str
+    layout: str
+    backend: str
+    stock_rel_err: float
+    plugin_rel_err: float
+    bound: float
+    noise_floor: float
+    plugin_fp32_err: float
+    stock_fp32_err: float
+    stock_affected: bool
+    bit_identical: bool  # plugin output == stock output, bit for bit, on every rank
+    reference_scheme: str  # one of matrix.SCHEMES, or the TRT-LLM rows' own
+    vllm_version: str
+    design: Optional[Design]
+    stock_error: Optional[str]  # set when stock's forward raised (the layer cannot run)
+    plugin_error: Optional[str]
+    ok: bool
+    plugin_prepare_finalize: str
+    plugin_a1_gscale_shape: Optional[list]
+    plugin_check: list  # the load-time check's verdict per rank
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """``||out - ref|| / ||ref||`` (Frobenius), in fp64."""
+    out, ref = out.double(), ref.double()
+    return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def judge(fmt: str, layout: str, backend: str, ranks, references: Callable, *, scheme: str,
+          release: tuple, check: Optional[Callable] = None) -> Row:
+    """One row from every rank's stock and plugin outputs (``ranks``: ``layouts.RankOutput``)
+    for ``fmt``. ``references(rank)`` gives that rank's (ideal, fp32) references; ``release``:
+    ``(vLLM version, design)``; ``check(rank)``: the plugin's load-time verdict there."""
+    errs = {m: [] for m in MODES}
+    fp32_errs = {m: [] for m in MODES}
+    failures: dict[str, Optional[str]] = dict.fromkeys(MODES)
+    noise = []
+    for r in ranks:
+        ideal, fp32 = references(r)
+        noise.append(rel_err(ideal, fp32))
+        for mode in MODES:
+            out = r.outputs.get(f"{fmt}/{mode}")
+            if out is None:  # forward raised: the layer cannot run in this layout
+                errs[mode].append(float("inf"))
+                fp32_errs[mode].append(float("inf"))
+                failures[mode] = failures[mode] or r.errors[f"{fmt}/{mode}"]
+                continue
+            errs[mode].append(rel_err(out, ideal))
+            fp32_errs[mode].append(rel_err(out, fp32))
+    stock, plugin, floor = max(errs["stock"]), max(errs["plugin"]), max(noise)
+    plugin_fp32 = max(fp32_errs["plugin"])
+    affected = stock >= AFFECTED_FACTOR * PLUGIN_BOUND
+    identical = not any(failures.values()) and all(
+        torch.equal(r.outputs[f"{fmt}/stock"], r.outputs[f"{fmt}/plugin"]) for r in ranks)
+    correct = plugin <= PLUGIN_BOUND and plugin_fp32 <= FP32_FACTOR * floor
+    info = ranks[0].info[f"{fmt}/plugin"]
+    version, design = release
+    return Row(
+        format=fmt, layout=layout, backend=backend,
+        stock_rel_err=stock, plugin_rel_err=plugin, bound=PLUGIN_BOUND, noise_floor=floor,
+        plugin_fp32_err=plugin_fp32, stock_fp32_err=max(fp32_errs["stock"]),
+        stock_affected=affected, bit_identical=identical, reference_scheme=scheme,
+        vllm_version=version, design=design,
+        stock_error=failures["stock"], plugin_error=failures["plugin"],
+        ok=correct and (affected or identical),
+        plugin_prepare_finalize=info["prepare_finalize"],
+        plugin_a1_gscale_shape=info["a1_gscale_shape"],
+        plugin_check=[check(r) if check else None for r in ranks])
+
+
+def installed_release() -> tuple[str, Optional[Design]]:
+    """(vLLM version, MoE design the plugin's probe sees) of the installed vLLM."""
+    import vllm
+
+    from vllm_fp4_moe_plugin import compat
+
+    return vllm.__version__, compat.probe().design

@@ -204,9 +204,11 @@ def compressed_tensors_dp_scale_shared(cls_name: str) -> bool:
     ``g1_alphas`` fold in each expert's own (v0111 CT:358-368, v0120 CT:378-393); ModelOpt got one
     shared scale in #26135. Runs the method's own ``process_weights_after_loading`` (FlashInfer
     CUTLASS, DP=2) on a two-expert CPU layer whose experts' input global scales differ, and reads
-    back ``w13_input_scale_quant``: shared means every element is equal. Anything that stops the
-    probe from seeing the vector counts as not shared (the patch is a no-op where the scales
-    already agree, so that answer is safe).
+    back ``w13_input_scale_quant``: shared means every element is equal. The function runs with a
+    private copy of its module globals in which ``swizzle_blockscale`` (it moves the block scales
+    to the GPU, v0120 quant_utils.py:675) is the identity, so the probe never touches a GPU and
+    vLLM's module is not changed. Anything that stops the probe from seeing the vector counts as
+    not shared (the patch is a no-op where the scales already agree, so that answer is safe).
     """
     import types
 
@@ -236,15 +238,22 @@ def compressed_tensors_dp_scale_shared(cls_name: str) -> bool:
     for name, t in tensors.items():
         layer.register_parameter(name, torch.nn.Parameter(t, requires_grad=False))
     layer.num_experts = layer.local_num_experts = layer.global_num_experts = e
+    fn = cls.process_weights_after_loading
+    on_cpu = types.FunctionType(fn.__code__, {**fn.__globals__, "swizzle_blockscale": _same},
+                                fn.__name__, fn.__defaults__, fn.__closure__)
     try:
-        method.process_weights_after_loading(layer)
+        on_cpu(method, layer)
     except Exception:
-        pass  # the scales are set before the block-scale swizzle: read what is there
+        pass  # read what was set before the failure
     vec = getattr(layer, "w13_input_scale_quant", None)
     if not isinstance(vec, torch.Tensor) or vec.numel() < e:
         return False
     vec = vec.detach().float().reshape(-1)
     return bool((vec == vec[0]).all())
+
+
+def _same(tensor):
+    return tensor
 
 
 def _probe_modular_method(findings: dict) -> Observation:

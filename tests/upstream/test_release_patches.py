@@ -133,11 +133,11 @@ def test_compressed_tensors_dp_probe_sees_the_hole_and_would_see_a_fix(monkeypat
     cls = _get(_CT, ct)
     stock = cls.process_weights_after_loading
 
-    def shared(self, layer):
+    def shared(self, layer):  # one scale for every expert, as ModelOpt's #26135 does
+        gs = layer.w13_input_global_scale
+        layer.w13_input_global_scale = torch.nn.Parameter(gs.min().expand_as(gs).clone(),
+                                                          requires_grad=False)
         stock(self, layer)
-        vec = layer.w13_input_scale_quant
-        layer.w13_input_scale_quant = torch.nn.Parameter(vec.min().expand_as(vec).clone(),
-                                                         requires_grad=False)
 
     monkeypatch.setattr(cls, "process_weights_after_loading", shared)
     assert compat.compressed_tensors_dp_scale_shared(ct) is True

@@ -198,7 +198,7 @@ def all2allv_tp_prequantizes() -> bool:
 
 
 def compressed_tensors_dp_scale_shared(cls_name: str) -> bool:
-    """P5, behavioural: does compressed-tensors give every expert one GEMM1 activation scale?
+    """P4, behavioural: does compressed-tensors give every expert one GEMM1 activation scale?
 
     Under DP dispatch the prepare quantizes with element 0 of ``w13_input_scale_quant`` while
     ``g1_alphas`` fold in each expert's own (v0111 CT:358-368, v0120 CT:378-393); ModelOpt got one
@@ -272,8 +272,8 @@ def _probe_modular_method(findings: dict) -> Observation:
         gone = _missing_overrides(vm.COMPRESSED_TENSORS_MOE, ct_name, _OVERRIDDEN_MODULAR_METHOD)
         if gone:
             return Observation(d, False, f"{ct_name} lacks {', '.join(gone)}", findings)
-    return Observation(d, True, "vLLM 0.11.1-era MoE design: upstream fixed ModelOpt and TP",
-                       findings)
+    return Observation(d, True, "vLLM modular_method MoE design (0.11.1+): upstream fixed "
+                       "ModelOpt and TP", findings)
 
 
 def eplb_scale_allreduce() -> bool:

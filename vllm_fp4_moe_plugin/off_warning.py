@@ -5,8 +5,8 @@ read-only torch hook watches parameter registration, which happens only at load 
 0.11.0 registers ``w13_input_scale_quant`` on every NVFP4 MoE layer in
 ``process_weights_after_loading`` (modelopt.py:1317, compressed_tensors_moe.py:307). If that
 per-expert vector is not uniform on a FlashInfer path, stock vLLM computes the layer wrongly in
-every layout; on a 0.11.1-era vLLM only compressed-tensors with DP dispatch is still wrong (0.11.1
-ModelOpt's vector is already uniform). The hook removes itself after warning once (or never
+every layout; on a modular_method vLLM (0.11.1-0.13.0) only compressed-tensors with DP dispatch
+is still wrong (0.11.1 ModelOpt's vector is already uniform); support.stock_hole decides. The hook removes itself after warning once (or never
 fires): no per-forward cost.
 
 On the 0.14.0+ design the hole (compressed-tensors under DP+EP with a sender-side dispatcher,

@@ -53,7 +53,8 @@ def _run(switch):
 def test_vllm_plugin_loader_installs_the_fix_before_weights_are_processed():
     result, out = _run("1")
     assert result == {"state": "active", "convert_is_oracles": True,
-                      "helper_module": "vllm_fp4_moe_plugin.patches.nvfp4_oracle.ep_agreed_gemm1_scale"}
+                      "helper_module":
+                          "vllm_fp4_moe_plugin.patches.nvfp4_oracle.ep_agreed_gemm1_scale"}
     active = [x for x in out.splitlines() if "vllm-fp4-moe-plugin active: replaced" in x]
     assert len(active) == 1 and f"{ORACLE}.{HELPER}" in active[0], out[-3000:]
 

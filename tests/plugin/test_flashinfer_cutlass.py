@@ -20,7 +20,8 @@ def _quant_config():
 def test_workspace_output_shape_for_bf16_input():
     from vllm.model_executor.layers.fused_moe.flashinfer_cutlass_moe import FlashInferExperts
 
-    from vllm_fp4_moe_plugin.patches.init_prepare_finalize.flashinfer_cutlass import KernelOutputShapeFlashInferExperts
+    from vllm_fp4_moe_plugin.patches.init_prepare_finalize.flashinfer_cutlass import (
+        KernelOutputShapeFlashInferExperts)
 
     a = torch.zeros(M, H, dtype=torch.bfloat16)
     packed = torch.zeros(3 * M, H // 2, dtype=torch.uint8)  # e.g. after a DP all-gather
@@ -36,7 +37,8 @@ def test_workspace_output_shape_for_bf16_input():
 
 
 def test_non_dp_prepare_passes_bf16_through():
-    from vllm_fp4_moe_plugin.patches.init_prepare_finalize.flashinfer_cutlass import KernelQuantizedPrepareAndFinalize
+    from vllm_fp4_moe_plugin.patches.init_prepare_finalize.flashinfer_cutlass import (
+        KernelQuantizedPrepareAndFinalize)
 
     a1 = torch.randn(M, H).to(torch.bfloat16)
     ids = torch.zeros(M, 1, dtype=torch.int32)

@@ -1,4 +1,4 @@
-"""register(): opt-in, idempotent, one INFO line, inactive on a vLLM not of the 0.11.0 design."""
+"""register(): opt-in, idempotent, one INFO line, inactive on a vLLM of no known design."""
 
 import importlib
 import logging

@@ -46,7 +46,8 @@ def test_support_table_matches_the_model():
                 continue
             # Reference check: the model's verdict for this design, format and layout.
             assert CELL[cell] == support.stock_hole(design, fmt, layout), (release, fmt, layout)
-    assert seen == {(d.value, f) for d in support.DESIGNS for f in ("modelopt", "compressed-tensors")}
+    assert seen == {(d.value, f) for d in support.DESIGNS
+                    for f in ("modelopt", "compressed-tensors")}
 
 
 @pytest.mark.parametrize("path", sorted(DOCS.glob("matrix*.json")), ids=lambda p: p.name)

@@ -31,7 +31,7 @@ def _build_all2allv(original):
 
 def _ct_dp_needed(name: str):
     def needed(findings) -> bool:
-        """This release names the method so, and it still hands DP a per-expert scale (P5)."""
+        """This release names the method so, and it still hands DP a per-expert scale (P4)."""
         return (findings["compressed_tensors_class"] == name
                 and not findings["compressed_tensors_dp_scale_shared"])
     return needed
@@ -58,8 +58,8 @@ LEDGER: tuple[ModulePatch, ...] = (
         design=DESIGN, needed=_ct_dp_needed(name),
         why=f"{_CT_DP_WHY} Name used by vLLM {releases}.",
         how=_CT_DP_HOW,
-        upstream=("None in the 0.11.1 design (0.11.1-0.13.0); 0.14.0 changed the design "
-                  "(#31692). See docs/SUPPORT.md."),
+        upstream=("None in the modular_method design (0.11.1-0.13.0); 0.14.0 changed the "
+                  "design (#31692). See docs/SUPPORT.md."),
         remove_when=("compat finding 'compressed_tensors_dp_scale_shared' turns true (the "
                      "behavioural probe runs the method's own process_weights_after_loading on "
                      "experts with different input scales and sees one shared scale), or the "

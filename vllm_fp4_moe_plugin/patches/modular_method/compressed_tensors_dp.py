@@ -28,7 +28,7 @@ _RAW = ("w13_input_global_scale", "w2_input_global_scale", "w13_weight_global_sc
 
 
 class SharedGemm1ScaleForDpMixin:
-    """Overrides of the 0.11.1-era compressed-tensors NVFP4 MoE method (see module docstring)."""
+    """Overrides of the modular_method compressed-tensors NVFP4 MoE method (module docstring)."""
 
     def _fp4_uses_cutlass(self) -> bool:
         from vllm.model_executor.layers.quantization.utils.flashinfer_utils import (

@@ -1,0 +1,24 @@
+"""The probe on the nvfp4_oracle release: what it reports, and what the ledger makes of it."""
+
+import pytest
+
+from vllm_fp4_moe_plugin import compat, patches, vllm_modules
+from vllm_fp4_moe_plugin.support import Design
+
+pytestmark = pytest.mark.cpu
+
+
+def test_the_probe_reports_exactly_the_declared_findings():
+    obs = compat.probe()
+    assert obs.design is Design.NVFP4_ORACLE and obs.patchable, obs
+    # Reference check: the keys tests/plugin/test_ledger.py checks every predicate against.
+    assert set(obs.findings) == set(compat.FINDINGS[obs.design])
+
+
+def test_the_ledger_wraps_every_helper_the_oracle_has():
+    obs = compat.probe()
+    plan = patches.plan(obs)
+    helpers = obs.findings["oracle_helpers"]
+    assert helpers and set(helpers) <= set(vllm_modules.ORACLE_HELPERS)
+    assert plan.install and plan.patches == tuple(
+        f"{vllm_modules.NVFP4_ORACLE}.{h}" for h in vllm_modules.ORACLE_HELPERS if h in helpers)

@@ -290,6 +290,7 @@ def describe_layer(layer) -> dict[str, Any]:
         "experts": type(fe.fused_experts).__name__ if fe is not None else "direct",
         "a1_gscale_shape": list(a1.shape) if a1 is not None else None,
         "a1_gscale": a1.detach().float().reshape(-1).tolist() if a1 is not None else None,
+        "backend": str(getattr(qm, "flashinfer_moe_backend", None)),  # 0.11.x: CUTLASS/TRT-LLM
         "ep_rank": layer.ep_rank, "ep_size": layer.ep_size,
         "tp_rank": layer.tp_rank, "tp_size": layer.tp_size,
     }

@@ -29,41 +29,13 @@ SCHEME = "shared_gemm1_per_ep_rank"
 
 def trtllm_outputs(ctx, scenario, modes=("stock", "plugin")):
     """Job (runs in every rank of a layout): the ModelOpt layer on the TRT-LLM backend, stock and
-    with the plugin, on the scenario's tokens."""
-    from vllm_fp4_moe_plugin import patches
-    from vllm_fp4_moe_plugin.simulation import moe_layer
+    with the plugin, on the scenario's tokens (the CUTLASS job, inside the latency seam)."""
     from vllm_fp4_moe_plugin.simulation.blackwell import simulated_blackwell
-    from vllm_fp4_moe_plugin.simulation.layouts import RankOutput, describe_layer
+    from vllm_fp4_moe_plugin.simulation.layouts import stock_and_plugin_outputs
 
-    result = RankOutput(rank=ctx.rank, dp_rank=ctx.dp_rank)
-    experts = scenario.experts()
-    x, logits = scenario.inputs(ctx.dp_rank)
-    dp = ctx.layout.dp
-    across_dp = torch.tensor([scenario.tokens] * dp) if dp > 1 else None
-    try:
-        with simulated_blackwell(backend="latency"):
-            for index, mode in enumerate(modes):
-                if mode == "plugin":
-                    patches.apply_all()
-                else:
-                    patches.revert_all()
-                built = moe_layer.build_layer(experts, "modelopt", top_k=scenario.top_k,
-                                              index=index, **layer_kwargs(scenario))
-                moe_layer.prepare_modular_kernel(built.layer)
-                key = f"modelopt/{mode}"
-                try:
-                    out = moe_layer.forward(built.layer, x, logits, vllm_config=ctx.vllm_config,
-                                            num_tokens_across_dp=across_dp)
-                except Exception as exc:  # a layout stock cannot run at all is a row too
-                    result.errors[key] = f"{type(exc).__name__}: {exc}"
-                    out = None
-                result.info[key] = describe_layer(built.layer)
-                result.info[key]["backend"] = str(built.layer.quant_method.flashinfer_moe_backend)
-                if out is not None:
-                    result.outputs[key] = out.float()
-    finally:
-        patches.revert_all()
-    return result
+    with simulated_blackwell(backend="latency"):
+        return stock_and_plugin_outputs(ctx, scenario, ("modelopt",), modes,
+                                        layer_kwargs=layer_kwargs(scenario))
 
 
 def references(scenario, dp_rank: int, ep_size: int):

@@ -183,6 +183,16 @@ def simulates_one_sided() -> bool:
     return hasattr(FlashInferNVLinkOneSidedManager, "get_communication")
 
 
+def simulates_trtllm() -> bool:
+    """Does this vLLM have the TRT-LLM NVFP4 experts module the ``backend="latency"`` seam
+    patches (``fused_moe/experts/trtllm_nvfp4_moe.py``, read on v0.34.0)? v0.20.0 keeps its
+    experts under ``fused_moe/`` (see :func:`_experts_module`): no TRT-LLM simulation there."""
+    try:
+        return importlib.util.find_spec(_TRT) is not None
+    except ImportError:
+        return False
+
+
 class ActivationType(enum.IntEnum):
     """Twin of FlashInfer's ``ActivationType`` (fi 0.6.18 flashinfer/tllm_enums.py:68-80)."""
 

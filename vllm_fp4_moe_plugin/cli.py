@@ -349,8 +349,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--format", action="append", choices=FORMATS)
     m.add_argument("--backend", action="append",
                    choices=("flashinfer_cutlass", "flashinfer_trtllm"),
-                   help="only this FlashInfer MoE backend (repeatable; default: CUTLASS, plus "
-                   "TRT-LLM on vLLM 0.11.0; on 0.14.0+ TRT-LLM rows only when asked for)")
+                   help="only this FlashInfer MoE backend (repeatable; default: both, "
+                   "TRT-LLM where the installed vLLM has that path)")
     m.add_argument("--seed", type=_int_in(0, 2 ** 31 - 1), default=0)
     m.add_argument("--spread", type=_spread, default=4.0,
                    help="max/min of the per-expert input scales (default 4; 1 to 229376)")

@@ -21,3 +21,18 @@ if _expected == DESIGN:
         pytest.exit(f"VLLM_FP4_MOE_EXPECT_DESIGN={_expected} but the installed vLLM probes as "
                     f"design {_design!r}; wrong virtualenv?", returncode=3)
 collect_ignore_glob = [] if _expected == DESIGN else ["test_*.py"]
+
+
+@pytest.fixture(scope="session")
+def matrix_rows():
+    """``vllm-fp4-moe matrix --json`` on the installed release, run once per session: every
+    layout x format x backend (CUTLASS and TRT-LLM) is the slowest thing in this suite, so the
+    command's own test and the per-backend row checks all read this one run."""
+    import json
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "vllm_fp4_moe_plugin.cli", "matrix", "--json"],
+                       capture_output=True, text=True, timeout=2400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout)

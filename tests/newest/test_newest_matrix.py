@@ -5,14 +5,17 @@ process_weights_after_loading with the backend oracle, prepare/finalize, FlashIn
 real gloo ranks; only SM100 and FlashInfer are simulated (simulation/blackwell_oracle.py).
 Stock compressed-tensors under DP+EP with a sender-quantizing dispatch is the hole: each rank
 collapses GEMM1's input scale over its own experts. Everywhere else the plugin must be inert.
+The rows are the session's ``matrix --json`` run (conftest ``matrix_rows``); the mechanism test
+below builds its own layers because it reads the scales vLLM computed.
 """
+
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from vllm_fp4_moe_plugin.simulation.layouts import LAYOUTS, Scenario, run_layout
 from tests.pass_marks import AFFECTED_FACTOR, FP32_FACTOR, PLUGIN_BOUND
-from vllm_fp4_moe_plugin.simulation.matrix import rows_for_layout
 
 pytestmark = [pytest.mark.cpu, pytest.mark.multiproc, pytest.mark.slow]
 
@@ -26,19 +29,19 @@ LAYOUT_PF = {
 HOLES = {("compressed-tensors", "dp_ep_allgather"), ("compressed-tensors", "dp_ep_all2allv"),
          ("compressed-tensors", "dp_ep_one_sided")}
 
-_rows: dict = {}
 
-
-def _row(layout: str, fmt: str):
-    if layout not in _rows:
-        _rows[layout] = {r.format: r for r in rows_for_layout(layout, Scenario())}
-    return _rows[layout][fmt]
+def _row(rows: list, layout: str, fmt: str) -> SimpleNamespace:
+    """The CUTLASS row of the session's ``matrix --json`` run (conftest ``matrix_rows``)."""
+    found = [r for r in rows if (r["layout"], r["format"], r["backend"])
+             == (layout, fmt, "flashinfer_cutlass")]
+    assert len(found) == 1, (layout, fmt, len(found))
+    return SimpleNamespace(**found[0])
 
 
 @pytest.mark.parametrize("fmt", ["modelopt", "compressed-tensors"])
 @pytest.mark.parametrize("layout", list(LAYOUT_PF))
-def test_hole_fixed_and_everything_else_untouched(layout, fmt):
-    row = _row(layout, fmt)
+def test_hole_fixed_and_everything_else_untouched(layout, fmt, matrix_rows):
+    row = _row(matrix_rows, layout, fmt)
     assert row.design == "nvfp4_oracle"
     assert row.plugin_prepare_finalize == LAYOUT_PF[layout], row
     assert row.stock_error is None and row.plugin_error is None, row

@@ -183,6 +183,16 @@ def simulates_one_sided() -> bool:
     return hasattr(FlashInferNVLinkOneSidedManager, "get_communication")
 
 
+def simulates_trtllm() -> bool:
+    """Does this vLLM have the TRT-LLM NVFP4 experts module the ``backend="latency"`` seam
+    patches (``fused_moe/experts/trtllm_nvfp4_moe.py``, read on v0.34.0)? v0.20.0 keeps its
+    experts under ``fused_moe/`` (see :func:`_experts_module`): no TRT-LLM simulation there."""
+    try:
+        return importlib.util.find_spec(_TRT) is not None
+    except ImportError:
+        return False
+
+
 class ActivationType(enum.IntEnum):
     """Twin of FlashInfer's ``ActivationType`` (fi 0.6.18 flashinfer/tllm_enums.py:68-80)."""
 
@@ -526,7 +536,8 @@ def _w3_w1_permute_indices(cache, dst_w3_w1_weight: torch.Tensor, epilogue_tile_
     ``shuffle_matrix_a`` block permutation, the same for weights and linear block scales
     (``get_shuffle_matrix_sf_a_row_indices`` permutes whole rows too). FlashInfer computes it
     with device kernels; :mod:`nvfp4.trtllm_layout` computes the same indices on CPU (checked
-    byte for byte against FlashInfer 0.3.1's shuffles in tests/nvfp4)."""
+    byte for byte against FlashInfer 0.3.1's shuffles in tests/nvfp4, and against FlashInfer
+    0.7.2.post1's and 0.7.4's own helpers in tests/newest/test_newest_trtllm_layout.py)."""
     from vllm_fp4_moe_plugin.nvfp4 import trtllm_layout as tl
 
     rows = dst_w3_w1_weight.shape[0]

@@ -210,21 +210,26 @@ def rows_for_layout(layout_name: str, scenario: Scenario,
     return rows
 
 
-#: Layouts whose oracle-design TRT-LLM rows have been run (vLLM 0.34.0): the modular
-#: TrtLlmNvFp4ExpertsModular in each, under the layout's own prepare/finalize.
+#: Layouts whose oracle-design TRT-LLM rows are run (vLLM 0.34.0): every layout of the
+#: matrix, each under its own prepare/finalize (monolithic experts without all-to-all kernels,
+#: TrtLlmNvFp4ExpertsModular under DP+EP, :func:`trtllm_routes_itself`).
 ORACLE_TRTLLM_LAYOUTS = ("single", "pp", "tp", "tp_ep", "tp_all2allv", "dp_ep_allgather",
                          "dp_ep_all2allv", "dp", "dp_ep_one_sided")
 
 
-def default_backends(oracle: Optional[bool] = None) -> tuple[str, ...]:
-    """The matrix's backends when none are asked for: CUTLASS and, on vLLM 0.11.0, its TRT-LLM
-    rows; on the oracle design CUTLASS only (``--backend flashinfer_trtllm`` adds TRT-LLM rows,
-    kept out of the default so the published 0.34.0 matrix stays the CUTLASS one)."""
-    if oracle is None:
-        from vllm_fp4_moe_plugin.simulation import blackwell_oracle
+def default_backends() -> tuple[str, ...]:
+    """The matrix's backends when none are asked for: CUTLASS and TRT-LLM on every design.
+    TRT-LLM is what vLLM picks first for NVFP4 MoE on SM100 from 0.14.0 on
+    (oracle/nvfp4.py:238-247, read on v0.34.0), so the default matrix -- the one CI runs and
+    docs/ publishes -- must hold its rows (issue #13); on 0.11.0 they are the ModelOpt layouts
+    its TRT-LLM path has (``trtllm_seam.applies``). An oracle-design vLLM whose TRT-LLM experts
+    the seam cannot simulate (v0.20.0, :func:`~.blackwell_oracle.simulates_trtllm`) gets
+    CUTLASS only."""
+    from vllm_fp4_moe_plugin.simulation import blackwell_oracle
 
-        oracle = blackwell_oracle.applies()
-    return (BACKEND,) if oracle else (BACKEND, "flashinfer_trtllm")
+    if blackwell_oracle.applies() and not blackwell_oracle.simulates_trtllm():
+        return (BACKEND,)
+    return (BACKEND, "flashinfer_trtllm")
 
 
 def run_matrix(layouts: Optional[Iterable[str]] = None, scenario: Optional[Scenario] = None,
@@ -237,7 +242,7 @@ def run_matrix(layouts: Optional[Iterable[str]] = None, scenario: Optional[Scena
 
     oracle = blackwell_oracle.applies()
     layouts = default_layouts() if layouts is None else layouts
-    backends = tuple(default_backends(oracle) if backends is None else backends)
+    backends = tuple(default_backends() if backends is None else backends)
     scenario = scenario or Scenario()
     design = installed_release()[1]
     rows: list[Row] = []

@@ -317,3 +317,51 @@ def stock_hole(design_key: "str | Design", fmt: str, layout: "str | Layout",
     if spec.name == "tp_all2allv":  # MODULAR_METHOD
         return FAILS
     return WRONG if fmt == "compressed-tensors" and spec.dp > 1 else None
+
+
+# --- where the scales of a checkpoint make a hole real ----------------------------------------
+
+EP_LAYOUTS = ("tp_ep", "dp_ep_allgather", "dp_ep_all2allv")
+
+
+def ep_layout_problem(num_experts: int, ep_size: int, placement: str) -> Optional[str]:
+    """Why vLLM 0.11.0's FlashInfer NVFP4 MoE kernel computes the wrong experts in an EP layout
+    of ``ep_size`` ranks whatever the scales are (it assumes each rank owns a contiguous, equal
+    block of experts; the plugin refuses these layouts with UnsupportedLayoutError), or None.
+    Judged for the INIT_PREPARE_FINALIZE design only."""
+    if ep_size <= 1:
+        return None
+    if placement == "round_robin":
+        return ("round_robin expert placement: FlashInfer's NVFP4 MoE kernel assumes each EP "
+                "rank owns a contiguous block of experts and computes the wrong experts (use "
+                "the default linear placement)")
+    if num_experts % ep_size:
+        return (f"{num_experts} experts are not divisible by EP size {ep_size}: FlashInfer's "
+                "NVFP4 MoE kernel assumes equal contiguous blocks per EP rank and computes the "
+                "wrong experts (choose DP x TP dividing the number of experts)")
+    return None
+
+
+def stock_wrong_with_scales(design_key: "str | Design", fmt: str, stored: Sequence[float],
+                            amax: Sequence[float], ep_size: int, placement: str,
+                            layouts: Sequence[str]) -> dict[str, bool]:
+    """Per layout, does stock vLLM of a design compute a layer with these scales wrongly?
+
+    Where it can is :func:`stock_hole`'s; whether it does depends on the scales that matter to
+    the design. ``stored``: the per-expert GEMM1 value the pre-oracle designs keep (expert 0's,
+    or a rank's first expert's, is what they quantize with); ``amax``: the activation amax the
+    oracle design collapses per rank (max over gate/up of the input amax)."""
+    d = design(design_key)
+    uneven = any(v != stored[0] for v in stored)
+    differ: dict[str, bool] = {}
+    if d is Design.INIT_PREPARE_FINALIZE:  # a rank's first expert's scale vs each expert's own
+        differ["tp_ep"] = any(any(stored[e] != stored[s[0]] for e in s)
+                              for s in ep_slices(len(stored), ep_size, placement) if s)
+    elif d is Design.NVFP4_ORACLE:  # the sender's local max vs the owner's local max
+        maxima = rank_local_maxima(amax, ep_size, placement)
+        uneven = len({m for m in maxima if m > 0}) > 1
+    out = {layout: stock_hole(d, fmt, layout) is not None and differ.get(layout, uneven)
+           for layout in layouts}
+    if d is Design.INIT_PREPARE_FINALIZE and ep_layout_problem(len(stored), ep_size, placement):
+        out.update({layout: True for layout in EP_LAYOUTS if layout in out})
+    return out

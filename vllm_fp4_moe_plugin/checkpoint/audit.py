@@ -23,7 +23,7 @@ checkpoint (:class:`CheckpointAuditError`), not a finding.
   some rank's slice (vLLM's ``determine_expert_map``, layer.py:786-846) is not uniform.
 * every EP layout, whatever the scales, when the experts do not split into equal contiguous
   blocks (``round_robin`` placement, or experts % EP size != 0): FlashInfer then computes the
-  wrong experts (``ep_layout_problem``).
+  wrong experts (``support.ep_layout_problem``).
 
 The modular_method design (0.11.1 - 0.13.0): ModelOpt is consistent everywhere (#26135);
 compressed-tensors with DP dispatch (dp, dp_ep_*) still pre-quantizes with element 0 -> affected
@@ -239,57 +239,8 @@ def ep_slices(num_experts: int, ep_size: int, placement: str = "linear") -> list
     return support.ep_slices(num_experts, ep_size, placement)
 
 
-EP_LAYOUTS = ("tp_ep", "dp_ep_allgather", "dp_ep_all2allv")
-
-
-def ep_layout_problem(num_experts: int, ep_size: int, placement: str) -> Optional[str]:
-    """Why vLLM 0.11.0's FlashInfer NVFP4 MoE kernel computes the wrong experts in an EP layout
-    of ``ep_size`` ranks whatever the scales are (it assumes each rank owns a contiguous, equal
-    block of experts; the plugin refuses these layouts with UnsupportedLayoutError), or None.
-    Judged for the 0.11.0 design only."""
-    if ep_size <= 1:
-        return None
-    if placement == "round_robin":
-        return ("round_robin expert placement: FlashInfer's NVFP4 MoE kernel assumes each EP "
-                "rank owns a contiguous block of experts and computes the wrong experts (use "
-                "the default linear placement)")
-    if num_experts % ep_size:
-        return (f"{num_experts} experts are not divisible by EP size {ep_size}: FlashInfer's "
-                "NVFP4 MoE kernel assumes equal contiguous blocks per EP rank and computes the "
-                "wrong experts (choose DP x TP dividing the number of experts)")
-    return None
-
-
-
-
-def _affected(design: Design, fmt: str, stored: list[float], amax: list[float], ep_size: int,
-              placement: str) -> dict[str, bool]:
-    """Per layout, does stock vLLM of ``design`` compute this layer inconsistently? Where it can
-    is the support model's (``support.stock_hole``); whether it does here depends on the scales
-    that matter to the design. ``stored``: the per-expert GEMM1 value 0.11.x keeps; ``amax``:
-    the activation amax 0.14.0+ collapses (max over gate/up of the input amax)."""
-    uneven = any(v != stored[0] for v in stored)
-    if design is Design.INIT_PREPARE_FINALIZE:  # the quantizing rank's first expert's scale
-        # vs each expert's own
-        tp_ep = any(any(stored[e] != stored[s[0]] for e in s)
-                    for s in ep_slices(len(stored), ep_size, placement) if s)
-        differ = {"tp_ep": tp_ep}
-    elif design is Design.MODULAR_METHOD:  # element 0 of the per-expert vector, DP dispatch
-        differ = {}
-    elif design is Design.NVFP4_ORACLE:  # the sender's local max vs the owner's local max
-        ep_slices(len(amax), ep_size, placement)  # validates placement and size
-        maxima = support.rank_local_maxima(amax, ep_size, placement)
-        uneven = len({m for m in maxima if m > 0}) > 1
-        differ = {}
-    else:
-        raise ValueError(
-            f"unknown MoE design {design!r}: one of {[d.value for d in support.DESIGNS]}")
-    out = {layout: support.stock_hole(design, fmt, layout) is not None
-           and differ.get(layout, uneven) for layout in LAYOUTS}
-    if (design is Design.INIT_PREPARE_FINALIZE
-            and ep_layout_problem(len(stored), ep_size, placement)):
-        out.update({layout: True for layout in EP_LAYOUTS})
-    return out
+EP_LAYOUTS = support.EP_LAYOUTS
+ep_layout_problem = support.ep_layout_problem
 
 
 def _layer_report(fmt: str, layer: str, gate: list[float], up: list[float], down: list[float],
@@ -299,6 +250,7 @@ def _layer_report(fmt: str, layer: str, gate: list[float], up: list[float], down
     # (modelopt.py:1307-1308, compressed_tensors_moe.py:300-301).
     w13 = [max(g, u) for g, u in zip(gate, up)]
     ct = fmt == "compressed-tensors"
+    ep_slices(len(w13), ep_size, placement)  # placement and EP size, checked with audit's words
 
     def amax_like(v):  # ModelOpt sense: what the kernel dequantizes GEMM1 input with
         return [1.0 / x for x in v] if ct else list(v)
@@ -325,7 +277,8 @@ def _layer_report(fmt: str, layer: str, gate: list[float], up: list[float], down
         "error_factor_max": max(factors),
         "error_factor_min": min(factors),
         "gate_up_mismatch": [e for e, (g, u) in enumerate(zip(gate, up)) if g != u],
-        "affected": _affected(design, fmt, w13, amax, ep_size, placement),
+        "affected": support.stock_wrong_with_scales(design, fmt, w13, amax, ep_size,
+                                                    placement, LAYOUTS),
         "layout_problem": (ep_layout_problem(len(w13), ep_size, placement)
                            if design is Design.INIT_PREPARE_FINALIZE else None),
     }

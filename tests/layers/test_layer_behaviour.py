@@ -6,7 +6,8 @@ import torch
 
 from vllm_fp4_moe_plugin.simulation.layouts import LAYOUTS, Layout, Scenario, spawn
 from tests.pass_marks import PLUGIN_BOUND
-from vllm_fp4_moe_plugin.simulation.matrix import references, rel_err
+from vllm_fp4_moe_plugin.simulation.judge import rel_err
+from vllm_fp4_moe_plugin.simulation.matrix import references
 pytestmark = [pytest.mark.cpu, pytest.mark.multiproc]
 
 JOBS = "tests.layers.jobs"

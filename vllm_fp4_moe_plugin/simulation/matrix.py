@@ -20,9 +20,7 @@ from typing import Iterable, Optional
 import torch
 
 from vllm_fp4_moe_plugin.simulation import trtllm_rows
-from vllm_fp4_moe_plugin.simulation.judge import (AFFECTED_FACTOR, FP32_FACTOR,  # noqa: F401
-                                                  PLUGIN_BOUND, Row, installed_release,
-                                                  judge, rel_err)
+from vllm_fp4_moe_plugin.simulation.judge import Row, installed_release, judge
 from vllm_fp4_moe_plugin.simulation.layouts import LAYOUTS, Scenario, run_layout
 from vllm_fp4_moe_plugin.support import Design
 

@@ -324,6 +324,8 @@ def test_oracle_design_judges_the_ep_ranks_local_maxima(tmp_path, fmt, ep_size, 
     assert entry["ep_rank_max_amax"] == pytest.approx(want_maxima, rel=1e-6)
     hole = fmt == "compressed-tensors" and ranks_differ
     assert {lay for lay in LAYOUTS if entry["affected"][lay]} == (set(DP_EP) if hole else set())
+    # The NVLink one-sided dispatch quantizes on the sender too (its own column on this design).
+    assert entry["affected"]["dp_ep_one_sided"] is hole
     if fmt == "compressed-tensors":
         assert entry["dp_ep_off_by"] == pytest.approx(max(want_maxima) / min(want_maxima), rel=1e-6)
     assert report["affected_layers"] == int(hole)

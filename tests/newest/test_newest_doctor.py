@@ -24,6 +24,8 @@ L = doctor.deployed_layout
     ("compressed-tensors", L(dp=2, ep=True, all2all_backend="flashinfer_all2allv"), "auto",
      False),
     ("compressed-tensors", L(dp=2, ep=True), "flashinfer_cutlass", False),
+    ("compressed-tensors", L(dp=2, ep=True, all2all_backend="flashinfer_nvlink_one_sided"),
+     "auto", False),
 ])
 def test_layers_judged_by_the_oracle_designs_hole(blackwell_env, spread_checkpoints, fmt, layout,
                                                   moe_backend, stock_ok):

@@ -52,6 +52,13 @@ from .tensor_index import CheckpointError, checkpoint_dir, open_safetensors, rea
     tensor_files
 
 LAYOUTS = ("single", "pp", "tp", "tp_ep", "dp_ep_allgather", "dp_ep_all2allv", "dp")
+
+
+def layouts_judged(design: Design) -> tuple[str, ...]:
+    """The report's layout columns: :data:`LAYOUTS`, plus the NVLink one-sided dispatch on the
+    design that has it (doctor looks a deployment's layout up here)."""
+    extra = ("dp_ep_one_sided",) if design is Design.NVFP4_ORACLE else ()
+    return LAYOUTS + extra
 PLACEMENTS = ("linear", "round_robin")
 FORMATS = ("modelopt", "compressed-tensors")
 INPUT_SCALE = {"modelopt": "input_scale", "compressed-tensors": "input_global_scale"}
@@ -278,7 +285,7 @@ def _layer_report(fmt: str, layer: str, gate: list[float], up: list[float], down
         "error_factor_min": min(factors),
         "gate_up_mismatch": [e for e, (g, u) in enumerate(zip(gate, up)) if g != u],
         "affected": support.stock_wrong_with_scales(design, fmt, w13, amax, ep_size,
-                                                    placement, LAYOUTS),
+                                                    placement, layouts_judged(design)),
         "layout_problem": (ep_layout_problem(len(w13), ep_size, placement)
                            if design is Design.INIT_PREPARE_FINALIZE else None),
     }
@@ -379,7 +386,8 @@ def audit_checkpoint(path, *, ep_size: int = 2, expert_placement: str = "linear"
                 f"{entry['layer']}: gate and up input scales differ for expert(s) "
                 f"{entry['gate_up_mismatch'][:8]}; vLLM keeps one per expert (ModelOpt: the last "
                 "loaded, compressed-tensors: the max global scale)")
-    by_layout = {lay: sum(entry["affected"][lay] for entry in reports) for lay in LAYOUTS}
+    by_layout = {lay: sum(entry["affected"][lay] for entry in reports)
+                 for lay in layouts_judged(design)}
     return {
         "path": str(root),
         "format": fmt,
@@ -408,7 +416,8 @@ def format_audit(report: dict, *, max_layers: Optional[int] = None) -> str:
             f"  {ep_layouts:<11}: ep_size={report['ep_size']}, {report['expert_placement']} "
             "placement",
             ""]
-    cols = "  ".join(f"{lay:>{max(5, len(lay))}}" for lay in LAYOUTS)
+    columns = layouts_judged(design)
+    cols = "  ".join(f"{lay:>{max(5, len(lay))}}" for lay in columns)
     err_head = "dp_ep off by" if design is Design.NVFP4_ORACLE else "error vs expert 0"
     width = max([len(entry["layer"]) for entry in report["layers"]] + [5])
     lines = [f"{'layer':<{width}}  {'E':>4}  {'w13 spread':>10}  {'w2 spread':>9}  "
@@ -418,7 +427,7 @@ def format_audit(report: dict, *, max_layers: Optional[int] = None) -> str:
         err = (f"{entry['dp_ep_off_by']:.3g}x" if design is Design.NVFP4_ORACLE else
                f"{entry['error_factor_min']:.3g}..{entry['error_factor_max']:.3g}x")
         flags = "  ".join(f"{('yes' if entry['affected'][lay] else 'no'):>{max(5, len(lay))}}"
-                          for lay in LAYOUTS)
+                          for lay in columns)
         lines.append(f"{entry['layer']:<{width}}  {entry['num_experts']:>4}  "
                      f"{entry['w13_spread']:>9.4g}x  {entry['w2_spread']:>8.4g}x  {err:>17}  "
                      f"{flags}")

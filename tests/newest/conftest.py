@@ -7,20 +7,11 @@ nothing here is collected, so neither the default suite (vLLM 0.11.0) nor tests/
 imports this release's MoE code.
 """
 
-import os
-
 import pytest
 
-DESIGN = "nvfp4_oracle"
-_expected = os.environ.get("VLLM_FP4_MOE_EXPECT_DESIGN")
-if _expected == DESIGN:
-    from vllm_fp4_moe_plugin import compat
+from tests.design_gate import collect_ignore_for
 
-    _design = compat.probe().design
-    if _design != _expected:
-        pytest.exit(f"VLLM_FP4_MOE_EXPECT_DESIGN={_expected} but the installed vLLM probes as "
-                    f"design {_design!r}; wrong virtualenv?", returncode=3)
-collect_ignore_glob = [] if _expected == DESIGN else ["test_*.py"]
+collect_ignore_glob = collect_ignore_for("nvfp4_oracle")
 
 
 @pytest.fixture(scope="session")

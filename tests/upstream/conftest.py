@@ -6,17 +6,6 @@ it for ``.venv-vllm-0.12.0``). The installed vLLM must then probe as that design
 so the default suite (vLLM 0.11.0) neither runs these files nor imports vLLM's MoE code early.
 """
 
-import os
+from tests.design_gate import collect_ignore_for
 
-import pytest
-
-DESIGN = "modular_method"
-_expected = os.environ.get("VLLM_FP4_MOE_EXPECT_DESIGN")
-if _expected == DESIGN:
-    from vllm_fp4_moe_plugin import compat
-
-    _design = compat.probe().design
-    if _design != _expected:
-        pytest.exit(f"VLLM_FP4_MOE_EXPECT_DESIGN={_expected} but the installed vLLM probes as "
-                    f"design {_design!r}; wrong virtualenv?", returncode=3)
-collect_ignore_glob = [] if _expected == DESIGN else ["test_*.py"]
+collect_ignore_glob = collect_ignore_for("modular_method")

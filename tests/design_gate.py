@@ -1,0 +1,23 @@
+"""The gate of the focused suites (tests/upstream, tests/newest): each runs only in a world of
+its own MoE design, asked for with ``VLLM_FP4_MOE_EXPECT_DESIGN`` (``scripts/test.sh``)."""
+
+import os
+
+import pytest
+
+
+def collect_ignore_for(design: str) -> list[str]:
+    """The suite's ``collect_ignore_glob``: nothing when ``VLLM_FP4_MOE_EXPECT_DESIGN`` names
+    ``design`` (and the installed vLLM must then probe as it, else the run stops with exit 3:
+    a wrong virtualenv is not a pass); every test file otherwise, so no other world imports the
+    suite's release-specific code."""
+    expected = os.environ.get("VLLM_FP4_MOE_EXPECT_DESIGN")
+    if expected != design:
+        return ["test_*.py"]
+    from vllm_fp4_moe_plugin import compat
+
+    found = compat.probe().design
+    if found != expected:
+        pytest.exit(f"VLLM_FP4_MOE_EXPECT_DESIGN={expected} but the installed vLLM probes as "
+                    f"design {found or 'unknown'}; wrong virtualenv?", returncode=3)
+    return []

@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 ./scripts/bootstrap-release.sh
 status=0
 .venv/bin/python -m pytest "$@" || status=$?
-# The focused suites refuse to run (exit 3) in a virtualenv of another MoE design.
+# The focused suites refuse to run (pytest exit 4) in a virtualenv of another MoE design.
 VLLM_FP4_MOE_EXPECT_DESIGN=modular_method .venv-vllm-0.12.0/bin/python -m pytest tests/upstream \
   -p no:cacheprovider || status=$?
 if [ "${FP4MOE_TEST_DROP_RELEASE_VENVS:-0}" = 1 ]; then rm -rf .venv-vllm-0.12.0; fi

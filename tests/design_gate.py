@@ -8,9 +8,9 @@ import pytest
 
 def collect_ignore_for(design: str) -> list[str]:
     """The suite's ``collect_ignore_glob``: nothing when ``VLLM_FP4_MOE_EXPECT_DESIGN`` names
-    ``design`` (and the installed vLLM must then probe as it, else the run stops with exit 3:
-    a wrong virtualenv is not a pass); every test file otherwise, so no other world imports the
-    suite's release-specific code."""
+    ``design`` (and the installed vLLM must then probe as it, else the run stops: pytest reports
+    the conftest error and exits 4; a wrong virtualenv is not a pass); every test file
+    otherwise, so no other world imports the suite's release-specific code."""
     expected = os.environ.get("VLLM_FP4_MOE_EXPECT_DESIGN")
     if expected != design:
         return ["test_*.py"]

@@ -1,10 +1,10 @@
 """The focused suite for a vLLM release in the NVFP4-oracle MoE design (0.14.0 to 0.34.0).
 
 It runs only when asked: ``VLLM_FP4_MOE_EXPECT_DESIGN=nvfp4_oracle`` (``scripts/test.sh`` sets
-it for ``.venv-vllm-0.34.0``). The installed vLLM must then probe as that design, or the run stops
-(exit 3) instead of testing the wrong release. Without the variable, or with another design's,
-nothing here is collected, so neither the default suite (vLLM 0.11.0) nor tests/upstream (0.12.0)
-imports this release's MoE code.
+it for ``.venv-vllm-0.34.0``). The installed vLLM must then probe as that design, or the run
+stops (pytest exit 4, the error naming both designs) instead of testing the wrong release.
+Without the variable, or with another design's, nothing here is collected, so neither the
+default suite (vLLM 0.11.0) nor tests/upstream (0.12.0) imports this release's MoE code.
 """
 
 import pytest

@@ -6,14 +6,14 @@ read-only torch hook watches parameter registration, which happens only at load 
 ``process_weights_after_loading`` (modelopt.py:1317, compressed_tensors_moe.py:307). If that
 per-expert vector is not uniform on a FlashInfer path, stock vLLM computes the layer wrongly in
 every layout; on a modular_method vLLM (0.11.1-0.13.0) only compressed-tensors with DP dispatch
-is still wrong (0.11.1 ModelOpt's vector is already uniform); support.stock_hole decides. The hook removes itself after warning once (or never
-fires): no per-forward cost.
+is still wrong (0.11.1 ModelOpt's vector is already uniform); support.stock_hole decides. The
+hook removes itself after warning once (or never fires): no per-forward cost.
 
-On the 0.14.0+ design the hole (compressed-tensors under DP+EP with a sender-side dispatcher,
-``support.oracle_design_hole``) depends on the *other* ranks' scales, which one process cannot
-see without a collective. The hook therefore warns when compressed-tensors registers
-``w13_input_global_scale`` (in ``create_weights``) on a layer in such a layout, and says how to
-check the checkpoint (``vllm-fp4-moe audit``).
+On the nvfp4_oracle design (0.14.0+) the hole (compressed-tensors under DP+EP with a sender-side
+dispatcher, ``support.oracle_design_hole``) depends on the *other* ranks' scales, which one
+process cannot see without a collective. The hook therefore warns when compressed-tensors
+registers ``w13_input_global_scale`` (in ``create_weights``) on a layer in such a layout, and
+says how to check the checkpoint (``vllm-fp4-moe audit``).
 """
 
 from __future__ import annotations

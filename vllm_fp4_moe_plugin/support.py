@@ -48,17 +48,13 @@ class Design(str, Enum):
         return format(self.value, spec)
 
     @property
-    def what(self) -> str:
-        return _DESIGN_FACTS[self][0]
-
-    @property
     def first(self) -> tuple[int, int, int]:
-        return _DESIGN_FACTS[self][1]
+        return _DESIGN_RELEASES[self][0]
 
     @property
     def last(self) -> tuple[int, int, int]:
         """The newest release read; later ones are assumed the same until read."""
-        return _DESIGN_FACTS[self][2]
+        return _DESIGN_RELEASES[self][1]
 
     @property
     def releases(self) -> str:
@@ -71,16 +67,11 @@ class Design(str, Enum):
         return f"{self.value} design (vLLM {self.releases})"
 
 
-_DESIGN_FACTS = {
-    Design.INIT_PREPARE_FINALIZE: (
-        "modular kernels built in init_prepare_finalize; every FlashInfer prepare quantizes "
-        "with expert 0's GEMM1 scale", (0, 11, 0), (0, 11, 0)),
-    Design.MODULAR_METHOD: (
-        "FusedMoE.maybe_init_modular_kernel, no NVFP4 oracle; ModelOpt and TP fixed upstream",
-        (0, 11, 1), (0, 13, 0)),
-    Design.NVFP4_ORACLE: (
-        "the NVFP4 backend oracle; one global activation scale per rank, collapsed over the "
-        "rank's loaded experts", (0, 14, 0), (0, 34, 0)),
+# (first, newest read) release of each design (docs/SUPPORT.md, read from each wheel).
+_DESIGN_RELEASES = {
+    Design.INIT_PREPARE_FINALIZE: ((0, 11, 0), (0, 11, 0)),
+    Design.MODULAR_METHOD: ((0, 11, 1), (0, 13, 0)),
+    Design.NVFP4_ORACLE: ((0, 14, 0), (0, 34, 0)),
 }
 DESIGNS = tuple(Design)  # oldest first
 

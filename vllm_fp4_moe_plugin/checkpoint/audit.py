@@ -246,8 +246,6 @@ def ep_slices(num_experts: int, ep_size: int, placement: str = "linear") -> list
     return support.ep_slices(num_experts, ep_size, placement)
 
 
-EP_LAYOUTS = support.EP_LAYOUTS
-ep_layout_problem = support.ep_layout_problem
 
 
 def _layer_report(fmt: str, layer: str, gate: list[float], up: list[float], down: list[float],
@@ -286,7 +284,7 @@ def _layer_report(fmt: str, layer: str, gate: list[float], up: list[float], down
         "gate_up_mismatch": [e for e, (g, u) in enumerate(zip(gate, up)) if g != u],
         "affected": support.stock_wrong_with_scales(design, fmt, w13, amax, ep_size,
                                                     placement, layouts_judged(design)),
-        "layout_problem": (ep_layout_problem(len(w13), ep_size, placement)
+        "layout_problem": (support.ep_layout_problem(len(w13), ep_size, placement)
                            if design is Design.INIT_PREPARE_FINALIZE else None),
     }
     if design is Design.NVFP4_ORACLE:
@@ -321,8 +319,8 @@ def _summary(layers: list[dict], design: Design = Design.INIT_PREPARE_FINALIZE,
     if problem:  # every layer, whatever its scales, in the EP layouts
         spread = sum(entry["w13_spread"] != 1.0 for entry in layers)
         return (f"AFFECTED: {len(bad)} of {len(layers)} MoE layer(s) in the EP layouts "
-                f"({', '.join(EP_LAYOUTS)}): {problem}; {spread} layer(s) also have unequal "
-                "per-expert GEMM1 input scales")
+                f"({', '.join(support.EP_LAYOUTS)}): {problem}; {spread} layer(s) also have "
+                "unequal per-expert GEMM1 input scales")
     if not bad:
         return (f"not affected: all {len(layers)} MoE layer(s) have equal per-expert GEMM1 input "
                 "scales, so stock vLLM 0.11.0 computes them correctly in every layout")

@@ -11,6 +11,11 @@ does (docs/ROOT-CAUSE.md §9):
   (the largest calibrated activation amax, so no expert saturates more than it was calibrated
   for) and rebuild ``g1_alphas[e] = ws2_e / g*`` so ``alpha_e * g* == ws2_e`` holds exactly.
 
+Checkpoint scales are validated here before any of that (:func:`check_positive_finite`), and an
+expert whose activation scale is *uncalibrated* (:func:`scale_check.uncalibrated_experts`) gets
+the calibrated experts' max amax instead (:func:`repair_uncalibrated`), before any collapse or
+agreement can carry its value to other experts or ranks.
+
 Nothing here imports vLLM; the one collective takes the process group as an argument.
 """
 
@@ -20,7 +25,11 @@ from dataclasses import dataclass
 
 import torch
 
+from vllm_fp4_moe_plugin.log import get_logger
 from vllm_fp4_moe_plugin.scale_check import InvalidScaleError, check_scale  # noqa: F401
+from vllm_fp4_moe_plugin.scale_check import uncalibrated_experts, uncalibrated_kind
+
+logger = get_logger("scales")
 
 
 @dataclass(frozen=True)
@@ -36,21 +45,90 @@ class Gemm1ActivationScales:
 
 
 def check_positive_finite(tensor: torch.Tensor, *, layer: str, name: str,
-                          index_note: str = "") -> None:
+                          index_note: str = "", zero_ok: bool = False) -> None:
     """Raise, naming the layer, the tensor and the first bad expert, on NaN/inf/zero/negative
     or a non-float dtype (the rule of :mod:`vllm_fp4_moe_plugin.scale_check`, which audit and
     doctor apply to the checkpoint's own tensors). ``index_note`` qualifies the expert index
-    (e.g. local to an EP rank)."""
+    (e.g. local to an EP rank). ``zero_ok`` for activation scales: a 0 there is an uncalibrated
+    expert, for :func:`repair_uncalibrated`."""
     t = tensor.detach()
-    if not t.is_floating_point():
+    if not t.is_floating_point() or t.dtype.itemsize == 1:  # float8 scales are refused too
         check_scale([], where=layer, name=name, dtype=str(t.dtype))
     t = t.float()
-    bad = ~torch.isfinite(t) | (t <= 0)
+    bad = ~torch.isfinite(t) | ((t < 0) if zero_ok else (t <= 0))
     if not bool(bad.any()):  # the common case stays one vectorized pass
         return
     per_expert = max(1, t[0].numel()) if t.dim() else 0
     check_scale(t.reshape(-1).tolist(), where=layer, name=name, per_expert=per_expert,
-                index_note=index_note)
+                index_note=index_note, zero_ok=zero_ok)
+
+
+class UncalibratedScaleError(InvalidScaleError):
+    """``VLLM_FP4_MOE_PLUGIN_CHECK=strict``: a layer has experts without calibrated activation
+    scales; the message says how to re-quantize."""
+
+
+_uncalibrated_warned = False
+
+
+def repair_uncalibrated(stored: torch.Tensor, *, reciprocal: bool, layer: str, name: str,
+                        index_note: str = "", stock_effect: str = "") -> torch.Tensor:
+    """``stored`` unchanged, or a copy whose uncalibrated experts carry the calibrated experts'
+    max amax (NVIDIA's ModelOpt exporter gives uncalibrated experts that fallback too).
+
+    ``stored``: one layer's per-expert activation scales, ``[E]`` or ``[E, k]`` (gate/up), already
+    through :func:`check_positive_finite` with ``zero_ok``. ``reciprocal``: the values are
+    inverse to the amax (compressed-tensors' ``input_global_scale``) rather than proportional
+    (ModelOpt's ``input_scale``, vLLM 0.14+'s ``a13_scale``/``a2_scale``). An expert is judged
+    by its largest amax over ``k``; the fallback is one stored value of a calibrated expert,
+    so no rounding is added. The first layer that needs it logs a WARNING per process, later
+    ones INFO; ``VLLM_FP4_MOE_PLUGIN_CHECK=strict`` raises :class:`UncalibratedScaleError`.
+    """
+    values = stored.detach().float().reshape(stored.shape[0] if stored.dim() else 1, -1)
+    with torch.no_grad():
+        amax = (1.0 / values) if reciprocal else values  # a stored 0 becomes inf
+    per_expert = amax.max(dim=1).values.tolist()
+    bad = uncalibrated_experts(per_expert)
+    if not bad:
+        return stored
+    good = [e for e in range(len(per_expert)) if e not in bad]
+    shown = ", ".join(f"{e} ({uncalibrated_kind(per_expert[e])}, stored "
+                      f"{float(values[e].max() if reciprocal else values[e].min()):.3g})"
+                      for e in bad[:8]) + (", ..." if len(bad) > 8 else "")
+    where = f"{layer}: {name}: expert(s) {shown}{index_note}"
+    if not good:
+        raise InvalidScaleError(
+            f"{where}: no expert of this layer{index_note and ' on this rank'} has a calibrated "
+            "activation scale, so there is nothing to fall back on; re-quantize the checkpoint "
+            "with calibration data that reaches every expert (llmcompressor: "
+            "moe_calibrate_all_experts=True)")
+    kept = values[good]
+    fallback = kept.min() if reciprocal else kept.max()
+    from vllm_fp4_moe_plugin import envs
+
+    if envs.VLLM_FP4_MOE_PLUGIN_CHECK == "strict":
+        raise UncalibratedScaleError(
+            f"{where}: uncalibrated activation scale (the expert saw no calibration token). "
+            f"{stock_effect}Re-quantize with calibration that reaches every expert "
+            "(llmcompressor: moe_calibrate_all_experts=True, its default), or set "
+            "VLLM_FP4_MOE_PLUGIN_CHECK=warn to serve with the calibrated experts' max amax "
+            "for them.")
+    global _uncalibrated_warned
+    log = logger.info if _uncalibrated_warned else logger.warning
+    _uncalibrated_warned = True
+    log("vllm-fp4-moe-plugin: %s: uncalibrated activation scale (no calibration token reached "
+        "the expert); loading the calibrated experts' max amax instead (stored %.6g), as "
+        "ModelOpt's exporter does. %sRe-quantize with all-experts calibration to remove this.",
+        where, float(fallback), stock_effect)
+    out = stored.detach().clone()
+    rows = torch.tensor(bad, dtype=torch.long, device=stored.device)
+    out.reshape(values.shape)[rows] = fallback.to(out.dtype).to(out.device)
+    return out
+
+
+def _reset_for_tests() -> None:
+    global _uncalibrated_warned
+    _uncalibrated_warned = False
 
 
 def per_expert_scales(gs: torch.Tensor, g1_alphas: torch.Tensor) -> Gemm1ActivationScales:

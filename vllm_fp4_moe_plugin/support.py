@@ -356,3 +356,23 @@ def stock_wrong_with_scales(design_key: "str | Design", fmt: str, stored: Sequen
     if d is Design.INIT_PREPARE_FINALIZE and ep_layout_problem(len(stored), ep_size, placement):
         out.update({layout: True for layout in EP_LAYOUTS if layout in out})
     return out
+
+
+# --- uncalibrated experts (an activation scale no calibration produced) ------------------------
+# Kinds, from scale_check.uncalibrated_experts: "zero" (amax 0: ModelOpt input_scale 0) or
+# "absurd" (amax inf or beyond the margin: compressed-tensors input_global_scale 0 or ~1e-29).
+
+def stock_wrong_with_uncalibrated(design_key: "str | Design", fmt: str,
+                                  kinds: Sequence[str]) -> bool:
+    """Does stock vLLM of a design compute a layer with uncalibrated experts wrongly, in every
+    FlashInfer layout? (measured: docs/SUPPORT.md, uncalibrated experts). The 0.11.x designs
+    keep per-expert scales somewhere on every path (the kernel's GEMM1 or GEMM2 quantization,
+    its alphas), so any uncalibrated expert is used as is; except ModelOpt from 0.11.1, which
+    collapses both GEMMs to the max over all experts (#26135), as every format does from 0.14.0:
+    a max ignores a zero amax and is poisoned by an absurd one."""
+    d = design(design_key)
+    kinds = set(kinds)
+    if not kinds:
+        return False
+    collapses = d is Design.NVFP4_ORACLE or (d is Design.MODULAR_METHOD and fmt == "modelopt")
+    return "absurd" in kinds if collapses else True

@@ -262,7 +262,7 @@ def test_missing_expert_scale_is_named(tmp_path, fmt, proj):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("kind", BAD_VALUES)
+@pytest.mark.parametrize("kind", [k for k in BAD_VALUES if k != "zero"])  # zero: uncalibrated
 def test_bad_scale_value_is_named(tmp_path, fmt, kind):
     w13, w2 = _uniform(fmt)
     w13[6] = BAD_VALUES[kind]
@@ -442,3 +442,109 @@ def test_layouts_flashinfer_cannot_compute_are_affected(tmp_path, ep_size, place
     assert report["affected_layers"] == 1 and report["summary"].startswith("AFFECTED")
     linear = audit_checkpoint(tmp_path, ep_size=2, expert_placement="linear")
     assert linear["affected_layers"] == 0 and linear["layers"][0]["layout_problem"] is None
+
+
+# --- uncalibrated experts and the calibration signature (issue 19) ----------------------------
+# What llmcompressor 0.14 writes for an expert no calibration token reached (routed calibration):
+# gate/up input_global_scale 1.57e-29, down_proj 0.0.
+DESIGNS = ("init_prepare_finalize", "modular_method", "nvfp4_oracle")
+
+
+def _routed_ct(n=NUM_EXPERTS):
+    """compressed-tensors stored scales with a routed calibration's spread (1.3x, 9x)."""
+    w13 = [2688 / a for a in np.geomspace(10.0, 13.0, n)]
+    w2 = [2688 / a for a in np.geomspace(3.0, 27.0, n)]
+    return w13, w2
+
+
+@pytest.mark.parametrize("design", DESIGNS)
+@pytest.mark.parametrize("gemm,value", [("w13", 1.57e-29), ("w13", 0.0), ("w2", 0.0),
+                                        ("w2", 1.57e-29)])
+def test_uncalibrated_expert_reported_per_design(tmp_path, design, gemm, value):
+    w13, w2 = _routed_ct()
+    (w13 if gemm == "w13" else w2)[5] = value
+    write_scales_only(tmp_path, "compressed-tensors", {LAYER: (w13, w2)})
+    report = audit_checkpoint(tmp_path, design=design)
+    (entry,) = report["layers"]
+    assert entry[f"uncalibrated_{gemm}"] == [5]
+    assert entry[f"uncalibrated_{'w2' if gemm == 'w13' else 'w13'}"] == []
+    assert entry["uncalibrated_kinds"] == ["absurd"]  # 1/0 = inf, 2688/1.57e-29 = 1.7e32
+    # Reference check: compressed-tensors always stores its per-rank max, every design uses it.
+    assert entry["stock_wrong_uncalibrated"] and all(entry["affected"].values())
+    assert "uncalibrated activation scale(s)" in report["summary"]
+    assert "AFFECTED" in report["summary"]
+    # Spreads are of what the plugin loads: the fallback is the calibrated max amax.
+    assert entry["w13_spread"] == pytest.approx(1.3, rel=1e-5)
+    assert entry["w2_spread"] == pytest.approx(9.0, rel=1e-5)
+    text = format_audit(report)
+    assert f"uncalibrated {gemm} input scale: expert(s) [5]" in text
+
+
+@pytest.mark.parametrize("design,wrong", [("init_prepare_finalize", True),
+                                          ("modular_method", False), ("nvfp4_oracle", False)])
+def test_modelopt_zero_amax_ignored_by_collapsing_designs(tmp_path, design, wrong):
+    """A ModelOpt input_scale of 0 (amax 0) is uncalibrated too; from 0.11.1 ModelOpt collapses
+    each GEMM's scales to their max, which skips it (0.11.0 uses it per expert)."""
+    w13, w2 = _uniform("modelopt")
+    w2[2] = 0.0
+    write_scales_only(tmp_path, "modelopt", {LAYER: (w13, w2)})
+    (entry,) = audit_checkpoint(tmp_path, design=design)["layers"]
+    assert entry["uncalibrated_w2"] == [2] and entry["uncalibrated_kinds"] == ["zero"]
+    assert entry["stock_wrong_uncalibrated"] is wrong
+    assert any(entry["affected"].values()) is wrong
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_legitimately_rare_expert_is_untouched(tmp_path, fmt):
+    """An expert with 20x (or even 10000x) the others' amax is calibrated: not flagged."""
+    for factor in (20.0, 1e4):
+        amax13 = [10.0] * NUM_EXPERTS
+        amax13[3] *= factor
+        w13 = [2688 / a for a in amax13] if fmt == "compressed-tensors" else \
+            [a / 2688 for a in amax13]
+        _, w2 = _uniform(fmt)
+        write_scales_only(tmp_path / str(factor), fmt, {LAYER: (w13, w2)})
+        (entry,) = audit_checkpoint(tmp_path / str(factor), design="nvfp4_oracle")["layers"]
+        assert entry["uncalibrated_w13"] == [] and entry["uncalibrated_w2"] == []
+        assert entry["w13_spread"] == pytest.approx(factor, rel=1e-5)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_calibration_signature(tmp_path, fmt):
+    write_scales_only(tmp_path / "all", fmt, {LAYER: _uniform(fmt)})
+    report = audit_checkpoint(tmp_path / "all")
+    assert report["layers"][0]["calibration"] == "all-experts"
+    assert report["calibration"].startswith("calibration: all-experts in all 1")
+    w13, w2 = _routed_ct()
+    if fmt == "modelopt":
+        w13, w2 = [1 / v for v in w13], [1 / v for v in w2]
+    write_scales_only(tmp_path / "routed", fmt, {LAYER: (w13, w2)})
+    report = audit_checkpoint(tmp_path / "routed")
+    assert report["layers"][0]["calibration"] == "routed"
+    assert "spread up to 1.3x" in report["calibration"]
+    assert report["calibration"] in format_audit(report)
+
+
+def test_layer_without_any_calibrated_expert_is_a_bad_checkpoint(tmp_path):
+    w13, w2 = _routed_ct()
+    w2 = [0.0] * NUM_EXPERTS
+    write_scales_only(tmp_path, "compressed-tensors", {LAYER: (w13, w2)})
+    with pytest.raises(CheckpointAuditError, match=r"no expert has a calibrated GEMM2"):
+        audit_checkpoint(tmp_path)
+
+
+def test_float8_input_scale_names_dtype_and_allowed_ones(tmp_path):
+    """numpy cannot hold float8: the audit reads the dtype from the header and names it."""
+    import torch
+    from safetensors.torch import load_file, save_file as save_torch
+
+    write_scales_only(tmp_path, "compressed-tensors", {LAYER: _uniform("compressed-tensors")})
+    shard = tmp_path / "model-00001-of-00001.safetensors"
+    tensors = load_file(str(shard))
+    name = f"{LAYER}.2.down_proj.input_global_scale"
+    tensors[name] = torch.tensor([0.0625]).to(torch.float8_e4m3fn)
+    save_torch(tensors, str(shard))
+    with pytest.raises(CheckpointAuditError) as err:
+        audit_checkpoint(tmp_path)
+    msg = str(err.value)
+    assert name in msg and "F8_E4M3" in msg and "float32" in msg and "numpy" not in msg

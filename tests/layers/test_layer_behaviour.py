@@ -37,6 +37,11 @@ def test_bad_checkpoint_scale_is_named(bad_scales, fmt, kind, value):
     row = bad_scales[f"{fmt}/{kind}/{value}"]
     assert row["stock"] is None  # stock loads it silently
     msg = row["plugin"]
+    if value == "zero" and kind != "weight":
+        # A zero activation scale is an uncalibrated expert: loaded with the calibrated
+        # experts' max amax instead (tests/layers/test_uncalibrated.py measures the outputs).
+        assert msg is None
+        return
     assert msg is not None and msg.startswith("InvalidScaleError")
     kind_word = {"nan": "NaN", "inf": "inf", "zero": "zero", "negative": "negative"}[value]
     assert row["layer"] in msg and repr(row["param"]) in msg

@@ -40,3 +40,119 @@ def test_per_expert_keeps_vectors():
     chosen = scales.per_expert_scales(gs, alphas)
     assert not chosen.shared
     assert torch.equal(chosen.a1_gscale, gs) and torch.equal(chosen.g1_alphas, alphas)
+
+
+# --- uncalibrated activation scales ----------------------------------------------------------
+# What llmcompressor 0.14 wrote for an expert no calibration token reached (issue 19): gate/up
+# input_global_scale 1.57e-29, down_proj 0.0. A calibrated compressed-tensors scale is ~2688/amax.
+LLMCOMPRESSOR_GATE_UP = 1.57e-29
+LLMCOMPRESSOR_DOWN = 0.0
+
+
+@pytest.fixture(autouse=True)
+def _fresh_warning_state():
+    scales._reset_for_tests()
+    yield
+    scales._reset_for_tests()
+
+
+def test_margin_is_e4m3_normal_range():
+    from vllm_fp4_moe_plugin import scale_check
+
+    # Reference check: 448 (E4M3 max) over 2**-6 (E4M3 min normal).
+    assert scale_check.UNCALIBRATED_MARGIN == 448.0 * 64
+
+
+@pytest.mark.parametrize("amax,expected", [
+    ([1.0, 1.3, 1.1, 0.9], []),                       # routed calibration spread
+    ([1.0, 1.0, 1.0, 1.0], []),                       # all-experts calibration
+    ([1.0, 50.0, 1.0, 1.0], []),                      # a legitimately rare, large expert
+    ([1.0, 1.0, 1.0, 1.0, 1e3, 1e4], []),             # spreads far beyond any measured one
+    ([1.0, 2688 / LLMCOMPRESSOR_GATE_UP, 1.2], [1]),  # llmcompressor's no-statistics value
+    ([1.0, float("inf"), 1.2], [1]),                  # a zero CT global scale, inverted
+    ([0.0, 1.0, 1.2], [0]),                           # a zero ModelOpt input_scale
+    ([1.0, 1.0 * 28672 * 1.01], [1]),                 # just beyond the margin, two experts
+    ([1.0, 1.0 * 28672 * 0.99], []),                  # just inside it
+    ([1e-12, 1.0, 1.1, 1.2], []),                     # tiny amaxes are never flagged
+    ([1e32, 1e32, 1.0, 1.0, 1.0], [0, 1]),            # a minority cannot move the reference
+])
+def test_uncalibrated_experts(amax, expected):
+    from vllm_fp4_moe_plugin.scale_check import uncalibrated_experts
+
+    assert uncalibrated_experts(amax) == expected
+
+
+def test_zero_input_scale_allowed_only_as_activation_scale():
+    t = torch.tensor([[300.0, 300.0], [0.0, 0.0]])
+    scales.check_positive_finite(t, layer="l", name="w13_input_global_scale", zero_ok=True)
+    with pytest.raises(scales.InvalidScaleError, match="zero"):
+        scales.check_positive_finite(t, layer="l", name="w13_weight_global_scale")
+    for bad in (float("nan"), float("inf"), -1.0):  # corruption stays refused
+        with pytest.raises(scales.InvalidScaleError):
+            scales.check_positive_finite(torch.tensor([300.0, bad]), layer="l",
+                                         name="w2_input_global_scale", zero_ok=True)
+
+
+def test_float8_scale_refused_naming_dtype_and_allowed_ones():
+    t = torch.tensor([300.0, 200.0]).to(torch.float8_e4m3fn)
+    with pytest.raises(scales.InvalidScaleError) as err:
+        scales.check_positive_finite(t, layer="l", name="w2_input_global_scale", zero_ok=True)
+    assert "float8_e4m3fn" in str(err.value) and "float32" in str(err.value)
+
+
+@pytest.mark.parametrize("dead", [LLMCOMPRESSOR_GATE_UP, LLMCOMPRESSOR_DOWN])
+def test_repair_compressed_tensors_gives_calibrated_max_amax(dead, caplog_plugin):
+    # compressed-tensors stores gs = 2688 / amax: the max amax is the MIN stored value.
+    gs = torch.tensor([[300.0, 310.0], [250.0, 250.0], [dead, dead], [400.0, 400.0]])
+    with caplog_plugin.at_level("INFO", logger="vllm.fp4_moe_plugin"):
+        out = scales.repair_uncalibrated(gs, reciprocal=True, layer="model.layers.1.mlp.experts",
+                                         name="w13_input_global_scale")
+    # Reference check: the calibrated experts' max amax is 2688/250; nothing else moves.
+    assert out[2].tolist() == [250.0, 250.0]
+    assert torch.equal(out[[0, 1, 3]], gs[[0, 1, 3]])
+    assert gs[2, 0] == dead  # the input is not modified in place
+    warnings = [r for r in caplog_plugin.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1
+    msg = warnings[0].getMessage()
+    assert "model.layers.1.mlp.experts" in msg and "expert(s) 2" in msg
+    assert "w13_input_global_scale" in msg and "all-experts calibration" in msg
+
+
+def test_repair_modelopt_and_amax_like():
+    # ModelOpt's input_scale (and vLLM 0.14+'s a13_scale) is proportional to the amax.
+    amax = torch.tensor([0.02, 0.0, 0.03, 0.025])
+    out = scales.repair_uncalibrated(amax, reciprocal=False, layer="l", name="a13_scale")
+    assert out.tolist() == pytest.approx([0.02, 0.03, 0.03, 0.025])
+    a13 = torch.tensor([0.02, 2688 / LLMCOMPRESSOR_GATE_UP, 0.03])
+    assert scales.repair_uncalibrated(a13, reciprocal=False, layer="l",
+                                      name="a13_scale")[1] == pytest.approx(0.03)
+
+
+def test_calibrated_scales_are_returned_as_is():
+    gs = torch.tensor([[300.0, 310.0], [250.0, 250.0], [30.0, 30.0]])  # 10x: a rare expert
+    assert scales.repair_uncalibrated(gs, reciprocal=True, layer="l", name="n") is gs
+
+
+def test_one_warning_per_process_later_layers_at_info(caplog_plugin):
+    gs = torch.tensor([300.0, 0.0, 280.0])
+    with caplog_plugin.at_level("INFO", logger="vllm.fp4_moe_plugin"):
+        for i in range(3):
+            scales.repair_uncalibrated(gs, reciprocal=True, layer=f"model.layers.{i}.mlp.experts",
+                                       name="w2_input_global_scale")
+    levels = [r.levelname for r in caplog_plugin.records]
+    assert levels == ["WARNING", "INFO", "INFO"]
+    assert all(f"layers.{i}." in r.getMessage() for i, r in enumerate(caplog_plugin.records))
+
+
+def test_strict_refuses_uncalibrated_with_requantize_advice(monkeypatch):
+    monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN_CHECK", "strict")
+    with pytest.raises(scales.UncalibratedScaleError) as err:
+        scales.repair_uncalibrated(torch.tensor([300.0, 0.0]), reciprocal=True, layer="l",
+                                   name="w2_input_global_scale")
+    assert "moe_calibrate_all_experts=True" in str(err.value)
+
+
+def test_no_calibrated_expert_is_an_error():
+    with pytest.raises(scales.InvalidScaleError, match="nothing to fall back on"):
+        scales.repair_uncalibrated(torch.tensor([0.0, 0.0]), reciprocal=True, layer="l",
+                                   name="w2_input_global_scale")

@@ -38,12 +38,13 @@ DP x TP, ``support.rank_local_maxima``). Single, pp, tp, tp_ep and dp without EP
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Iterator, Optional
 
-from vllm_fp4_moe_plugin.scale_check import InvalidScaleError, check_scale
+from vllm_fp4_moe_plugin.scale_check import InvalidScaleError, check_scale, uncalibrated_experts
 
 from vllm_fp4_moe_plugin import support
 from vllm_fp4_moe_plugin.support import Design
@@ -211,6 +212,7 @@ def _read_scalars(names: dict[str, Path]) -> dict[str, float]:
                 f"e.g. {wanted[0]}; copy the shard or regenerate the index")
         with open_safetensors(f) as handle:
             for name in wanted:
+                zero_ok = _is_input_scale(name)  # 0 there: an uncalibrated expert, judged later
                 try:
                     t = handle.get_tensor(name)
                     dtype = dtype_names.get(t.dtype) or dtype_names.setdefault(t.dtype,
@@ -222,16 +224,34 @@ def _read_scalars(names: dict[str, Path]) -> dict[str, float]:
                         dtype, shape = str(t.dtype), list(t.shape)
                         flat = t.float().reshape(-1).tolist() if t.is_floating_point() else []
                 except Exception as exc:  # safetensors raises SafetensorError for absent names
+                    _refuse_header_dtype(handle, f, name)  # numpy cannot hold e.g. float8
                     raise CheckpointAuditError(
                         f"{f}: cannot read scale tensor {name} ({exc}); the index lists it in "
                         "this shard") from None
                 try:
                     check_scale(flat, where=str(f), name=name, dtype=dtype, shape=shape,
-                                expect_numel=1)
+                                expect_numel=1, zero_ok=zero_ok)
                 except InvalidScaleError as exc:
                     raise CheckpointAuditError(str(exc)) from None
                 values[name] = float(flat[0])
     return values
+
+
+def _refuse_header_dtype(handle, f: Path, name: str) -> None:
+    """A tensor numpy could not read: if its header dtype is not one a global scale may have
+    (float8, say), say so with the allowed ones rather than numpy's words."""
+    try:
+        dtype = handle.get_slice(name).get_dtype()
+    except Exception:  # absent name: the caller's message says so
+        return
+    try:
+        check_scale([], where=str(f), name=name, dtype=dtype)
+    except InvalidScaleError as exc:
+        raise CheckpointAuditError(str(exc)) from None
+
+
+def _is_input_scale(name: str) -> bool:
+    return name.endswith(tuple("." + v for v in INPUT_SCALE.values()))
 
 
 # --- the verdict ----------------------------------------------------------------------------
@@ -248,14 +268,55 @@ def ep_slices(num_experts: int, ep_size: int, placement: str = "linear") -> list
 
 
 
+def _amax_like(fmt: str, stored: list[float]) -> list[float]:
+    """Proportional to the activation amax: ModelOpt's input_scale, 1 / compressed-tensors'
+    input_global_scale (a stored 0 becomes inf)."""
+    if fmt != "compressed-tensors":
+        return list(stored)
+    return [1.0 / v if v else math.inf for v in stored]
+
+
+def _with_fallback(fmt: str, layer: str, what: str, stored: list[float],
+                   bad: list[int]) -> list[float]:
+    """``stored`` with the uncalibrated experts given the calibrated experts' max amax: what the
+    plugin loads (``scales.repair_uncalibrated``)."""
+    good = [v for e, v in enumerate(stored) if e not in bad]
+    if not bad:
+        return list(stored)
+    if not good:
+        raise CheckpointAuditError(
+            f"{layer}: no expert has a calibrated {what} activation scale ({INPUT_SCALE[fmt]} "
+            "0 or absurd for all of them), so there is nothing to fall back on; re-quantize "
+            "with calibration data that reaches every expert (llmcompressor: "
+            "moe_calibrate_all_experts=True)")
+    fallback = min(good) if fmt == "compressed-tensors" else max(good)
+    return [fallback if e in bad else v for e, v in enumerate(stored)]
+
+
+def _kind(amax: float) -> str:
+    """support's words for an uncalibrated amax: "zero" or "absurd" (inf or beyond the margin)."""
+    return "zero" if amax == 0 else "absurd"
+
+
 def _layer_report(fmt: str, layer: str, gate: list[float], up: list[float], down: list[float],
                   ep_size: int, placement: str,
                   design: Design = Design.INIT_PREPARE_FINALIZE) -> dict:
     # vLLM keeps one GEMM1 scale per expert: .max() over gate/up of the *stored* quantity
     # (modelopt.py:1307-1308, compressed_tensors_moe.py:300-301).
-    w13 = [max(g, u) for g, u in zip(gate, up)]
+    w13_raw = [max(g, u) for g, u in zip(gate, up)]
     ct = fmt == "compressed-tensors"
-    ep_slices(len(w13), ep_size, placement)  # placement and EP size, checked with audit's words
+    ep_slices(len(w13_raw), ep_size, placement)  # placement and EP size, checked with audit's words
+    # Uncalibrated experts (scale_check.uncalibrated_experts, judged on the larger amax of gate
+    # and up) are reported on their own; every figure below is of the layer the plugin loads,
+    # where they carry the calibrated experts' max amax.
+    w13_amax_raw = [max(a, b) for a, b in zip(_amax_like(fmt, gate), _amax_like(fmt, up))]
+    w2_amax_raw = _amax_like(fmt, list(down))
+    bad13 = uncalibrated_experts(w13_amax_raw)
+    bad2 = uncalibrated_experts(w2_amax_raw)
+    w13 = _with_fallback(fmt, layer, "GEMM1 (gate/up)", w13_raw, bad13)
+    down_used = _with_fallback(fmt, layer, "GEMM2 (down_proj)", list(down), bad2)
+    kinds = sorted({_kind(w13_amax_raw[e]) for e in bad13}
+                   | {_kind(w2_amax_raw[e]) for e in bad2})
 
     def amax_like(v):  # ModelOpt sense: what the kernel dequantizes GEMM1 input with
         return [1.0 / x for x in v] if ct else list(v)
@@ -266,24 +327,37 @@ def _layer_report(fmt: str, layer: str, gate: list[float], up: list[float], down
     factors = [factor(w13, e) for e in range(len(w13))]
     # 0.14.0+: the activation amax per expert, max over gate/up (v0.34.0 CT w4a4_nvfp4.py:242,
     # 1 / input_global_scale; ModelOpt's input_scale is already an amax-like scale).
-    amax = [max(1.0 / g, 1.0 / u) if ct else max(g, u) for g, u in zip(gate, up)]
+    amax = amax_like(w13)
+    calibrated_gate_up = [v for e, (g, u) in enumerate(zip(gate, up)) if e not in bad13
+                          for v in (g, u)]
+    uniform = len(set(calibrated_gate_up)) <= 1
+    by_scales = support.stock_wrong_with_scales(design, fmt, w13, amax, ep_size, placement,
+                                                layouts_judged(design))
+    by_uncalibrated = support.stock_wrong_with_uncalibrated(design, fmt, kinds)
     report = {
         "layer": layer,
         "num_experts": len(w13),
         "stored_name": INPUT_SCALE[fmt],
-        "w13_stored": w13,
+        "w13_stored": w13_raw,
         "w2_stored": list(down),
         "w13_input_scale": amax_like(w13),
-        "w2_input_scale": amax_like(down),
+        "w2_input_scale": amax_like(down_used),
         # max/min is invariant under the reciprocal, so take it from the stored values (exact).
         "w13_spread": max(w13) / min(w13),
-        "w2_spread": max(down) / min(down),
+        "w2_spread": max(down_used) / min(down_used),
         "reference_expert": 0,
         "error_factor_max": max(factors),
         "error_factor_min": min(factors),
         "gate_up_mismatch": [e for e, (g, u) in enumerate(zip(gate, up)) if g != u],
-        "affected": support.stock_wrong_with_scales(design, fmt, w13, amax, ep_size,
-                                                    placement, layouts_judged(design)),
+        # The calibration's signature: all-experts calibration shows every expert the same
+        # tokens, so every gate/up input scale is identical; routed calibration spreads them.
+        "calibration": "all-experts" if uniform else "routed",
+        "uncalibrated_w13": bad13,
+        "uncalibrated_w2": bad2,
+        "uncalibrated_kinds": kinds,
+        "stock_wrong_uncalibrated": by_uncalibrated,
+        # An uncalibrated expert that stock uses is wrong in every layout (none re-scales it).
+        "affected": {lay: hit or by_uncalibrated for lay, hit in by_scales.items()},
         "layout_problem": (support.ep_layout_problem(len(w13), ep_size, placement)
                            if design is Design.INIT_PREPARE_FINALIZE else None),
     }
@@ -296,6 +370,37 @@ def _layer_report(fmt: str, layer: str, gate: list[float], up: list[float], down
 
 def _summary(layers: list[dict], design: Design = Design.INIT_PREPARE_FINALIZE,
              ep_size: int = 2) -> str:
+    """The verdict line: the design's hole, then uncalibrated experts if any."""
+    verdict = _hole_summary(layers, design, ep_size)
+    uncal = [entry for entry in layers if entry["uncalibrated_w13"] or entry["uncalibrated_w2"]]
+    if not uncal:
+        return verdict
+    n = sum(len(e["uncalibrated_w13"]) + len(e["uncalibrated_w2"]) for e in uncal)
+    first = uncal[0]
+    where = ", ".join(f"{g} expert(s) {first['uncalibrated_' + g]}" for g in ("w13", "w2")
+                      if first["uncalibrated_" + g])
+    effect = ("stock vLLM {r} uses them as they are: AFFECTED" if any(
+        e["stock_wrong_uncalibrated"] for e in uncal) else "stock vLLM {r} ignores them (a max "
+        "over experts skips a zero amax)").format(r=support.design(design).releases)
+    return (f"{verdict}; {n} uncalibrated activation scale(s) (no calibration token reached "
+            f"the expert) in {len(uncal)} layer(s), first {first['layer']}: {where}; {effect}; "
+            "the plugin gives them the calibrated experts' max amax")
+
+
+def calibration_line(layers: list[dict]) -> str:
+    """Which calibration the gate/up input scales show (the all-experts signature: identical)."""
+    routed = [e for e in layers if e["calibration"] == "routed"]
+    if not routed:
+        return (f"calibration: all-experts in all {len(layers)} MoE layer(s) (every expert's "
+                "gate/up input scale identical: GEMM1 scale mismatches cannot occur)")
+    worst = max(routed, key=lambda e: e["w13_spread"])
+    return (f"calibration: routed in {len(routed)} of {len(layers)} MoE layer(s) (gate/up input "
+            f"scales spread up to {worst['w13_spread']:.4g}x in {worst['layer']}); all-experts "
+            f"(identical) in {len(layers) - len(routed)}")
+
+
+def _hole_summary(layers: list[dict], design: Design = Design.INIT_PREPARE_FINALIZE,
+                  ep_size: int = 2) -> str:
     bad = [entry for entry in layers if any(entry["affected"].values())]
     if design is not Design.INIT_PREPARE_FINALIZE:
         releases = support.design(design).releases
@@ -399,6 +504,7 @@ def audit_checkpoint(path, *, ep_size: int = 2, expert_placement: str = "linear"
         "affected_layers": sum(any(entry["affected"].values()) for entry in reports),
         "affected_layers_by_layout": by_layout,
         "warnings": warnings,
+        "calibration": calibration_line(reports),
         "summary": _summary(reports, design, ep_size),
     }
 
@@ -429,9 +535,15 @@ def format_audit(report: dict, *, max_layers: Optional[int] = None) -> str:
         lines.append(f"{entry['layer']:<{width}}  {entry['num_experts']:>4}  "
                      f"{entry['w13_spread']:>9.4g}x  {entry['w2_spread']:>8.4g}x  {err:>17}  "
                      f"{flags}")
+        for gemm in ("w13", "w2"):
+            if entry[f"uncalibrated_{gemm}"]:
+                lines.append(f"  uncalibrated {gemm} input scale: expert(s) "
+                             f"{entry[f'uncalibrated_{gemm}']} (stock "
+                             f"{'uses them: wrong' if entry['stock_wrong_uncalibrated'] else 'ignores them'}"
+                             "; the plugin loads the calibrated experts' max amax)")
     if len(shown) < len(report["layers"]):
         lines.append(f"... {len(report['layers']) - len(shown)} more layer(s)")
     tail = ["", f"affected layers: {report['affected_layers']} of {len(report['layers'])}",
-            report["summary"]]
+            report["calibration"], report["summary"]]
     tail += [f"warning: {w}" for w in report["warnings"]]
     return "\n".join(head + lines + tail)

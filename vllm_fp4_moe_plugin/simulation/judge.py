@@ -59,6 +59,10 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
+def _nan_as_inf(err: float) -> float:
+    return float("inf") if err != err else err
+
+
 def judge(fmt: str, layout: str, backend: str, ranks, references: Callable, *, scheme: str,
           release: tuple, check: Optional[Callable] = None) -> Row:
     """One row from every rank's stock and plugin outputs (``ranks``: ``layouts.RankOutput``)
@@ -78,8 +82,9 @@ def judge(fmt: str, layout: str, backend: str, ranks, references: Callable, *, s
                 fp32_errs[mode].append(float("inf"))
                 failures[mode] = failures[mode] or r.errors[f"{fmt}/{mode}"]
                 continue
-            errs[mode].append(rel_err(out, ideal))
-            fp32_errs[mode].append(rel_err(out, fp32))
+            # A NaN output is as far from the reference as can be (NaN compares False below).
+            errs[mode].append(_nan_as_inf(rel_err(out, ideal)))
+            fp32_errs[mode].append(_nan_as_inf(rel_err(out, fp32)))
     stock, plugin, floor = max(errs["stock"]), max(errs["plugin"]), max(noise)
     plugin_fp32 = max(fp32_errs["plugin"])
     affected = stock >= AFFECTED_FACTOR * PLUGIN_BOUND

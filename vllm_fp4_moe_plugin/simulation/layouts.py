@@ -52,12 +52,31 @@ class Scenario:
     tokens: int = 32
     seed: int = 0
     input_scale_spread: float = 4.0
+    # (gemm, case) of :mod:`.planted_scales`: one expert with an uncalibrated (or legitimately
+    # large) activation scale; experts() is then the layer a correct loader computes with.
+    planted: Optional[tuple[str, str]] = None
 
-    def experts(self):
+    def _random_experts(self):
         from vllm_fp4_moe_plugin.nvfp4 import random_experts
 
         return random_experts(self.num_experts, self.hidden, self.intermediate, seed=self.seed,
                               input_scale_spread=self.input_scale_spread)
+
+    def experts(self):
+        experts = self._random_experts()
+        if self.planted is None:
+            return experts
+        from vllm_fp4_moe_plugin.simulation import planted_scales
+
+        return planted_scales.reference_experts(experts, *self.planted)
+
+    def checkpoint_overrides(self, fmt: str, prefix: str) -> dict:
+        """Checkpoint tensors replaced when the layer is loaded (the planted stored values)."""
+        if self.planted is None:
+            return {}
+        from vllm_fp4_moe_plugin.simulation import planted_scales
+
+        return planted_scales.overrides(self._random_experts(), fmt, prefix, *self.planted)
 
     def inputs(self, dp_rank: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Hidden states (with a few outlier rows) and router logits for one DP rank."""
@@ -233,9 +252,12 @@ def _log_tails(logs: list, lines: int = 30) -> str:
 
 def stock_and_plugin_outputs(ctx: RankContext, scenario: Scenario, formats: tuple[str, ...],
                              modes: tuple[str, ...],
-                             layer_kwargs: Optional[dict] = None) -> RankOutput:
+                             layer_kwargs: Optional[dict] = None,
+                             first_index: int = 0) -> RankOutput:
     """Job: build the layer once per format x mode (stock / plugin) and run the same tokens
-    (``layer_kwargs``: extra ``FusedMoE`` arguments, e.g. DeepSeek-style routing)."""
+    (``layer_kwargs``: extra ``FusedMoE`` arguments, e.g. DeepSeek-style routing;
+    ``first_index``: the first layer index, so that several calls in one process never reuse a
+    layer name)."""
     from vllm_fp4_moe_plugin import consistency, patches
     from vllm_fp4_moe_plugin.simulation import moe_layer
 
@@ -244,7 +266,7 @@ def stock_and_plugin_outputs(ctx: RankContext, scenario: Scenario, formats: tupl
     x, logits = scenario.inputs(ctx.dp_rank)
     dp = ctx.layout.dp
     across_dp = torch.tensor([scenario.tokens] * dp) if dp > 1 else None
-    index = 0
+    index = first_index
     try:
         for fmt in formats:
             for mode in modes:
@@ -252,7 +274,9 @@ def stock_and_plugin_outputs(ctx: RankContext, scenario: Scenario, formats: tupl
                     patches.apply_all()
                 else:
                     patches.revert_all()
+                overrides = scenario.checkpoint_overrides(fmt, moe_layer.experts_prefix(index))
                 built = moe_layer.build_layer(experts, fmt, top_k=scenario.top_k, index=index,
+                                              overrides=overrides or None,
                                               **dict(layer_kwargs or {}))
                 index += 1
                 moe_layer.prepare_modular_kernel(built.layer)

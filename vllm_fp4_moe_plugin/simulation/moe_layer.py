@@ -21,6 +21,11 @@ from vllm_fp4_moe_plugin.simulation.blackwell import cpu_topk_softmax_routing
 
 MLP_PREFIX = "model.layers.{index}.mlp"
 
+
+def experts_prefix(index: int) -> str:
+    """The checkpoint prefix of layer ``index``'s routed experts (what overrides are named by)."""
+    return f"{MLP_PREFIX.format(index=index)}.experts"
+
 def make_quant_config(fmt: str):
     """vLLM's own quant config object for a tiny NVFP4 checkpoint of ``fmt``."""
     if fmt == "modelopt":
@@ -108,8 +113,7 @@ def _build_runner(experts: QuantizedExperts, fmt: str, *, top_k: int, index: int
     modular kernel, and the runner's own."""
     from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory
 
-    mlp = MLP_PREFIX.format(index=index)
-    prefix = f"{mlp}.experts"
+    prefix = experts_prefix(index)
     # custom_routing_function=None: vLLM's own router (e.g. grouped top-k), which the TRT-LLM
     # monolithic kernel replaces by its own routing
     layer_kwargs.setdefault("custom_routing_function", cpu_topk_softmax_routing)

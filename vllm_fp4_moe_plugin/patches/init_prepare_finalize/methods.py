@@ -31,6 +31,10 @@ _RAW_SCALES = {
 }
 
 
+# What stock vLLM 0.11.0 does with such an expert (docs/SUPPORT.md, uncalibrated experts).
+_STOCK_UNCALIBRATED = "Stock vLLM 0.11.0 uses it as it is (NaN or wrong outputs). "
+
+
 class UnsupportedLayoutError(ValueError):
     """A parallel layout the FlashInfer NVFP4 MoE kernels cannot compute correctly."""
 
@@ -95,13 +99,23 @@ class ConsistentNvFp4MoEMixin:
         return super().create_weights(layer, *args, **kwargs)
 
     def _fp4_validate_checkpoint_scales(self, layer: torch.nn.Module) -> None:
+        """Refuse corrupt global scales; give uncalibrated experts the calibrated max amax
+        (before vLLM inverts them, and before the DP agreement could carry them)."""
         names = _RAW_SCALES[self._fp4_moe_format]
-        to_check = list(names["weight"])
-        if not self.use_marlin:  # Marlin never reads activation scales
-            to_check += names["input"]
-        for attr in to_check:
+        for attr in names["weight"]:
             scales.check_positive_finite(getattr(layer, attr), layer=layer_label(layer),
                                          name=attr)
+        if self.use_marlin:  # Marlin never reads activation scales
+            return
+        for attr in names["input"]:
+            param = getattr(layer, attr)
+            scales.check_positive_finite(param, layer=layer_label(layer), name=attr,
+                                         zero_ok=True)
+            repaired = scales.repair_uncalibrated(
+                param.data, reciprocal=self._fp4_moe_format == "compressed-tensors",
+                layer=layer_label(layer), name=attr, stock_effect=_STOCK_UNCALIBRATED)
+            if repaired is not param.data:
+                param.data.copy_(repaired)
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         self._fp4_validate_checkpoint_scales(layer)

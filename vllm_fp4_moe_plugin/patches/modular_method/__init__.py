@@ -46,11 +46,14 @@ _CT_DP_WHY = ("vLLM 0.11.1 fixed ModelOpt's DP path (#26135) but not compressed-
               "dispatch its per-expert w13_input_scale_quant is still pre-quantized with element "
               "0 while g1_alphas stay per expert (v0111 CT:358-368, v0120 CT:378-393).")
 _CT_DP_HOW = ("Subclass with the same name, rebound where CompressedTensorsMoEMethod."
-              "get_moe_method looks it up. Only with DP + FlashInfer CUTLASS: validates the raw "
-              "scales, runs upstream's process_weights_after_loading, then sets every element of "
+              "get_moe_method looks it up. With FlashInfer CUTLASS, before upstream's "
+              "process_weights_after_loading: an expert whose input global scale is "
+              "uncalibrated (0, or an absurd amax: scale_check.uncalibrated_experts) gets the "
+              "calibrated experts' max amax (a no-op for calibrated checkpoints). Only with DP: "
+              "validates the raw scales first, then after upstream's code sets every element of "
               "w13_input_scale_quant to the MIN over the EP group and rebuilds g1_alphas (no-op "
               "when the group's scales are already equal). select_gemm_impl adds the read-only "
-              "load-time check. TP layouts, Marlin, TRT-LLM, CuteDSL: upstream code unchanged.")
+              "load-time check. Marlin, TRT-LLM, CuteDSL: upstream code unchanged.")
 
 LEDGER: tuple[ModulePatch, ...] = (
     *(ModulePatch(

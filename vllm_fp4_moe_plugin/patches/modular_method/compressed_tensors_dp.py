@@ -23,8 +23,8 @@ from vllm_fp4_moe_plugin.patching import same_named_subclass
 
 logger = get_logger("methods")
 
-_RAW = ("w13_input_global_scale", "w2_input_global_scale", "w13_weight_global_scale",
-        "w2_weight_global_scale")
+_INPUT = ("w13_input_global_scale", "w2_input_global_scale")
+_RAW = _INPUT + ("w13_weight_global_scale", "w2_weight_global_scale")
 
 
 class SharedGemm1ScaleForDpMixin:
@@ -49,10 +49,25 @@ class SharedGemm1ScaleForDpMixin:
         if dp:  # validate what we are about to reduce over, before upstream inverts it
             for attr in _RAW:
                 scales.check_positive_finite(getattr(layer, attr), layer=layer_label(layer),
-                                             name=attr)
+                                             name=attr, zero_ok=attr in _INPUT)
+        if self._fp4_uses_cutlass():
+            self._fp4_repair_uncalibrated(layer)
         super().process_weights_after_loading(layer)
         if dp:
             self._fp4_share_gemm1_scale(layer)
+
+    def _fp4_repair_uncalibrated(self, layer: torch.nn.Module) -> None:
+        """An expert that saw no calibration token (input global scale 0 or ~1e-29) gets the
+        calibrated experts' max amax, in every FlashInfer CUTLASS layout: stock inverts a 0 to
+        inf per expert, and under DP the EP-group agreement would carry it to every rank."""
+        for attr in _INPUT:
+            param = getattr(layer, attr)
+            scales.check_positive_finite(param, layer=layer_label(layer), name=attr,
+                                         zero_ok=True)
+            repaired = scales.repair_uncalibrated(param.data, reciprocal=True,
+                                                  layer=layer_label(layer), name=attr)
+            if repaired is not param.data:
+                param.data.copy_(repaired)
 
     def _fp4_share_gemm1_scale(self, layer: torch.nn.Module) -> None:
         from vllm.distributed import get_ep_group

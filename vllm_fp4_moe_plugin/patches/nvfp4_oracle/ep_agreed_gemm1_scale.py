@@ -15,8 +15,11 @@ itself: quantization scale and alphas agree by construction, as ModelOpt's alrea
 (``a2_scale``) is quantized and dequantized on the owning rank and is left alone. Every other
 layer, layout and backend goes through upstream's code with its arguments untouched.
 
-The wrapper also refuses NaN, inf, zero and negative global scales in the checkpoint, naming the
-layer, the tensor and the expert, for every layer it sees.
+The wrapper also refuses NaN, inf, negative (and, for weight scales, zero) global scales in the
+checkpoint, naming the layer, the tensor and the expert, for every layer it sees; and it gives an
+expert whose activation scale is uncalibrated (a quantizer's 0 or ~1e-29 for an expert no
+calibration token reached) the calibrated experts' max amax, in ``a13_scale`` and ``a2_scale``,
+before upstream's max-collapse (or the EP agreement) could make it the whole layer's scale.
 """
 
 from __future__ import annotations
@@ -62,17 +65,36 @@ def validate_checkpoint_scales(layer: torch.nn.Module, a13_scale: torch.Tensor) 
     if fmt is None:
         return
     per_token = bool((a13_scale == 1).all())
-    ep_rank = getattr(layer.moe_config.moe_parallel_config, "ep_rank", 0)
-    ep_size = getattr(layer.moe_config.moe_parallel_config, "ep_size", 1)
     for name in CHECKPOINT_SCALES[fmt]:
         if per_token and "input" in name:
             continue
         tensor = getattr(layer, name)
-        local = fmt == "compressed-tensors" or "weight" in name
-        scales.check_positive_finite(
-            tensor, layer=layer_label(layer), name=name,
-            index_note=(f" (local to EP rank {ep_rank} of {ep_size})"
-                        if local and ep_size > 1 else ""))
+        scales.check_positive_finite(tensor, layer=layer_label(layer), name=name,
+                                     index_note=_index_note(layer, fmt, name),
+                                     zero_ok="input" in name)
+
+
+def _index_note(layer: torch.nn.Module, fmt: str, name: str) -> str:
+    """compressed-tensors (and every weight scale) holds only the rank's local experts."""
+    pc = layer.moe_config.moe_parallel_config
+    ep_rank, ep_size = getattr(pc, "ep_rank", 0), getattr(pc, "ep_size", 1)
+    local = fmt == "compressed-tensors" or "weight" in name
+    return f" (local to EP rank {ep_rank} of {ep_size})" if local and ep_size > 1 else ""
+
+
+# What stock 0.14.0+ does with an uncalibrated expert (docs/SUPPORT.md, uncalibrated experts).
+STOCK_UNCALIBRATED = ("Stock vLLM collapses the layer's activation scales to their max amax: an "
+                      "infinite or absurd one becomes the scale of every token on this rank. ")
+
+
+def repaired_activation_scale(layer: torch.nn.Module, scale: torch.Tensor,
+                              name: str) -> torch.Tensor:
+    """``a13_scale`` / ``a2_scale`` (amax-like: ``1 / input_global_scale`` or ModelOpt's
+    ``input_scale``) with uncalibrated experts given the calibrated max."""
+    fmt = layer_format(layer) or "compressed-tensors"
+    return scales.repair_uncalibrated(
+        scale, reciprocal=False, layer=layer_label(layer), name=name,
+        index_note=_index_note(layer, fmt, "input"), stock_effect=STOCK_UNCALIBRATED)
 
 
 def quantized_inputs_cross_ranks(layer: torch.nn.Module, backend) -> bool:
@@ -130,6 +152,10 @@ def build_agreed_prepare(original):
         layer, a13 = call.arguments["layer"], call.arguments["a13_scale"]
         if a13 is not None:
             validate_checkpoint_scales(layer, a13)
+            a13 = call.arguments["a13_scale"] = repaired_activation_scale(layer, a13, "a13_scale")
+            a2 = call.arguments.get("a2_scale")
+            if a2 is not None:
+                call.arguments["a2_scale"] = repaired_activation_scale(layer, a2, "a2_scale")
             if quantized_inputs_cross_ranks(layer, call.arguments.get("backend")
                                             if per_backend else None):
                 call.arguments["a13_scale"] = agreed_a13_scale(layer, a13)

@@ -1,0 +1,139 @@
+"""The companion table to the matrix: what stock and the plugin compute when one expert's
+activation scale is what a quantizer writes for an expert that saw no calibration token.
+
+Real vLLM layers of the installed release, in real gloo ranks, as the matrix runs them
+(:mod:`.layouts`); one expert planted per row (:mod:`.planted_scales`): GEMM1 (gate/up) or GEMM2
+(down_proj) input scale 0.0 or llmcompressor's 1.57e-29, or a legitimately rare expert with 20x
+the layer's largest amax (which must stay untouched). The fixture's other experts share one
+amax (``input_scale_spread=1``, as all-experts calibration writes GEMM1's), so whatever stock
+gets wrong here is the planted expert's doing. Each row is judged by the matrix's one rule
+(:func:`.judge.judge`) against the ideal NVFP4 reference of the layer a correct loader computes
+with: the uncalibrated expert at the calibrated experts' max amax.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import replace
+from typing import Iterable, Optional
+
+import torch
+
+from vllm_fp4_moe_plugin.simulation.judge import installed_release, judge
+from vllm_fp4_moe_plugin.simulation.layouts import (LAYOUTS, RankContext, Scenario, spawn,
+                                                    stock_and_plugin_outputs)
+from vllm_fp4_moe_plugin.simulation.matrix import BACKEND, reference_scheme, references
+from vllm_fp4_moe_plugin.simulation.planted_scales import CASES, GEMMS
+
+DEFAULT_LAYOUTS = ("single", "dp_ep_allgather")
+DEFAULT_PLANTS = tuple((gemm, case) for case in CASES for gemm in GEMMS)
+FORMATS = ("modelopt", "compressed-tensors")
+
+
+def base_scenario() -> Scenario:
+    return Scenario(input_scale_spread=1.0)
+
+
+def planted_outputs(ctx: RankContext, scenarios: tuple, formats: tuple) -> list:
+    """Job (inside each rank): stock and plugin outputs per planted scenario and format, with
+    the plugin's WARNING lines about uncalibrated experts in ``info["<fmt>/warnings"]`` (the
+    once-per-process warning state is reset before each layer, so each may warn)."""
+    from vllm_fp4_moe_plugin import scales
+
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            if record.levelno >= logging.WARNING:
+                lines.append(record.getMessage())
+
+    handler = Collect()
+    logger = logging.getLogger("vllm.fp4_moe_plugin.scales")
+    logger.addHandler(handler)
+    out = []
+    index = 0
+    try:
+        for scenario in scenarios:
+            merged = None
+            for fmt in formats:
+                scales._reset_for_tests()
+                del lines[:]
+                result = stock_and_plugin_outputs(ctx, scenario, (fmt,), ("stock", "plugin"),
+                                                  first_index=index)
+                index += 2
+                result.info[f"{fmt}/warnings"] = list(lines)
+                if merged is None:
+                    merged = result
+                else:
+                    merged.outputs.update(result.outputs)
+                    merged.info.update(result.info)
+                    merged.errors.update(result.errors)
+            out.append(merged)
+    finally:
+        logger.removeHandler(handler)
+    return out
+
+
+def output_kind(ranks, key: str) -> str:
+    """What a layer's output looks like on every rank: nan, zero, or finite."""
+    outs = [r.outputs.get(key) for r in ranks]
+    if any(o is None for o in outs):
+        return "fails"
+    if any(not bool(torch.isfinite(o).all()) for o in outs):
+        return "nan"
+    return "zero" if all(not bool(o.any()) for o in outs) else "finite"
+
+
+def run_uncalibrated(layouts: Optional[Iterable[str]] = None,
+                     plants: Iterable[tuple[str, str]] = DEFAULT_PLANTS,
+                     formats=FORMATS, progress=None) -> list[dict]:
+    """One row per layout x planted (gemm, case) x format, as dicts (the matrix row's keys plus
+    ``gemm``, ``case``, ``stock_output``, ``plugin_warnings``)."""
+    version, design = installed_release()
+    base = base_scenario()
+    scenarios = tuple(replace(base, planted=plant) for plant in plants)
+    rows = []
+    for name in layouts or DEFAULT_LAYOUTS:
+        layout = LAYOUTS[name]
+        if progress:
+            progress(f"uncalibrated: {name} ({len(scenarios)} planted experts x "
+                     f"{len(formats)} formats)")
+        per_rank = spawn(layout, f"{__name__}:planted_outputs", scenarios, tuple(formats))
+        for i, scenario in enumerate(scenarios):
+            ranks = [outputs[i] for outputs in per_rank]
+            for fmt in formats:
+                scheme = reference_scheme(design, fmt, layout)
+
+                def refs(r, scenario=scenario, scheme=scheme):
+                    return references(scenario, r.dp_rank, scheme, ep_size=layout.ep_size)
+
+                row = judge(fmt, name, BACKEND, ranks, refs, scheme=scheme,
+                            release=(version, design)).as_dict()
+                gemm, case = scenario.planted
+                warnings = [w for r in ranks for w in r.info[f"{fmt}/warnings"]]
+                row.update(gemm=gemm, case=case,
+                           stock_output=output_kind(ranks, f"{fmt}/stock"),
+                           plugin_output=output_kind(ranks, f"{fmt}/plugin"),
+                           plugin_warnings=warnings)
+                rows.append(row)
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    head = ("format", "layout", "planted", "stock err", "stock output", "plugin err",
+            "noise floor", "plugin == stock", "warned", "ok")
+
+    def err(r, mode):
+        v = r[f"{mode}_rel_err"]
+        return "fails" if r[f"{mode}_error"] else ("nan" if not math.isfinite(v) else f"{v:.3g}")
+
+    body = [(r["format"], r["layout"], f"{r['gemm']} {r['case']}", err(r, "stock"),
+             r["stock_output"], err(r, "plugin"), f"{r['noise_floor']:.3g}",
+             "bit-identical" if r["bit_identical"] else "no",
+             "yes" if r["plugin_warnings"] else "no", "yes" if r["ok"] else "NO")
+            for r in rows]
+    widths = [max(len(str(c)) for c in col) for col in zip(head, *body)]
+    line = " | ".join(f"{{:<{w}}}" for w in widths)
+    return "\n".join([line.format(*head), "-+-".join("-" * w for w in widths)]
+                     + [line.format(*b) for b in body])

@@ -3,7 +3,8 @@
 vLLM calls :func:`register` in every process it starts (API server, engine cores, workers) via
 the ``vllm.general_plugins`` entry point ``fp4_moe``. It is cheap (no vLLM import of its own),
 idempotent, and never raises for an environment it does not support; it raises only for an
-explicit misconfiguration (a bad ``VLLM_FP4_MOE_PLUGIN`` value).
+explicit misconfiguration (a bad ``VLLM_FP4_MOE_PLUGIN`` or ``VLLM_FP4_MOE_PLUGIN_CHECK``
+value, whether the plugin is on or off).
 
 The probe and the patches run when vLLM first imports its NVFP4 MoE quantization modules
 (immediately if it already has): see :mod:`vllm_fp4_moe_plugin.import_hook`.
@@ -30,6 +31,7 @@ def register() -> None:
         return
     from vllm_fp4_moe_plugin import envs
 
+    envs.VLLM_FP4_MOE_PLUGIN_CHECK  # validated whenever set, the plugin on or off
     if not envs.VLLM_FP4_MOE_PLUGIN:  # raises ValueError on a bad value: fail loudly
         _state, _reason = "inert", "VLLM_FP4_MOE_PLUGIN is not 1"
         if "VLLM_FP4_MOE_PLUGIN" not in os.environ:  # unset: watch (read-only) and warn once
@@ -37,7 +39,6 @@ def register() -> None:
 
             off_warning.install()
         return
-    envs.VLLM_FP4_MOE_PLUGIN_CHECK  # validate now, not at the first layer
     from vllm_fp4_moe_plugin import import_hook
 
     _state, _reason = "pending", "waiting for vLLM to import its NVFP4 MoE modules"

@@ -21,18 +21,22 @@ class EnvVarError(ValueError):
 
 
 def _choice(name: str, allowed: dict[str, Any], default: str) -> Callable[[], Any]:
+    """Exactly one of ``allowed`` (no whitespace, no other case): a value that only looks like
+    one (`` 1``, ``STRICT``) is an error too, so what runs is what the README says."""
     def parse() -> Any:
         raw = os.environ.get(name)
         if raw is None:
             return allowed[default]
-        value = raw.strip().lower()
-        if value not in allowed:
+        if raw not in allowed:
             shown = ", ".join(repr(k) for k in allowed)
+            near = raw.strip().lower()
+            hint = (f"; did you mean {near!r}? Write it exactly, without spaces, in lowercase"
+                    if near in allowed else "")
             raise EnvVarError(
                 f"{name}={raw!r} is not a valid value; allowed values are {shown} "
-                f"(unset means {default!r})."
+                f"(unset means {default!r}){hint}."
             )
-        return allowed[value]
+        return allowed[raw]
 
     return parse
 

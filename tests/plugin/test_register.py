@@ -57,9 +57,14 @@ def test_enabled_rebinds_same_names_and_logs_one_line(fresh_plugin, monkeypatch,
         assert target in lines[0].getMessage()
 
 
-def test_bad_check_mode_fails_at_register(fresh_plugin, monkeypatch):
-    monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN", "1")
-    monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN_CHECK", "loud")
+@pytest.mark.parametrize("switch", ["1", "0", None])
+def test_bad_check_mode_fails_at_register(fresh_plugin, monkeypatch, switch):
+    """Validated whenever it is set, also while the plugin is off (issue 19)."""
+    if switch is None:
+        monkeypatch.delenv("VLLM_FP4_MOE_PLUGIN", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN", switch)
+    monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN_CHECK", "bogus")
     with pytest.raises(ValueError, match="VLLM_FP4_MOE_PLUGIN_CHECK"):
         fresh_plugin.register()
 

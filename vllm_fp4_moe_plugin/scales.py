@@ -92,7 +92,7 @@ def repair_uncalibrated(stored: torch.Tensor, *, reciprocal: bool, layer: str, n
     if not bad:
         return stored
     good = [e for e in range(len(per_expert)) if e not in bad]
-    shown = ", ".join(f"{e} ({uncalibrated_kind(per_expert[e])}, stored "
+    shown = ", ".join(f"{e} ({uncalibrated_kind(per_expert[e])}, value "
                       f"{float(values[e].max() if reciprocal else values[e].min()):.3g})"
                       for e in bad[:8]) + (", ..." if len(bad) > 8 else "")
     where = f"{layer}: {name}: expert(s) {shown}{index_note}"
@@ -117,7 +117,7 @@ def repair_uncalibrated(stored: torch.Tensor, *, reciprocal: bool, layer: str, n
     log = logger.info if _uncalibrated_warned else logger.warning
     _uncalibrated_warned = True
     log("vllm-fp4-moe-plugin: %s: uncalibrated activation scale (no calibration token reached "
-        "the expert); loading the calibrated experts' max amax instead (stored %.6g), as "
+        "the expert); loading the calibrated experts' max amax instead (value %.6g), as "
         "ModelOpt's exporter does. %sRe-quantize with all-experts calibration to remove this.",
         where, float(fallback), stock_effect)
     out = stored.detach().clone()

@@ -548,3 +548,34 @@ def test_float8_input_scale_names_dtype_and_allowed_ones(tmp_path):
         audit_checkpoint(tmp_path)
     msg = str(err.value)
     assert name in msg and "F8_E4M3" in msg and "float32" in msg and "numpy" not in msg
+
+
+def test_transformers5_config_keys_are_named_with_the_key_to_add(tmp_path):
+    """transformers 4.57 (vLLM 0.11.0's) reads num_experts/rope_theta, which a transformers-5
+    config lacks: measured, it silently takes 128 experts and rope_theta 10000."""
+    from transformers import AutoConfig
+
+    write_scales_only(tmp_path, "compressed-tensors", {LAYER: _uniform("compressed-tensors")})
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    del cfg["n_routed_experts"]
+    cfg.update(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
+               num_local_experts=NUM_EXPERTS,  # as transformers 5.17 wrote it (issue 19)
+               rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "TokenizersBackend"}))
+    # Reference check: what the installed transformers 4 really reads from this config.
+    read = AutoConfig.from_pretrained(tmp_path)
+    assert (read.num_experts, read.rope_theta) == (128, 10000.0)
+    report = audit_checkpoint(tmp_path)
+    misreads = report["transformers4_misreads"]
+    assert len(misreads) == 3
+    assert f'add "num_experts": {NUM_EXPERTS}' in misreads[0]
+    assert 'add "rope_theta": 1000000.0' in misreads[1]
+    assert '"PreTrainedTokenizerFast"' in misreads[2]
+    assert all(m in format_audit(report) for m in misreads)
+
+
+def test_transformers4_config_has_no_misreads(tmp_path):
+    write_scales_only(tmp_path, "compressed-tensors", {LAYER: _uniform("compressed-tensors")})
+    assert audit_checkpoint(tmp_path)["transformers4_misreads"] == []

@@ -38,6 +38,7 @@ DP x TP, ``support.rank_local_maxima``). Single, pp, tp, tp_ep and dp without EP
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import re
 from collections import defaultdict
@@ -158,6 +159,45 @@ def detect_format(root: Path, config: dict) -> tuple[str, str, list[str]]:
     if algo != "NVFP4":
         raise CheckpointAuditError(f"{hf}: quantization.quant_algo is {algo!r}, not 'NVFP4'")
     return "modelopt", str(hf), warnings
+
+
+# --- config keys transformers 4 reads under other names ---------------------------------------
+# transformers 5 writes some config keys under new names and reads both; transformers 4 (the one
+# vLLM 0.11.0 to 0.13.x run with) reads only the old name and silently takes its default
+# (measured with transformers 4.57.1 on a Qwen3-MoE config that transformers 5.17 wrote:
+# num_experts 128 instead of 8, rope_theta 10000.0 instead of 1e6). model types -> (new key,
+# old key, transformers 4's default).
+RENAMED_KEYS = {
+    ("qwen3_moe", "qwen2_moe"): (("num_local_experts", "num_experts", 128),),
+}
+TOKENIZER_CLASSES_T5_ONLY = ("TokenizersBackend",)
+
+
+def transformers4_misreads(config: dict, tokenizer_config: Optional[dict] = None) -> list[str]:
+    """What a transformers-4 reader gets wrong in this checkpoint's JSON, each with the key to
+    add (the files are never rewritten)."""
+    out = []
+    model_type = config.get("model_type")
+    for types, renamed in RENAMED_KEYS.items():
+        if model_type not in types:
+            continue
+        for new, old, default in renamed:
+            if new in config and old not in config:
+                out.append(f"config.json has {new}={config[new]!r} (transformers 5's name) but no "
+                           f"{old}: transformers 4 (vLLM 0.11.0 - 0.13.x) reads {old} and "
+                           f"falls back to {default}; add \"{old}\": {json.dumps(config[new])}")
+    rope = config.get("rope_parameters")
+    if isinstance(rope, dict) and "rope_theta" in rope and "rope_theta" not in config:
+        out.append("config.json has rope_parameters (transformers 5) but no top-level rope_theta: "
+                   "transformers 4 falls back to the model class default (10000.0 for "
+                   "Qwen3-MoE) and positions are silently wrong; add \"rope_theta\": "
+                   f"{json.dumps(rope['rope_theta'])}")
+    cls = (tokenizer_config or {}).get("tokenizer_class")
+    if cls in TOKENIZER_CLASSES_T5_ONLY:
+        out.append(f"tokenizer_config.json has tokenizer_class {cls!r}, which transformers 4 "
+                   "cannot load (vLLM 0.11.0 - 0.13.x fail at startup); set "
+                   "\"tokenizer_class\": \"PreTrainedTokenizerFast\"")
+    return out
 
 
 # --- which tensors --------------------------------------------------------------------------
@@ -451,6 +491,11 @@ def audit_checkpoint(path, *, ep_size: int = 2, expert_placement: str = "linear"
         root = checkpoint_dir(path)
         config = read_json(root / "config.json", what="config.json")
         fmt, source, warnings = detect_format(root, config)
+        tokenizer_path = root / "tokenizer_config.json"
+        tokenizer = (read_json(tokenizer_path, what="tokenizer_config.json")
+                     if tokenizer_path.exists() else None)
+        config_warnings = transformers4_misreads(config, tokenizer)
+        warnings += config_warnings
         files = tensor_files(root)
         layers = _moe_layers(files)
         if not layers:
@@ -504,6 +549,7 @@ def audit_checkpoint(path, *, ep_size: int = 2, expert_placement: str = "linear"
         "affected_layers": sum(any(entry["affected"].values()) for entry in reports),
         "affected_layers_by_layout": by_layout,
         "warnings": warnings,
+        "transformers4_misreads": config_warnings,
         "calibration": calibration_line(reports),
         "summary": _summary(reports, design, ep_size),
     }

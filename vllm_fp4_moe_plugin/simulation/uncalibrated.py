@@ -24,7 +24,7 @@ from vllm_fp4_moe_plugin.simulation.judge import installed_release, judge
 from vllm_fp4_moe_plugin.simulation.layouts import (LAYOUTS, RankContext, Scenario, spawn,
                                                     stock_and_plugin_outputs)
 from vllm_fp4_moe_plugin.simulation.matrix import BACKEND, reference_scheme, references
-from vllm_fp4_moe_plugin.simulation.planted_scales import CASES, GEMMS
+from vllm_fp4_moe_plugin.simulation.planted_scales import CASES, GEMMS, LARGE_FACTOR  # noqa: F401
 
 DEFAULT_LAYOUTS = ("single", "dp_ep_allgather")
 DEFAULT_PLANTS = tuple((gemm, case) for case in CASES for gemm in GEMMS)

@@ -90,10 +90,15 @@ STOCK_UNCALIBRATED = ("Stock vLLM collapses the layer's activation scales to the
 def repaired_activation_scale(layer: torch.nn.Module, scale: torch.Tensor,
                               name: str) -> torch.Tensor:
     """``a13_scale`` / ``a2_scale`` (amax-like: ``1 / input_global_scale`` or ModelOpt's
-    ``input_scale``) with uncalibrated experts given the calibrated max."""
+    ``input_scale``) with uncalibrated experts given the calibrated max. Messages name the
+    checkpoint tensor the value comes from."""
     fmt = layer_format(layer) or "compressed-tensors"
+    gemm = 0 if name == "a13_scale" else 1
+    source = CHECKPOINT_SCALES[fmt][gemm]
+    how = "1 / " if fmt == "compressed-tensors" else ""
     return scales.repair_uncalibrated(
-        scale, reciprocal=False, layer=layer_label(layer), name=name,
+        scale, reciprocal=False, layer=layer_label(layer),
+        name=f"{source} (vLLM's {name} = {how}{source})",
         index_note=_index_note(layer, fmt, "input"), stock_effect=STOCK_UNCALIBRATED)
 
 

@@ -1,0 +1,23 @@
+"""Uncalibrated experts on real vLLM 0.11.0 layers: single and DP=2+EP (issue 19)."""
+
+import pytest
+
+from tests import uncalibrated_checks as checks
+from vllm_fp4_moe_plugin.support import Design
+
+pytestmark = [pytest.mark.cpu, pytest.mark.multiproc, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def rows():
+    from vllm_fp4_moe_plugin.simulation.uncalibrated import run_uncalibrated
+
+    return {(r["format"], r["layout"], r["gemm"], r["case"]): r
+            for r in run_uncalibrated(checks.LAYOUTS, checks.CI_PLANTS)}
+
+
+@pytest.mark.parametrize("fmt", ["modelopt", "compressed-tensors"])
+@pytest.mark.parametrize("layout", checks.LAYOUTS)
+@pytest.mark.parametrize("plant", checks.CI_PLANTS)
+def test_uncalibrated_expert(rows, fmt, layout, plant):
+    checks.check_row(rows[(fmt, layout, *plant)], Design.INIT_PREPARE_FINALIZE)

@@ -12,7 +12,14 @@ lazily (``safe_open``) and calls ``get_tensor`` on the per-expert global scales 
 scales, and the weight global scales the plugin also validates) -- never on
 ``weight``/``weight_packed``/``weight_scale`` -- so a DeepSeek-R1-sized index audits in seconds.
 Every scale read is judged by the plugin's own rule (``scale_check``): a bad one is a bad
-checkpoint (:class:`CheckpointAuditError`), not a finding.
+checkpoint (:class:`CheckpointAuditError`), not a finding. An *uncalibrated* expert (an input
+scale of 0 or one implying an absurd amax, ``scale_check.uncalibrated_experts``) is a finding:
+reported per layer with what stock does with it on the judged release
+(``support.stock_wrong_with_uncalibrated``), while the layer's other figures are of what the
+plugin loads (the calibrated experts' max amax for it). Each layer also shows its calibration's
+signature: all-experts calibration leaves every gate/up input scale identical, routed
+calibration spreads them. Config keys that transformers 4 reads under other names than
+transformers 5 writes are named with the key to add (:func:`transformers4_misreads`).
 
 "affected", per layout (``LAYOUTS``), is computed exactly for stock 0.11.0 at the given EP size:
 

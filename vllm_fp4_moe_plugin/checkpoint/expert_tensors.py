@@ -60,6 +60,45 @@ def expert_tensors(experts: QuantizedExperts, fmt: str, prefix: str) -> dict[str
     return out
 
 
+def experts_from_tensors(tensors, fmt: str, prefix: str, num_experts: int) -> QuantizedExperts:
+    """The inverse of :func:`expert_tensors`: one layer's experts from checkpoint tensors
+    (``tensors[name]`` -> torch tensor), e.g. what llmcompressor wrote. Gate and up must share
+    the weight global scale (both exporters write them so); GEMM1's activation scale per expert
+    is the larger amax of gate and up, as vLLM keeps it. Values are taken as stored: an
+    uncalibrated expert's 0 or 1e-29 stays (``scale_check.uncalibrated_experts`` judges it)."""
+    _check_format(fmt)
+    ct = fmt == "compressed-tensors"
+    names = (("weight_packed", "weight_scale", "weight_global_scale", "input_global_scale") if ct
+             else ("weight", "weight_scale", "weight_scale_2", "input_scale"))
+
+    def leaf(e: int, proj: str, i: int) -> torch.Tensor:
+        return tensors[f"{prefix}.{e}.{proj}.{names[i]}"]
+
+    def gs(e: int, proj: str, i: int) -> torch.Tensor:  # compressed-tensors sense: 2688 / amax
+        v = leaf(e, proj, i).float().reshape(())
+        return v if ct else 1.0 / v
+
+    def stack(proj: str, i: int) -> torch.Tensor:
+        return torch.stack([leaf(e, proj, i) for e in range(num_experts)])
+
+    w13_weight_gs = []
+    for e in range(num_experts):
+        gate, up = gs(e, "gate_proj", 2), gs(e, "up_proj", 2)
+        if not torch.equal(gate, up):
+            raise ValueError(f"{prefix}: expert {e}'s gate and up weight global scales differ "
+                             f"({float(gate)} vs {float(up)}); vLLM needs one per expert")
+        w13_weight_gs.append(gate)
+    return QuantizedExperts(
+        w1=stack("gate_proj", 0), w1_sf=stack("gate_proj", 1),
+        w3=stack("up_proj", 0), w3_sf=stack("up_proj", 1),
+        w2=stack("down_proj", 0), w2_sf=stack("down_proj", 1),
+        w13_weight_gs=torch.stack(w13_weight_gs),
+        w2_weight_gs=torch.stack([gs(e, "down_proj", 2) for e in range(num_experts)]),
+        w13_input_gs=torch.stack([torch.minimum(gs(e, "gate_proj", 3), gs(e, "up_proj", 3))
+                                  for e in range(num_experts)]),
+        w2_input_gs=torch.stack([gs(e, "down_proj", 3) for e in range(num_experts)]))
+
+
 # Per-tensor activation scale, by format: ModelOpt stores ``amax/2688``, compressed-tensors the
 # reciprocal ``2688/amax`` (docs/NVFP4-FORMAT.md §3.5).
 INPUT_SCALE_SUFFIX = {"modelopt": "input_scale", "compressed-tensors": "input_global_scale"}

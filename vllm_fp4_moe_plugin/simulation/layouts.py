@@ -55,6 +55,10 @@ class Scenario:
     # (gemm, case) of :mod:`.planted_scales`: one expert with an uncalibrated (or legitimately
     # large) activation scale; experts() is then the layer a correct loader computes with.
     planted: Optional[tuple[str, str]] = None
+    # A real checkpoint's MoE layer instead of random experts (:mod:`.checkpoint_layer`); its
+    # sizes must match num_experts/hidden/intermediate.
+    checkpoint: Optional[str] = None
+    layer: int = 0
 
     def _random_experts(self):
         from vllm_fp4_moe_plugin.nvfp4 import random_experts
@@ -63,6 +67,10 @@ class Scenario:
                               input_scale_spread=self.input_scale_spread)
 
     def experts(self):
+        if self.checkpoint is not None:
+            from vllm_fp4_moe_plugin.simulation import checkpoint_layer
+
+            return checkpoint_layer.reference_experts(self.checkpoint, self.layer)
         experts = self._random_experts()
         if self.planted is None:
             return experts
@@ -71,7 +79,11 @@ class Scenario:
         return planted_scales.reference_experts(experts, *self.planted)
 
     def checkpoint_overrides(self, fmt: str, prefix: str) -> dict:
-        """Checkpoint tensors replaced when the layer is loaded (the planted stored values)."""
+        """Checkpoint tensors replaced when the layer is loaded (the stored values)."""
+        if self.checkpoint is not None:
+            from vllm_fp4_moe_plugin.simulation import checkpoint_layer
+
+            return checkpoint_layer.overrides(self.checkpoint, self.layer, fmt, prefix)
         if self.planted is None:
             return {}
         from vllm_fp4_moe_plugin.simulation import planted_scales
@@ -83,6 +95,9 @@ class Scenario:
         g = torch.Generator().manual_seed(self.seed * 1000 + 17 + dp_rank)
         x = torch.randn(self.tokens, self.hidden, generator=g)
         x[:: max(1, self.tokens // 4)] *= 8.0
+        if self.checkpoint is not None:  # within the calibrated range, as the model's tokens
+            amax = 2688.0 / self.experts().w13_input_gs.float().max()  # smallest calibrated
+            x = x * (amax / x.abs().max())
         logits = torch.randn(self.tokens, self.num_experts, generator=g)
         return x.to(torch.bfloat16), logits.to(torch.bfloat16)
 

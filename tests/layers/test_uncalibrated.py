@@ -1,4 +1,4 @@
-"""Uncalibrated experts on real vLLM 0.11.0 layers: single and DP=2+EP (issue 19)."""
+"""Uncalibrated experts on real vLLM 0.11.0 layers (issue 19)."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""Uncalibrated experts on real vLLM layers of the modular_method design (vLLM 0.12.0): single and DP=2+EP (issue 19)."""
+"""Uncalibrated experts on real vLLM layers of the modular_method design, vLLM 0.12.0 (issue 19)."""
 
 import pytest
 

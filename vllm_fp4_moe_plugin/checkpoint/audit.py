@@ -588,12 +588,12 @@ def format_audit(report: dict, *, max_layers: Optional[int] = None) -> str:
         lines.append(f"{entry['layer']:<{width}}  {entry['num_experts']:>4}  "
                      f"{entry['w13_spread']:>9.4g}x  {entry['w2_spread']:>8.4g}x  {err:>17}  "
                      f"{flags}")
+        stock = "uses them: wrong" if entry["stock_wrong_uncalibrated"] else "ignores them"
         for gemm in ("w13", "w2"):
             if entry[f"uncalibrated_{gemm}"]:
                 lines.append(f"  uncalibrated {gemm} input scale: expert(s) "
-                             f"{entry[f'uncalibrated_{gemm}']} (stock "
-                             f"{'uses them: wrong' if entry['stock_wrong_uncalibrated'] else 'ignores them'}"
-                             "; the plugin loads the calibrated experts' max amax)")
+                             f"{entry[f'uncalibrated_{gemm}']} (stock {stock}; the plugin loads "
+                             "the calibrated experts' max amax)")
     if len(shown) < len(report["layers"]):
         lines.append(f"... {len(report['layers']) - len(shown)} more layer(s)")
     tail = ["", f"affected layers: {report['affected_layers']} of {len(report['layers'])}",

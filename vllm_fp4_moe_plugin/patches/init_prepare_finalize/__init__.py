@@ -55,7 +55,8 @@ LEDGER: tuple[ModulePatch, ...] = (
              "same flaw."),
         how=("Subclass with the same name, rebound where ModelOptNvFp4Config.get_quant_method "
              "looks it up (modelopt.py:823). Overrides process_weights_after_loading (validate "
-             "scales, uncalibrated experts' input scales -> the calibrated max amax; per-expert scales for TP-like layouts, one EP-group-wide scalar with rebuilt "
+             "scales, uncalibrated experts' input scales -> the calibrated max amax; "
+             "per-expert scales for TP-like layouts, one EP-group-wide scalar with rebuilt "
              "g1_alphas for DP; one scalar for TRT-LLM), get_fused_moe_quant_config, "
              "maybe_make_prepare_finalize (bf16 passthrough when not DP), select_gemm_impl, "
              "create_weights (layout guards) and init_prepare_finalize (the load-time "

@@ -145,3 +145,17 @@ def test_every_at_risk_layer_is_explained_in_text(blackwell_env, checkpoints):
     for row in r["layers"]:
         assert f"because: {row['layer']}: stock vLLM (plugin not active) computes it " \
                "inconsistently in layout tp_ep" in text
+
+
+def test_transformers5_config_is_at_risk_under_transformers4(blackwell_env, tmp_path):
+    """vLLM 0.11.0's transformers 4 reads num_experts; a config written by transformers 5 has
+    num_local_experts only (issue 19): doctor names the key to add and says at risk."""
+    write_checkpoint(tmp_path, fmt="modelopt", arch="qwen3_moe", input_scale_spread=1.0)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["num_local_experts"] = cfg.pop("num_experts")
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    r = doctor.run_doctor(str(tmp_path), TP4_EP, capability="10.0")
+    assert r["versions"]["transformers"].startswith("4.")
+    assert all(row["stock_consistent"] for row in r["layers"])  # only the config is at fault
+    assert r["verdict"] == doctor.AT_RISK
+    assert any('add "num_experts"' in reason for reason in r["reasons"])

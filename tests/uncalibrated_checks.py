@@ -25,6 +25,14 @@ def kind(fmt: str, case: str) -> str:
 
 def check_row(row: dict, design) -> None:
     where = f"{row['format']}/{row['layout']}/{row['gemm']} {row['case']}"
+    if not support.plugin_repairs_uncalibrated(design, row["format"]):
+        # The documented gap (ModelOpt on 0.11.1 - 0.13.0): the plugin is inert there, and stock
+        # does what the support model says.
+        assert row["bit_identical"] and row["plugin_warnings"] == [], where
+        wrong = row["case"] != "large" and support.stock_wrong_with_uncalibrated(
+            design, row["format"], [kind(row["format"], row["case"])])
+        assert (row["stock_rel_err"] >= AFFECTED_FACTOR * PLUGIN_BOUND) is wrong, (where, row)
+        return
     # Reference check: the ideal NVFP4 output of the layer whose uncalibrated expert carries
     # the calibrated experts' max amax (ModelOpt's exporter rule), from the same seeds.
     assert row["plugin_error"] is None, where

@@ -18,9 +18,9 @@ PLANTED_EXPERT = 1  # the fixture's experts share one amax: planted_scales picks
 
 
 def kind(fmt: str, case: str) -> str:
-    """The support model's word for the planted value: a ModelOpt 0 is a zero amax; a
-    compressed-tensors 0 (1 / 0) and 1.57e-29 either way are absurd ones."""
-    return "zero" if (fmt, case) == ("modelopt", "zero") else "absurd"
+    """The support model's word for the planted value: a ModelOpt 0 is a low amax; a
+    compressed-tensors 0 (1 / 0 = inf) and 1.57e-29 either way are high ones."""
+    return "low" if (fmt, case) == ("modelopt", "zero") else "high"
 
 
 def check_row(row: dict, design) -> None:

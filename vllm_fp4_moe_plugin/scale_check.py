@@ -9,11 +9,11 @@ A global scale (ModelOpt ``input_scale`` / ``weight_scale_2``, compressed-tensor
 ``input_global_scale`` / ``weight_global_scale``) is bad when it is not floating point (an
 int32 or bool tensor would be silently converted by vLLM's loader), does not have the expected
 number of elements, or holds a NaN, inf, zero or negative value: each poisons every token routed
-through that expert. One exception, the *uncalibrated* activation scale: a quantizer writes 0 (or
-a value implying an absurd amax) for an expert that saw no calibration token. That is a known
-calibration outcome, not corruption, and :func:`uncalibrated_experts` says which experts carry
-one; the plugin replaces it at load by the calibrated experts' max amax, as NVIDIA's ModelOpt
-exporter does when it writes such experts (docs/NVFP4-FORMAT.md §6).
+through that expert. Activation (input) scales are judged differently: a quantizer writes any
+value for an expert that saw no calibration token (llmcompressor 0.14: uninitialised memory, so
+0, negative, tiny or huge), a known calibration outcome rather than corruption, and
+:func:`uncalibrated` says which experts carry one; the plugin replaces it at load by the
+calibrated experts' max amax, as NVIDIA's ModelOpt exporter does (docs/NVFP4-FORMAT.md §6).
 """
 
 from __future__ import annotations
@@ -52,14 +52,15 @@ def _kind(value: float) -> str:
 
 def check_scale(values: Sequence[float], *, where: str, name: str, dtype: Optional[str] = None,
                 shape: Optional[Sequence[int]] = None, expect_numel: Optional[int] = None,
-                per_expert: int = 0, index_note: str = "", zero_ok: bool = False) -> None:
+                per_expert: int = 0, index_note: str = "", activation: bool = False) -> None:
     """Raise :class:`InvalidScaleError` naming ``where`` (layer or file) and ``name`` (tensor).
 
     ``values``: the tensor's elements, flattened. ``per_expert``: elements per expert when the
     tensor stacks experts (its first dimension), so the message names the expert; 0 for a
     per-expert checkpoint tensor (one expert, nothing to index). ``index_note`` qualifies that
-    index (e.g. local to an EP rank). ``zero_ok``: an activation (input) scale, where 0 means
-    "no calibration statistics" and is judged by :func:`uncalibrated_experts` instead.
+    index (e.g. local to an EP rank). ``activation``: an input scale, whose values are judged by
+    :func:`uncalibrated` instead (a quantizer writes any value for an expert it never
+    calibrated); its dtype and shape are still checked here.
     """
     if dtype is not None and not is_float_dtype(dtype):
         raise InvalidScaleError(
@@ -72,8 +73,9 @@ def check_scale(values: Sequence[float], *, where: str, name: str, dtype: Option
             f"{where}: checkpoint scale {name!r} has shape {shown} ({len(values)} elements); "
             f"expected {expect_numel} element(s): NVFP4 per-tensor global scales are scalars "
             "(shape [] or [1]) -- re-export this tensor")
-    bad = [i for i, v in enumerate(values)
-           if not (math.isfinite(v) and (v > 0 or (zero_ok and v == 0)))]
+    if activation:
+        return
+    bad = [i for i, v in enumerate(values) if not (math.isfinite(v) and v > 0)]
     if not bad:
         return
     value = float(values[bad[0]])
@@ -81,46 +83,52 @@ def check_scale(values: Sequence[float], *, where: str, name: str, dtype: Option
     raise InvalidScaleError(
         f"{where}: checkpoint scale {name!r} is {_kind(value)} ({value!r}){at} "
         f"[{len(bad)} of {len(values)} entries are bad]. NVFP4 global scales must be finite "
-        f"and {'>= 0' if zero_ok else '> 0'}; re-export or repair this tensor in the checkpoint.")
+        "and > 0; re-export or repair this tensor in the checkpoint.")
 
 
 # --- uncalibrated activation scales ----------------------------------------------------------
 # E4M3, the format of NVFP4's per-block scales: largest finite value and smallest normal.
 E4M3_MAX = 448.0
 E4M3_MIN_NORMAL = 2.0 ** -6
-# How far above the layer's reference input amax an expert's amax may lie before no calibration
-# of this layer can have produced it: E4M3's normal range, 448 / 2**-6 = 28672 (2**14.8). Shared
-# as one scale (vLLM 0.14+ collapses each rank's experts to their max; every DP dispatch shares
-# one scale over the EP group), an amax that much larger makes even the largest block scale of
-# the reference expert's activations subnormal in E4M3, and 16x further flushes them to zero:
-# the layer would compute nothing. Real spreads are orders of magnitude smaller (measured on
-# llmcompressor checkpoints: 1.0-1.5x for gate/up, 5-17x for down_proj; docs/NVFP4-FORMAT.md §6).
+# How far from the layer's reference input amax an expert's amax may lie before no calibration of
+# this layer can have produced it: E4M3's normal range, 448 / 2**-6 = 28672 (2**14.8), either way.
+# Shared as one scale (vLLM 0.14+ collapses each rank's experts to their max; every DP dispatch
+# shares one scale over the EP group), an amax that much larger makes even the largest block
+# scale of the reference expert's activations subnormal in E4M3, and 16x further flushes them to
+# zero: the layer computes nothing. Used per expert (0.11.x keeps per-expert scales), one that
+# much smaller saturates every block of that expert's tokens. Real spreads are orders of
+# magnitude smaller (llmcompressor, measured: 1.0-1.5x gate/up, 5-17x down_proj; NVFP4-FORMAT §6).
 UNCALIBRATED_MARGIN = E4M3_MAX / E4M3_MIN_NORMAL
 
 
-def uncalibrated_experts(amax: Sequence[float]) -> list[int]:
-    """The experts whose activation scale no calibration of this layer could have produced.
+def uncalibrated(amax: Sequence) -> dict[int, str]:
+    """The experts whose activation scale no calibration of this layer could have produced,
+    each with its kind: ``"high"`` (a value NaN, inf or above the margin: a max over experts
+    takes it and poisons the layer's scale) or ``"low"`` (0, negative or below: a max ignores it).
 
-    ``amax``: one value per expert proportional to its input amax (ModelOpt's ``input_scale``,
-    or ``1 / input_global_scale`` of compressed-tensors, where a stored 0 becomes inf), already
-    checked by :func:`check_scale` (no NaN or negative). An expert is uncalibrated when its
-    amax is 0 (no statistics), inf (a zero compressed-tensors global scale), or more than
-    :data:`UNCALIBRATED_MARGIN` times the layer's reference amax: the lower median of the
-    finite positive ones, which a minority of absurd values cannot move. Small amaxes are never
-    flagged: a max-collapse ignores them, and they saturate only their own expert's tokens.
+    ``amax``: per expert, a value (or a tuple of values, e.g. gate and up) proportional to its
+    input amax: ModelOpt's ``input_scale``, or ``1 / input_global_scale`` of compressed-tensors.
+    An expert is uncalibrated when any of its values is not finite and > 0 (llmcompressor 0.14
+    writes uninitialised memory for an expert no calibration token reached, measured 0.0,
+    -127.6, 1.2e-38, 2.3e23 as input_global_scale), or lies more than
+    :data:`UNCALIBRATED_MARGIN` times above or below the layer's reference amax: the lower
+    median of all its finite positive values, which a minority of such values cannot move.
     """
-    usable = sorted(a for a in amax if 0 < a < math.inf)
+    values = [tuple(a) if isinstance(a, (tuple, list)) else (a,) for a in amax]
+    usable = sorted(v for vs in values for v in vs if 0 < v < math.inf)
     if not usable:
-        return list(range(len(amax)))
-    reference = usable[(len(usable) - 1) // 2]
-    return [i for i, a in enumerate(amax)
-            if not 0 < a < math.inf or a > reference * UNCALIBRATED_MARGIN]
+        return {i: "low" for i in range(len(values))}
+    ref = usable[(len(usable) - 1) // 2]
+    low, high = ref / UNCALIBRATED_MARGIN, ref * UNCALIBRATED_MARGIN
+    out = {}
+    for i, vs in enumerate(values):
+        if any(v != v or v > high for v in vs):  # NaN, inf, above
+            out[i] = "high"
+        elif any(not v >= low for v in vs):  # 0, negative, below
+            out[i] = "low"
+    return out
 
 
-def uncalibrated_kind(amax: float) -> str:
-    """How an uncalibrated expert's amax looks, for messages."""
-    if amax == 0:
-        return "zero amax"
-    if math.isinf(amax):
-        return "infinite amax"
-    return "absurd amax"
+def uncalibrated_experts(amax: Sequence) -> list[int]:
+    """The indices of :func:`uncalibrated`, in order."""
+    return sorted(uncalibrated(amax))

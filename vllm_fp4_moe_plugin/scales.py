@@ -27,7 +27,7 @@ import torch
 
 from vllm_fp4_moe_plugin.log import get_logger
 from vllm_fp4_moe_plugin.scale_check import InvalidScaleError, check_scale  # noqa: F401
-from vllm_fp4_moe_plugin.scale_check import uncalibrated_experts, uncalibrated_kind
+from vllm_fp4_moe_plugin.scale_check import uncalibrated
 
 logger = get_logger("scales")
 
@@ -45,22 +45,25 @@ class Gemm1ActivationScales:
 
 
 def check_positive_finite(tensor: torch.Tensor, *, layer: str, name: str,
-                          index_note: str = "", zero_ok: bool = False) -> None:
+                          index_note: str = "", activation: bool = False) -> None:
     """Raise, naming the layer, the tensor and the first bad expert, on NaN/inf/zero/negative
-    or a non-float dtype (the rule of :mod:`vllm_fp4_moe_plugin.scale_check`, which audit and
-    doctor apply to the checkpoint's own tensors). ``index_note`` qualifies the expert index
-    (e.g. local to an EP rank). ``zero_ok`` for activation scales: a 0 there is an uncalibrated
-    expert, for :func:`repair_uncalibrated`."""
+    or a dtype a global scale may not have (the rule of :mod:`vllm_fp4_moe_plugin.scale_check`,
+    which audit and doctor apply to the checkpoint's own tensors). ``index_note`` qualifies the
+    expert index (e.g. local to an EP rank). ``activation``: an input scale, whose values are
+    judged by :func:`repair_uncalibrated` instead (a quantizer writes any value, NaN and
+    negative ones included, for an expert it never calibrated); only its dtype is checked."""
     t = tensor.detach()
     if not t.is_floating_point() or t.dtype.itemsize == 1:  # float8 scales are refused too
         check_scale([], where=layer, name=name, dtype=str(t.dtype))
+    if activation:
+        return
     t = t.float()
-    bad = ~torch.isfinite(t) | ((t < 0) if zero_ok else (t <= 0))
+    bad = ~torch.isfinite(t) | (t <= 0)
     if not bool(bad.any()):  # the common case stays one vectorized pass
         return
     per_expert = max(1, t[0].numel()) if t.dim() else 0
     check_scale(t.reshape(-1).tolist(), where=layer, name=name, per_expert=per_expert,
-                index_note=index_note, zero_ok=zero_ok)
+                index_note=index_note)
 
 
 class UncalibratedScaleError(InvalidScaleError):
@@ -76,25 +79,25 @@ def repair_uncalibrated(stored: torch.Tensor, *, reciprocal: bool, layer: str, n
     """``stored`` unchanged, or a copy whose uncalibrated experts carry the calibrated experts'
     max amax (NVIDIA's ModelOpt exporter gives uncalibrated experts that fallback too).
 
-    ``stored``: one layer's per-expert activation scales, ``[E]`` or ``[E, k]`` (gate/up), already
-    through :func:`check_positive_finite` with ``zero_ok``. ``reciprocal``: the values are
-    inverse to the amax (compressed-tensors' ``input_global_scale``) rather than proportional
-    (ModelOpt's ``input_scale``, vLLM 0.14+'s ``a13_scale``/``a2_scale``). An expert is judged
-    by its largest amax over ``k``; the fallback is one stored value of a calibrated expert,
-    so no rounding is added. The first layer that needs it logs a WARNING per process, later
-    ones INFO; ``VLLM_FP4_MOE_PLUGIN_CHECK=strict`` raises :class:`UncalibratedScaleError`.
+    ``stored``: one layer's per-expert activation scales, ``[E]`` or ``[E, k]`` (gate/up).
+    ``reciprocal``: the values are inverse to the amax (compressed-tensors'
+    ``input_global_scale``) rather than proportional (ModelOpt's ``input_scale``, vLLM 0.14+'s
+    ``a13_scale``/``a2_scale``). An expert is uncalibrated when any of its ``k`` values is
+    (:func:`scale_check.uncalibrated`); all its values get the fallback, the stored value of the
+    calibrated expert with the largest amax, so no rounding is added. The first layer that needs
+    it logs a WARNING per process, later ones INFO; ``VLLM_FP4_MOE_PLUGIN_CHECK=strict`` raises
+    :class:`UncalibratedScaleError`.
     """
     values = stored.detach().float().reshape(stored.shape[0] if stored.dim() else 1, -1)
     with torch.no_grad():
         amax = (1.0 / values) if reciprocal else values  # a stored 0 becomes inf
-    per_expert = amax.max(dim=1).values.tolist()
-    bad = uncalibrated_experts(per_expert)
-    if not bad:
+    flagged = uncalibrated([tuple(row) for row in amax.tolist()])
+    if not flagged:
         return stored
-    good = [e for e in range(len(per_expert)) if e not in bad]
-    shown = ", ".join(f"{e} ({uncalibrated_kind(per_expert[e])}, value "
-                      f"{float(values[e].max() if reciprocal else values[e].min()):.3g})"
-                      for e in bad[:8]) + (", ..." if len(bad) > 8 else "")
+    bad = sorted(flagged)
+    good = [e for e in range(values.shape[0]) if e not in flagged]
+    shown = ", ".join(f"{e} ({flagged[e]}: {_values(values[e])})" for e in bad[:8]) + (
+        ", ..." if len(bad) > 8 else "")
     where = f"{layer}: {name}: expert(s) {shown}{index_note}"
     if not good:
         raise InvalidScaleError(
@@ -124,6 +127,10 @@ def repair_uncalibrated(stored: torch.Tensor, *, reciprocal: bool, layer: str, n
     rows = torch.tensor(bad, dtype=torch.long, device=stored.device)
     out.reshape(values.shape)[rows] = fallback.to(out.dtype).to(out.device)
     return out
+
+
+def _values(row: torch.Tensor) -> str:
+    return "/".join(f"{float(v):.3g}" for v in row)
 
 
 def _reset_for_tests() -> None:

@@ -359,23 +359,24 @@ def stock_wrong_with_scales(design_key: "str | Design", fmt: str, stored: Sequen
 
 
 # --- uncalibrated experts (an activation scale no calibration produced) ------------------------
-# Kinds, from scale_check.uncalibrated_experts: "zero" (amax 0: ModelOpt input_scale 0) or
-# "absurd" (amax inf or beyond the margin: compressed-tensors input_global_scale 0 or ~1e-29).
+# Kinds, from scale_check.uncalibrated: "high" (NaN, inf or far above the layer's amax:
+# compressed-tensors input_global_scale 0 or ~1e-29) or "low" (0, negative or far below:
+# ModelOpt input_scale 0, compressed-tensors 2.3e23 or a negative value).
 
 def stock_wrong_with_uncalibrated(design_key: "str | Design", fmt: str,
                                   kinds: Sequence[str]) -> bool:
     """Does stock vLLM of a design compute a layer with uncalibrated experts wrongly, in every
-    FlashInfer layout? (measured: docs/SUPPORT.md, uncalibrated experts). The 0.11.x designs
-    keep per-expert scales somewhere on every path (the kernel's GEMM1 or GEMM2 quantization,
-    its alphas), so any uncalibrated expert is used as is; except ModelOpt from 0.11.1, which
-    collapses both GEMMs to the max over all experts (#26135), as every format does from 0.14.0:
-    a max ignores a zero amax and is poisoned by an absurd one."""
+    FlashInfer layout? (measured: docs/ROOT-CAUSE.md §13). The 0.11.x designs keep per-expert
+    scales somewhere on every path (the kernel's GEMM1 or GEMM2 quantization, its alphas), so
+    any uncalibrated expert is used as is; except ModelOpt from 0.11.1, which collapses both
+    GEMMs to the max over all experts (#26135), as every format does from 0.14.0: a max ignores
+    a low value and is poisoned by a high one."""
     d = design(design_key)
     kinds = set(kinds)
     if not kinds:
         return False
     collapses = d is Design.NVFP4_ORACLE or (d is Design.MODULAR_METHOD and fmt == "modelopt")
-    return "absurd" in kinds if collapses else True
+    return "high" in kinds if collapses else True
 
 
 def plugin_repairs_uncalibrated(design_key: "str | Design", fmt: str) -> bool:

@@ -68,13 +68,17 @@ def test_margin_is_e4m3_normal_range():
     ([1.0, 1.0, 1.0, 1.0], []),                       # all-experts calibration
     ([1.0, 50.0, 1.0, 1.0], []),                      # a legitimately rare, large expert
     ([1.0, 1.0, 1.0, 1.0, 1e3, 1e4], []),             # spreads far beyond any measured one
+    ([1.0, 1e-3, 1.0, 1.0], []),                      # ... either way
     ([1.0, 2688 / LLMCOMPRESSOR_GATE_UP, 1.2], [1]),  # llmcompressor's no-statistics value
     ([1.0, float("inf"), 1.2], [1]),                  # a zero CT global scale, inverted
+    ([1.0, float("nan"), 1.2], [1]),                  # uninitialised memory: anything at all
+    ([1.0, -0.02, 1.2], [1]),                         # ... a negative value too
+    ([1.0, 2688 / 2.3e23, 1.2], [1]),                 # ... or a huge global scale
     ([0.0, 1.0, 1.2], [0]),                           # a zero ModelOpt input_scale
     ([1.0, 1.0 * 28672 * 1.01], [1]),                 # just beyond the margin, two experts
     ([1.0, 1.0 * 28672 * 0.99], []),                  # just inside it
-    ([1e-12, 1.0, 1.1, 1.2], []),                     # tiny amaxes are never flagged
     ([1e32, 1e32, 1.0, 1.0, 1.0], [0, 1]),            # a minority cannot move the reference
+    ([(1.0, 1.1), (1.0, 1e-30), (1.2, 1.2)], [1]),    # gate and up judged each
 ])
 def test_uncalibrated_experts(amax, expected):
     from vllm_fp4_moe_plugin.scale_check import uncalibrated_experts
@@ -82,35 +86,43 @@ def test_uncalibrated_experts(amax, expected):
     assert uncalibrated_experts(amax) == expected
 
 
-def test_zero_input_scale_allowed_only_as_activation_scale():
-    t = torch.tensor([[300.0, 300.0], [0.0, 0.0]])
-    scales.check_positive_finite(t, layer="l", name="w13_input_global_scale", zero_ok=True)
-    with pytest.raises(scales.InvalidScaleError, match="zero"):
-        scales.check_positive_finite(t, layer="l", name="w13_weight_global_scale")
-    for bad in (float("nan"), float("inf"), -1.0):  # corruption stays refused
+def test_uncalibrated_kinds_say_what_a_max_does_with_them():
+    from vllm_fp4_moe_plugin.scale_check import uncalibrated
+
+    # high: a max over experts takes it; low: a max ignores it.
+    assert uncalibrated([1.0, float("inf"), float("nan"), 1e9, 0.0, -1.0, 1e-9]) == {
+        1: "high", 2: "high", 3: "high", 4: "low", 5: "low", 6: "low"}
+
+
+def test_activation_scales_only_get_their_dtype_checked():
+    t = torch.tensor([[300.0, 300.0], [0.0, float("nan")], [-1.0, float("inf")]])
+    scales.check_positive_finite(t, layer="l", name="w13_input_global_scale", activation=True)
+    for bad in (0.0, float("nan"), float("inf"), -1.0):  # weight scales: corruption, refused
         with pytest.raises(scales.InvalidScaleError):
             scales.check_positive_finite(torch.tensor([300.0, bad]), layer="l",
-                                         name="w2_input_global_scale", zero_ok=True)
+                                         name="w2_weight_global_scale")
 
 
 def test_float8_scale_refused_naming_dtype_and_allowed_ones():
     t = torch.tensor([300.0, 200.0]).to(torch.float8_e4m3fn)
     with pytest.raises(scales.InvalidScaleError) as err:
-        scales.check_positive_finite(t, layer="l", name="w2_input_global_scale", zero_ok=True)
+        scales.check_positive_finite(t, layer="l", name="w2_input_global_scale", activation=True)
     assert "float8_e4m3fn" in str(err.value) and "float32" in str(err.value)
 
 
-@pytest.mark.parametrize("dead", [LLMCOMPRESSOR_GATE_UP, LLMCOMPRESSOR_DOWN])
+@pytest.mark.parametrize("dead", [LLMCOMPRESSOR_GATE_UP, LLMCOMPRESSOR_DOWN, -127.6, 2.3e23,
+                                  float("nan")])
 def test_repair_compressed_tensors_gives_calibrated_max_amax(dead, caplog_plugin):
     # compressed-tensors stores gs = 2688 / amax: the max amax is the MIN stored value.
     gs = torch.tensor([[300.0, 310.0], [250.0, 250.0], [dead, dead], [400.0, 400.0]])
+    before = gs.clone()
     with caplog_plugin.at_level("INFO", logger="vllm.fp4_moe_plugin"):
         out = scales.repair_uncalibrated(gs, reciprocal=True, layer="model.layers.1.mlp.experts",
                                          name="w13_input_global_scale")
     # Reference check: the calibrated experts' max amax is 2688/250; nothing else moves.
     assert out[2].tolist() == [250.0, 250.0]
     assert torch.equal(out[[0, 1, 3]], gs[[0, 1, 3]])
-    assert gs[2, 0] == dead  # the input is not modified in place
+    torch.testing.assert_close(gs, before, rtol=0, atol=0, equal_nan=True)  # not in place
     warnings = [r for r in caplog_plugin.records if r.levelname == "WARNING"]
     assert len(warnings) == 1
     msg = warnings[0].getMessage()

@@ -13,7 +13,7 @@ scales, and the weight global scales the plugin also validates) -- never on
 ``weight``/``weight_packed``/``weight_scale`` -- so a DeepSeek-R1-sized index audits in seconds.
 Every scale read is judged by the plugin's own rule (``scale_check``): a bad one is a bad
 checkpoint (:class:`CheckpointAuditError`), not a finding. An *uncalibrated* expert (an input
-scale of 0 or one implying an absurd amax, ``scale_check.uncalibrated_experts``) is a finding:
+scale that no calibration could have produced, ``scale_check.uncalibrated``) is a finding:
 reported per layer with what stock does with it on the judged release
 (``support.stock_wrong_with_uncalibrated``), while the layer's other figures are of what the
 plugin loads (the calibrated experts' max amax for it). Each layer also shows its calibration's
@@ -52,7 +52,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Iterator, Optional
 
-from vllm_fp4_moe_plugin.scale_check import InvalidScaleError, check_scale, uncalibrated_experts
+from vllm_fp4_moe_plugin.scale_check import InvalidScaleError, check_scale, uncalibrated
 
 from vllm_fp4_moe_plugin import support
 from vllm_fp4_moe_plugin.support import Design
@@ -259,7 +259,7 @@ def _read_scalars(names: dict[str, Path]) -> dict[str, float]:
                 f"e.g. {wanted[0]}; copy the shard or regenerate the index")
         with open_safetensors(f) as handle:
             for name in wanted:
-                zero_ok = _is_input_scale(name)  # 0 there: an uncalibrated expert, judged later
+                activation = _is_input_scale(name)  # its values: judged per layer (uncalibrated)
                 try:
                     t = handle.get_tensor(name)
                     dtype = dtype_names.get(t.dtype) or dtype_names.setdefault(t.dtype,
@@ -277,7 +277,7 @@ def _read_scalars(names: dict[str, Path]) -> dict[str, float]:
                         "this shard") from None
                 try:
                     check_scale(flat, where=str(f), name=name, dtype=dtype, shape=shape,
-                                expect_numel=1, zero_ok=zero_ok)
+                                expect_numel=1, activation=activation)
                 except InvalidScaleError as exc:
                     raise CheckpointAuditError(str(exc)) from None
                 values[name] = float(flat[0])
@@ -317,14 +317,14 @@ def ep_slices(num_experts: int, ep_size: int, placement: str = "linear") -> list
 
 def _amax_like(fmt: str, stored: list[float]) -> list[float]:
     """Proportional to the activation amax: ModelOpt's input_scale, 1 / compressed-tensors'
-    input_global_scale (a stored 0 becomes inf)."""
+    input_global_scale (a stored 0 becomes inf, a negative stays negative)."""
     if fmt != "compressed-tensors":
         return list(stored)
     return [1.0 / v if v else math.inf for v in stored]
 
 
 def _with_fallback(fmt: str, layer: str, what: str, stored: list[float],
-                   bad: list[int]) -> list[float]:
+                   bad) -> list[float]:
     """``stored`` with the uncalibrated experts given the calibrated experts' max amax: what the
     plugin loads (``scales.repair_uncalibrated``)."""
     good = [v for e, v in enumerate(stored) if e not in bad]
@@ -332,38 +332,32 @@ def _with_fallback(fmt: str, layer: str, what: str, stored: list[float],
         return list(stored)
     if not good:
         raise CheckpointAuditError(
-            f"{layer}: no expert has a calibrated {what} activation scale ({INPUT_SCALE[fmt]} "
-            "0 or absurd for all of them), so there is nothing to fall back on; re-quantize "
-            "with calibration data that reaches every expert (llmcompressor: "
-            "moe_calibrate_all_experts=True)")
+            f"{layer}: no expert has a calibrated {what} activation scale, so there is nothing "
+            "to fall back on; re-quantize with calibration data that reaches every expert "
+            "(llmcompressor: moe_calibrate_all_experts=True)")
     fallback = min(good) if fmt == "compressed-tensors" else max(good)
     return [fallback if e in bad else v for e, v in enumerate(stored)]
-
-
-def _kind(amax: float) -> str:
-    """support's words for an uncalibrated amax: "zero" or "absurd" (inf or beyond the margin)."""
-    return "zero" if amax == 0 else "absurd"
 
 
 def _layer_report(fmt: str, layer: str, gate: list[float], up: list[float], down: list[float],
                   ep_size: int, placement: str,
                   design: Design = Design.INIT_PREPARE_FINALIZE) -> dict:
+    ct = fmt == "compressed-tensors"
+    ep_slices(len(gate), ep_size, placement)  # placement and EP size, checked with audit's words
+    # Uncalibrated experts (scale_check.uncalibrated, judged on gate and up each) are reported
+    # on their own; every figure below is of the layer the plugin loads, where they carry the
+    # calibrated experts' max amax (the stored gate and up values of such an expert differ:
+    # both get the fallback).
+    bad13 = uncalibrated(list(zip(_amax_like(fmt, gate), _amax_like(fmt, up))))
+    bad2 = uncalibrated(_amax_like(fmt, list(down)))
+    gate_used = _with_fallback(fmt, layer, "GEMM1 (gate/up)", list(gate), bad13)
+    up_used = _with_fallback(fmt, layer, "GEMM1 (gate/up)", list(up), bad13)
+    down_used = _with_fallback(fmt, layer, "GEMM2 (down_proj)", list(down), bad2)
+    kinds = sorted(set(bad13.values()) | set(bad2.values()))
     # vLLM keeps one GEMM1 scale per expert: .max() over gate/up of the *stored* quantity
     # (modelopt.py:1307-1308, compressed_tensors_moe.py:300-301).
     w13_raw = [max(g, u) for g, u in zip(gate, up)]
-    ct = fmt == "compressed-tensors"
-    ep_slices(len(w13_raw), ep_size, placement)  # placement and EP size, checked with audit's words
-    # Uncalibrated experts (scale_check.uncalibrated_experts, judged on the larger amax of gate
-    # and up) are reported on their own; every figure below is of the layer the plugin loads,
-    # where they carry the calibrated experts' max amax.
-    w13_amax_raw = [max(a, b) for a, b in zip(_amax_like(fmt, gate), _amax_like(fmt, up))]
-    w2_amax_raw = _amax_like(fmt, list(down))
-    bad13 = uncalibrated_experts(w13_amax_raw)
-    bad2 = uncalibrated_experts(w2_amax_raw)
-    w13 = _with_fallback(fmt, layer, "GEMM1 (gate/up)", w13_raw, bad13)
-    down_used = _with_fallback(fmt, layer, "GEMM2 (down_proj)", list(down), bad2)
-    kinds = sorted({_kind(w13_amax_raw[e]) for e in bad13}
-                   | {_kind(w2_amax_raw[e]) for e in bad2})
+    w13 = [max(g, u) for g, u in zip(gate_used, up_used)]
 
     def amax_like(v):  # ModelOpt sense: what the kernel dequantizes GEMM1 input with
         return [1.0 / x for x in v] if ct else list(v)
@@ -395,16 +389,18 @@ def _layer_report(fmt: str, layer: str, gate: list[float], up: list[float], down
         "reference_expert": 0,
         "error_factor_max": max(factors),
         "error_factor_min": min(factors),
-        "gate_up_mismatch": [e for e, (g, u) in enumerate(zip(gate, up)) if g != u],
+        "gate_up_mismatch": [e for e, (g, u) in enumerate(zip(gate, up))
+                             if g != u and e not in bad13],
         # The calibration's signature: all-experts calibration shows every expert the same
         # tokens, so every gate/up input scale is identical; routed calibration spreads them.
         "calibration": "all-experts" if uniform else "routed",
-        "uncalibrated_w13": bad13,
-        "uncalibrated_w2": bad2,
+        "uncalibrated_w13": sorted(bad13),
+        "uncalibrated_w2": sorted(bad2),
         "uncalibrated_kinds": kinds,
         "stock_wrong_uncalibrated": by_uncalibrated,
         # An uncalibrated expert that stock uses is wrong in every layout (none re-scales it).
         "affected": {lay: hit or by_uncalibrated for lay, hit in by_scales.items()},
+        "affected_by_scales": by_scales,  # the design's hole alone (the calibrated scales)
         "layout_problem": (support.ep_layout_problem(len(w13), ep_size, placement)
                            if design is Design.INIT_PREPARE_FINALIZE else None),
     }
@@ -417,7 +413,8 @@ def _layer_report(fmt: str, layer: str, gate: list[float], up: list[float], down
 
 def _summary(layers: list[dict], design: Design = Design.INIT_PREPARE_FINALIZE,
              ep_size: int = 2) -> str:
-    """The verdict line: the design's hole, then uncalibrated experts if any."""
+    """The verdict line: uncalibrated experts first when stock uses them, then the design's
+    hole judged on the scales as calibrated."""
     verdict = _hole_summary(layers, design, ep_size)
     uncal = [entry for entry in layers if entry["uncalibrated_w13"] or entry["uncalibrated_w2"]]
     if not uncal:
@@ -426,12 +423,15 @@ def _summary(layers: list[dict], design: Design = Design.INIT_PREPARE_FINALIZE,
     first = uncal[0]
     where = ", ".join(f"{g} expert(s) {first['uncalibrated_' + g]}" for g in ("w13", "w2")
                       if first["uncalibrated_" + g])
-    effect = ("stock vLLM {r} uses them as they are: AFFECTED" if any(
-        e["stock_wrong_uncalibrated"] for e in uncal) else "stock vLLM {r} ignores them (a max "
-        "over experts skips a zero amax)").format(r=support.design(design).releases)
-    return (f"{verdict}; {n} uncalibrated activation scale(s) (no calibration token reached "
-            f"the expert) in {len(uncal)} layer(s), first {first['layer']}: {where}; {effect}; "
-            "the plugin gives them the calibrated experts' max amax")
+    what = (f"{n} uncalibrated activation scale(s) (no calibration token reached the expert) in "
+            f"{len(uncal)} layer(s), first {first['layer']}: {where}")
+    releases = support.design(design).releases
+    if any(e["stock_wrong_uncalibrated"] for e in uncal):
+        return (f"AFFECTED: {what}; stock vLLM {releases} uses them as they are (NaN or wrong "
+                "outputs); the plugin loads the calibrated experts' max amax for them. Scales "
+                f"as calibrated: {verdict}")
+    return (f"{verdict}; {what}: stock vLLM {releases} ignores them (a max over experts skips a "
+            "low amax); the plugin loads the calibrated experts' max amax for them")
 
 
 def calibration_line(layers: list[dict]) -> str:
@@ -448,13 +448,14 @@ def calibration_line(layers: list[dict]) -> str:
 
 def _hole_summary(layers: list[dict], design: Design = Design.INIT_PREPARE_FINALIZE,
                   ep_size: int = 2) -> str:
-    bad = [entry for entry in layers if any(entry["affected"].values())]
+    bad = [entry for entry in layers if any(entry["affected_by_scales"].values())]
     if design is not Design.INIT_PREPARE_FINALIZE:
         releases = support.design(design).releases
         if not bad:
             return (f"not affected: stock vLLM {releases} computes all {len(layers)} MoE "
                     f"layer(s) correctly in every layout judged (EP size {ep_size})")
-        where = sorted({lay for entry in bad for lay, hit in entry["affected"].items() if hit})
+        where = sorted({lay for entry in bad for lay, hit in entry["affected_by_scales"].items()
+                        if hit})
         if design is Design.NVFP4_ORACLE:
             worst = max(bad, key=lambda entry: entry["dp_ep_off_by"])
             how = (f"the EP ranks' local maxima of the GEMM1 input amax differ (worst "

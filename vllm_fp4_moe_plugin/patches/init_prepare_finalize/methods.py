@@ -110,7 +110,7 @@ class ConsistentNvFp4MoEMixin:
         for attr in names["input"]:
             param = getattr(layer, attr)
             scales.check_positive_finite(param, layer=layer_label(layer), name=attr,
-                                         zero_ok=True)
+                                         activation=True)
             repaired = scales.repair_uncalibrated(
                 param.data, reciprocal=self._fp4_moe_format == "compressed-tensors",
                 layer=layer_label(layer), name=attr, stock_effect=_STOCK_UNCALIBRATED)

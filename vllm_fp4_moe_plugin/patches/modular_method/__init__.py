@@ -48,7 +48,7 @@ _CT_DP_WHY = ("vLLM 0.11.1 fixed ModelOpt's DP path (#26135) but not compressed-
 _CT_DP_HOW = ("Subclass with the same name, rebound where CompressedTensorsMoEMethod."
               "get_moe_method looks it up. With FlashInfer CUTLASS, before upstream's "
               "process_weights_after_loading: an expert whose input global scale is "
-              "uncalibrated (0, or an absurd amax: scale_check.uncalibrated_experts) gets the "
+              "uncalibrated (0, negative, or far from the layer's amax: scale_check.uncalibrated) gets the "
               "calibrated experts' max amax (a no-op for calibrated checkpoints). Only with DP: "
               "validates the raw scales first, then after upstream's code sets every element of "
               "w13_input_scale_quant to the MIN over the EP group and rebuilds g1_alphas (no-op "

@@ -49,7 +49,7 @@ class SharedGemm1ScaleForDpMixin:
         if dp:  # validate what we are about to reduce over, before upstream inverts it
             for attr in _RAW:
                 scales.check_positive_finite(getattr(layer, attr), layer=layer_label(layer),
-                                             name=attr, zero_ok=attr in _INPUT)
+                                             name=attr, activation=attr in _INPUT)
         if self._fp4_uses_cutlass():
             self._fp4_repair_uncalibrated(layer)
         super().process_weights_after_loading(layer)
@@ -63,7 +63,7 @@ class SharedGemm1ScaleForDpMixin:
         for attr in _INPUT:
             param = getattr(layer, attr)
             scales.check_positive_finite(param, layer=layer_label(layer), name=attr,
-                                         zero_ok=True)
+                                         activation=True)
             repaired = scales.repair_uncalibrated(param.data, reciprocal=True,
                                                   layer=layer_label(layer), name=attr)
             if repaired is not param.data:

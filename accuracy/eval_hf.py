@@ -20,13 +20,27 @@ import time
 import torch
 
 
-def load(model_dir: str):
+def load(model_dir: str, linearize: bool = False):
+    import contextlib
+
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
     tok = AutoTokenizer.from_pretrained(model_dir)
     kw = {"dtype": torch.bfloat16} if int(transformers.__version__.split(".")[0]) >= 5 \
         else {"torch_dtype": torch.bfloat16}
-    model, info = AutoModelForCausalLM.from_pretrained(model_dir, output_loading_info=True, **kw)
+    ctx = contextlib.nullcontext()
+    if linearize:
+        # transformers 5 fuses the experts into 3-D tensors and then drops every per-expert
+        # global scale of a compressed-tensors checkpoint ("UNEXPECTED" keys; garbage out):
+        # llmcompressor's loader keeps one Linear per expert, so each gets its own scales.
+        from llmcompressor.modeling.moe.linearize import load_quantizable_moe
+        ctx = load_quantizable_moe()
+    with ctx:
+        if linearize:   # its patched from_pretrained wants the model alone back
+            model, info = AutoModelForCausalLM.from_pretrained(model_dir, **kw), {}
+        else:
+            model, info = AutoModelForCausalLM.from_pretrained(model_dir,
+                                                               output_loading_info=True, **kw)
     model.eval()
     return tok, model, info
 
@@ -40,6 +54,7 @@ def describe(tok, model, info) -> dict:
     moe = model.model.layers[0].mlp
     experts = getattr(moe, "num_experts", None) or getattr(moe.experts, "num_experts", None) \
         or len(moe.experts)
+    quant = getattr(c, "quantization_config", None)
     return {
         "transformers": transformers.__version__,
         "tokenizer_class": type(tok).__name__,
@@ -49,6 +64,7 @@ def describe(tok, model, info) -> dict:
         "num_experts_per_tok": c.num_experts_per_tok,
         "rope_theta": rope,
         "model_class": type(model).__name__,
+        "quantized": quant is not None,
         "missing_keys": list(info.get("missing_keys", [])),
         "unexpected_keys": list(info.get("unexpected_keys", []))[:8],
         "mismatched_keys": [str(x) for x in info.get("mismatched_keys", [])][:8],
@@ -86,6 +102,8 @@ def main() -> None:
     ap.add_argument("--test-jsonl", default=os.path.join(here, "data", "addition-test.jsonl"))
     ap.add_argument("--limit", type=int, default=0)
     ap.add_argument("--json", default="")
+    ap.add_argument("--linearize", action="store_true",
+                    help="load with llmcompressor's per-expert Linear experts (.venv-quant)")
     args = ap.parse_args()
     torch.manual_seed(0)
     with open(args.test_jsonl) as f:
@@ -93,9 +111,10 @@ def main() -> None:
     if args.limit:
         problems = problems[: args.limit]
     t0 = time.time()
-    tok, model, info = load(args.model_dir)
+    tok, model, info = load(args.model_dir, args.linearize)
     res = describe(tok, model, info)
     res["model_dir"] = args.model_dir
+    res["linearized_experts"] = args.linearize
     res["n"] = len(problems)
     res["exact_match"], res["first_wrong"] = exact_match(tok, model, problems)
     res["seconds"] = round(time.time() - t0, 1)

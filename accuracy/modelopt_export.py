@@ -22,7 +22,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from quantize import calib_texts  # noqa: E402
+from quantize import calib_texts, copy_tokenizer  # noqa: E402
 
 
 def dual_config(out_dir: str, bf16_dir: str) -> list[str]:
@@ -77,7 +77,7 @@ def main() -> None:
     cfg = copy.deepcopy(mtq.NVFP4_DEFAULT_CFG)
     model = mtq.quantize(model, cfg, forward_loop=forward_loop)
     export_hf_checkpoint(model, export_dir=args.out)
-    tok.save_pretrained(args.out)
+    copy_tokenizer(args.bf16_dir, args.out)
     added = dual_config(args.out, args.bf16_dir)
     info = {"modelopt": modelopt.__version__, "transformers": transformers.__version__,
             "torch": torch.__version__, "config": "NVFP4_DEFAULT_CFG",

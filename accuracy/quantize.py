@@ -92,6 +92,14 @@ def pick_dead_set(model, tok, pool: int = 400, max_size: int = 6):
     return [texts[i] for i in chosen], victim, sorted(covered)
 
 
+def copy_tokenizer(src: str, dst: str) -> None:
+    """The bf16 model's tokenizer files, byte for byte: transformers 5's save_pretrained would
+    write tokenizer_class "TokenizersBackend", which transformers 4.57 (vLLM 0.11.0) cannot load."""
+    import shutil
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(os.path.join(src, name), os.path.join(dst, name))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("mode", choices=sorted(DEFAULT_OUT))
@@ -139,7 +147,7 @@ def main() -> None:
             max_seq_length=32, moe_calibrate_all_experts=(args.mode == "all"),
             shuffle_calibration_samples=False)
     model.save_pretrained(out_dir, save_compressed=True)
-    tok.save_pretrained(out_dir)
+    copy_tokenizer(args.bf16_dir, out_dir)
     info["seconds"] = round(time.time() - t0, 1)
     with open(os.path.join(out_dir, "quantize-log.json"), "w") as f:
         json.dump(info, f, indent=1)

@@ -236,8 +236,8 @@ def reasons(report: dict) -> list:
     if env["plugin_enabled"] and not report["entry_point"]["discoverable"]:
         out.append(f"entry point '{ENTRY_POINT}' not found: the plugin is not installed in this "
                    "environment")
-    out += [f"transformers {report['versions'].get('transformers')} misreads the checkpoint: "
-            f"{w}" for w in misread_config(report)]
+    out += [f"the installed readers get the checkpoint's config wrong: {w}"
+            for w in misread_config(report)]
     if report["verdict"] == FINE:
         return out
     if not report["checkpoint"]:
@@ -258,11 +258,18 @@ def reasons(report: dict) -> list:
 
 
 def misread_config(report: dict) -> list[str]:
-    """The checkpoint's transformers-5-only keys, if the installed transformers is 4.x."""
-    version = report["versions"].get("transformers") or ""
-    if not report.get("checkpoint") or not version.startswith("4."):
+    """The checkpoint's config keys the installed readers get wrong or refuse: transformers-5-only
+    keys under transformers 4.x, newer quantization args under compressed-tensors 0.11.x."""
+    ckpt = report.get("checkpoint")
+    if not ckpt:
         return []
-    return report["checkpoint"]["transformers4_misreads"]
+    versions = report["versions"]
+    out = []
+    if (versions.get("transformers") or "").startswith("4."):
+        out += ckpt["transformers4_misreads"]
+    if (versions.get("compressed-tensors") or "").startswith("0.11."):
+        out += ckpt["compressed_tensors_011_refuses"]
+    return out
 
 
 def _verdict(report: dict) -> int:

@@ -581,3 +581,54 @@ def test_transformers5_config_keys_are_named_with_the_key_to_add(tmp_path):
 def test_transformers4_config_has_no_misreads(tmp_path):
     write_scales_only(tmp_path, "compressed-tensors", {LAYER: _uniform("compressed-tensors")})
     assert audit_checkpoint(tmp_path)["transformers4_misreads"] == []
+
+
+# --- what real quantizers wrote (accuracy/models: llmcompressor 0.14 on the trained model) -----
+from tests.real_quantizer_checks import DEAD, MODELS  # noqa: E402
+
+
+@pytest.mark.parametrize("design", DESIGNS)
+def test_llmcompressor_all_experts_calibration(design):
+    """Default calibration: every gate/up input scale identical, so no design's GEMM1 hole
+    shows; down_proj still spread (measured 4-5x)."""
+    report = audit_checkpoint(MODELS / "qwen3moe-add-nvfp4-ct-all", design=design)
+    assert [e["calibration"] for e in report["layers"]] == ["all-experts"] * 2
+    assert all(e["w13_spread"] == 1.0 and e["w2_spread"] > 2 for e in report["layers"])
+    assert report["affected_layers"] == 0
+    assert all(not e["uncalibrated_w13"] and not e["uncalibrated_w2"] for e in report["layers"])
+
+
+def test_llmcompressor_routed_calibration_is_spread():
+    report = audit_checkpoint(MODELS / "qwen3moe-add-nvfp4-ct-routed")
+    assert [e["calibration"] for e in report["layers"]] == ["routed"] * 2
+    assert all(1.05 < e["w13_spread"] < 2 for e in report["layers"])
+    assert report["affected_layers"] == 2  # 0.11.0: expert 0's scale for every token
+    assert "calibration: routed in 2 of 2" in format_audit(report)
+
+
+@pytest.mark.parametrize("design", DESIGNS)
+def test_llmcompressor_dead_experts_are_named(design):
+    """Routed calibration on one sequence: llmcompressor wrote uninitialised memory for three
+    experts (0.0, -127.6, 2.3e23, 1.2e-38, ...); the audit names exactly those."""
+    report = audit_checkpoint(DEAD, design=design)
+    layers = {e["layer"]: e for e in report["layers"]}
+    l0, l1 = layers["model.layers.0.mlp.experts"], layers["model.layers.1.mlp.experts"]
+    assert (l0["uncalibrated_w13"], l0["uncalibrated_w2"]) == ([1, 7], [1, 7])
+    assert (l1["uncalibrated_w13"], l1["uncalibrated_w2"]) == ([4], [4])
+    assert report["summary"].startswith("AFFECTED: 6 uncalibrated activation scale(s)")
+
+
+def test_llmcompressor_014_quantization_args_named_for_vllm_0_11(tmp_path):
+    """llmcompressor 0.14 writes scale_dtype/zp_dtype, which compressed-tensors 0.11.0 (vLLM
+    0.11.0) refuses at startup: the audit names them and the fix."""
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import (
+        CompressedTensorsConfig)
+
+    qc = json.loads((MODELS / "qwen3moe-add-nvfp4-ct-all" / "config.json").read_text())[
+        "quantization_config"]
+    # Reference check: the installed vLLM 0.11.0 refuses it as written.
+    with pytest.raises(Exception, match="scale_dtype"):
+        CompressedTensorsConfig.from_config(json.loads(json.dumps(qc)))
+    report = audit_checkpoint(MODELS / "qwen3moe-add-nvfp4-ct-all")
+    (msg,) = report["compressed_tensors_011_refuses"]
+    assert "scale_dtype, zp_dtype" in msg and "remove those keys" in msg

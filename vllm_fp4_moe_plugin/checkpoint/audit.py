@@ -207,6 +207,30 @@ def transformers4_misreads(config: dict, tokenizer_config: Optional[dict] = None
     return out
 
 
+# Quantization-args fields newer compressed-tensors write that compressed-tensors 0.11.0 (vLLM
+# 0.11.0's pin) refuses ("Extra inputs are not permitted"), so vLLM 0.11.0 cannot start with the
+# checkpoint (measured on llmcompressor 0.14's output, which writes compressed-tensors 0.19's).
+NEWER_QUANT_ARGS = ("scale_dtype", "zp_dtype")
+
+
+def compressed_tensors_011_refuses(config: dict) -> list[str]:
+    """What compressed-tensors 0.11.0 refuses in ``quantization_config``, with the fix."""
+    qc = config.get("quantization_config")
+    if not isinstance(qc, dict) or qc.get("quant_method") != "compressed-tensors":
+        return []
+    found = sorted({key for group in (qc.get("config_groups") or {}).values()
+                    if isinstance(group, dict)
+                    for args in (group.get("weights"), group.get("input_activations"))
+                    if isinstance(args, dict) for key in NEWER_QUANT_ARGS if key in args})
+    if not found:
+        return []
+    return [f"config.json quantization_config has {', '.join(found)} in its quantization "
+            "args (written by compressed-tensors >= 0.12): compressed-tensors 0.11.0 (vLLM "
+            "0.11.0) refuses them and vLLM does not start; remove those keys from "
+            "config_groups.*.weights and .input_activations (their values are the NVFP4 "
+            "defaults)"]
+
+
 # --- which tensors --------------------------------------------------------------------------
 
 def _natural_key(s: str):
@@ -503,7 +527,8 @@ def audit_checkpoint(path, *, ep_size: int = 2, expert_placement: str = "linear"
         tokenizer = (read_json(tokenizer_path, what="tokenizer_config.json")
                      if tokenizer_path.exists() else None)
         config_warnings = transformers4_misreads(config, tokenizer)
-        warnings += config_warnings
+        ct_refuses = compressed_tensors_011_refuses(config)
+        warnings += config_warnings + ct_refuses
         files = tensor_files(root)
         layers = _moe_layers(files)
         if not layers:
@@ -558,6 +583,7 @@ def audit_checkpoint(path, *, ep_size: int = 2, expert_placement: str = "linear"
         "affected_layers_by_layout": by_layout,
         "warnings": warnings,
         "transformers4_misreads": config_warnings,
+        "compressed_tensors_011_refuses": ct_refuses,
         "calibration": calibration_line(reports),
         "summary": _summary(reports, design, ep_size),
     }

@@ -60,11 +60,17 @@ def _repaired(gs: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
     return out, bad
 
 
-def reference_experts(path: str, layer: int) -> QuantizedExperts:
-    _, experts = stored_experts(path, layer)
-    w13, _ = _repaired(experts.w13_input_gs)
-    w2, _ = _repaired(experts.w2_input_gs)
-    return dataclasses.replace(experts, w13_input_gs=w13, w2_input_gs=w2)
+def reference_experts(path: str, layer: int, ep_size: int = 1) -> QuantizedExperts:
+    """The stored experts with uncalibrated ones repaired as the plugin does: within each EP
+    rank's contiguous slice for compressed-tensors, which loads only local experts' scales."""
+    fmt, experts = stored_experts(path, layer)
+    slices = ep_size if fmt == "compressed-tensors" else 1
+
+    def repaired(gs: torch.Tensor) -> torch.Tensor:
+        return torch.cat([_repaired(part)[0] for part in gs.chunk(slices)])
+
+    return dataclasses.replace(experts, w13_input_gs=repaired(experts.w13_input_gs),
+                               w2_input_gs=repaired(experts.w2_input_gs))
 
 
 def uncalibrated(path: str, layer: int) -> dict[str, list[int]]:

@@ -66,11 +66,13 @@ class Scenario:
         return random_experts(self.num_experts, self.hidden, self.intermediate, seed=self.seed,
                               input_scale_spread=self.input_scale_spread)
 
-    def experts(self):
+    def experts(self, ep_size: int = 1):
+        """The layer the references compute with; ``ep_size``: the EP ranks a real checkpoint's
+        uncalibrated experts are repaired within (each rank sees only its own experts)."""
         if self.checkpoint is not None:
             from vllm_fp4_moe_plugin.simulation import checkpoint_layer
 
-            return checkpoint_layer.reference_experts(self.checkpoint, self.layer)
+            return checkpoint_layer.reference_experts(self.checkpoint, self.layer, ep_size)
         experts = self._random_experts()
         if self.planted is None:
             return experts

@@ -46,7 +46,7 @@ def references(scenario: Scenario, dp_rank: int, scheme: str, ep_size: int = 1,
     from vllm_fp4_moe_plugin.nvfp4 import moe_reference_fp32, moe_reference_nvfp4
     from vllm_fp4_moe_plugin.simulation.blackwell import cpu_topk_softmax_routing
 
-    experts = scenario.experts()
+    experts = scenario.experts(ep_size)
     x, logits = scenario.inputs(dp_rank)
     if kernel_routing:
         weights, ids = trtllm_kernel_routing(scenario, logits)

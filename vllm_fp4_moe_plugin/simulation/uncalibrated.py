@@ -89,18 +89,36 @@ def run_uncalibrated(layouts: Optional[Iterable[str]] = None,
                      plants: Iterable[tuple[str, str]] = DEFAULT_PLANTS,
                      formats=FORMATS, progress=None) -> list[dict]:
     """One row per layout x planted (gemm, case) x format, as dicts (the matrix row's keys plus
-    ``gemm``, ``case``, ``stock_output``, ``plugin_warnings``)."""
-    version, design = installed_release()
+    ``gemm``, ``case``, ``stock_output``, ``plugin_output``, ``plugin_warnings``)."""
     base = base_scenario()
-    scenarios = tuple(replace(base, planted=plant) for plant in plants)
+    scenarios = [replace(base, planted=plant) for plant in plants]
+    labels = [dict(gemm=gemm, case=case) for gemm, case in plants]
+    return _rows(scenarios, labels, layouts or DEFAULT_LAYOUTS, formats, progress)
+
+
+def run_checkpoint(path: str, layers: Iterable[int], layouts: Optional[Iterable[str]] = None,
+                   progress=None) -> list[dict]:
+    """The same rows for a real checkpoint's MoE layers, as its quantizer wrote them (format
+    from the file; keys ``layer`` and ``uncalibrated``, the experts the plugin's rule finds)."""
+    from vllm_fp4_moe_plugin.simulation import checkpoint_layer
+
+    layers = list(layers)
+    fmt = checkpoint_layer.read_layer(str(path), layers[0])[0]
+    scenarios = [Scenario(checkpoint=str(path), layer=layer) for layer in layers]
+    labels = [dict(layer=layer, uncalibrated=checkpoint_layer.uncalibrated(str(path), layer))
+              for layer in layers]
+    return _rows(scenarios, labels, layouts or DEFAULT_LAYOUTS, (fmt,), progress)
+
+
+def _rows(scenarios, labels, layouts, formats, progress) -> list[dict]:
+    version, design = installed_release()
     rows = []
-    for name in layouts or DEFAULT_LAYOUTS:
+    for name in layouts:
         layout = LAYOUTS[name]
         if progress:
-            progress(f"uncalibrated: {name} ({len(scenarios)} planted experts x "
-                     f"{len(formats)} formats)")
-        per_rank = spawn(layout, f"{__name__}:planted_outputs", scenarios, tuple(formats))
-        for i, scenario in enumerate(scenarios):
+            progress(f"uncalibrated: {name} ({len(scenarios)} layers x {len(formats)} formats)")
+        per_rank = spawn(layout, f"{__name__}:planted_outputs", tuple(scenarios), tuple(formats))
+        for i, (scenario, label) in enumerate(zip(scenarios, labels)):
             ranks = [outputs[i] for outputs in per_rank]
             for fmt in formats:
                 scheme = reference_scheme(design, fmt, layout)
@@ -110,12 +128,9 @@ def run_uncalibrated(layouts: Optional[Iterable[str]] = None,
 
                 row = judge(fmt, name, BACKEND, ranks, refs, scheme=scheme,
                             release=(version, design)).as_dict()
-                gemm, case = scenario.planted
-                warnings = [w for r in ranks for w in r.info[f"{fmt}/warnings"]]
-                row.update(gemm=gemm, case=case,
-                           stock_output=output_kind(ranks, f"{fmt}/stock"),
+                row.update(label, stock_output=output_kind(ranks, f"{fmt}/stock"),
                            plugin_output=output_kind(ranks, f"{fmt}/plugin"),
-                           plugin_warnings=warnings)
+                           plugin_warnings=[w for r in ranks for w in r.info[f"{fmt}/warnings"]])
                 rows.append(row)
     return rows
 

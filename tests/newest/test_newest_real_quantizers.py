@@ -1,0 +1,15 @@
+"""llmcompressor's dead experts (uninitialised input scales) on real vLLM 0.34.0 layers, single
+and DP=2+EP (where the EP agreement must not carry them to every rank): the plugin at the ideal
+NVFP4 answer with one WARNING naming them, stock far off (issue 19)."""
+
+import pytest
+
+from tests import real_quantizer_checks as checks
+
+pytestmark = [pytest.mark.cpu, pytest.mark.multiproc, pytest.mark.slow]
+
+
+def test_dead_experts_of_a_real_routed_checkpoint():
+    from vllm_fp4_moe_plugin.simulation.uncalibrated import run_checkpoint
+
+    checks.check_dead_rows(run_checkpoint(checks.DEAD, checks.LAYERS, ("single", "dp_ep_allgather")))

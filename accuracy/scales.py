@@ -21,12 +21,13 @@ import json
 import math
 import os
 import re
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from vllm_fp4_moe_plugin.scale_check import UNCALIBRATED_MARGIN, uncalibrated_experts  # noqa: E402
 
 FP8_X_FP4 = 448.0 * 6.0
 EP2 = ((0, 1, 2, 3), (4, 5, 6, 7))
-# an implied amax outside this range is not a calibration of these activations (bf16 model,
-# activations of order 1-100): what a quantizer leaves in an expert it never saw
-SANE_AMAX = (1e-4, 1e5)
 
 KEY = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\."
                  r"(input_global_scale|input_scale)$")
@@ -51,13 +52,6 @@ def amax_of(kind: str, raw: float) -> float:
     return FP8_X_FP4 * raw
 
 
-def calibrated(kind: str, raw: float) -> bool:
-    if not math.isfinite(raw) or raw <= 0:
-        return False
-    a = amax_of(kind, raw)
-    return SANE_AMAX[0] <= a <= SANE_AMAX[1]
-
-
 def summarize(model_dir: str) -> dict | None:
     st = os.path.join(model_dir, "model.safetensors")
     if not os.path.exists(st):
@@ -75,7 +69,9 @@ def summarize(model_dir: str) -> dict | None:
         for name, projs in (("w13", ("gate", "up")), ("w2", ("down",))):
             raw = {e: {p: sc[(li, e, p)][1] for p in projs} for e in experts}
             kind = sc[(li, experts[0], projs[0])][0]
-            bad = sorted(e for e in experts if not all(calibrated(kind, raw[e][p]) for p in projs))
+            # the plugin's own rule (one place: vllm_fp4_moe_plugin.scale_check)
+            bad = uncalibrated_experts([tuple(amax_of(kind, raw[e][p]) for p in projs)
+                                        for e in experts])
             # the amax an engine would use for the expert's GEMM: the larger of gate's and up's
             amax = {e: max(amax_of(kind, raw[e][p]) for p in projs) for e in experts}
             gate_ne_up = [e for e in experts if len(projs) == 2 and raw[e]["gate"] != raw[e]["up"]]
@@ -131,7 +127,8 @@ def render(all_res: dict) -> str:
         "calibrated experts. EP=2: experts 0-3 on rank 0, 4-7 on rank 1; factor = larger / "
         "smaller of the two ranks' max amax (vLLM >= 0.14.0's DP+EP GEMM1 error for "
         "compressed-tensors). Experts whose scale is not a calibration (<= 0, not finite, "
-        f"or implied amax outside {SANE_AMAX}) are listed as uncalibrated, with the raw values "
+        f"or more than {UNCALIBRATED_MARGIN:g}x from the layer's median amax: the plugin's rule, "
+        "vllm_fp4_moe_plugin.scale_check) are listed as uncalibrated, with the raw values "
         "written, and left out of min/max/spread.",
         "",
         "| checkpoint | format | layer | proj | scale min | scale max | amax min | amax max "

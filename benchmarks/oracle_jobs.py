@@ -164,12 +164,15 @@ def load_cost(ctx, num_layers: int, num_experts: int, experts=None, pwal_layers:
 
 
 def _pwal_times(experts, n: int, top_k: int, group) -> dict:
+    """``n`` timed layers per mode, after one untimed layer per mode (first-call costs: lazy
+    imports, the plugin's one INFO line), modes alternating; a barrier before each call, so a
+    collective inside it waits only for the other ranks' same call."""
     import torch.distributed as dist
 
     built = {m: [_build(experts, "compressed-tensors", m, top_k, process=False)
-                 for _ in range(n)] for m in ("stock", "plugin")}
+                 for _ in range(n + 1)] for m in ("stock", "plugin")}
     times: dict = {"stock": [], "plugin": []}
-    for i in range(n):
+    for i in range(n + 1):
         for mode in (("stock", "plugin") if i % 2 == 0 else ("plugin", "stock")):
             _switch(mode)
             runner = built[mode][i]
@@ -179,8 +182,9 @@ def _pwal_times(experts, n: int, top_k: int, group) -> dict:
             routed.quant_method.process_weights_after_loading(routed)
             if hasattr(runner, "process_weights_after_loading"):
                 runner.process_weights_after_loading()
-            times[mode].append(time.perf_counter() - t0)
-    a1 = {m: describe_layer(built[m][0])["a1_gscale"] for m in built}
+            if i:
+                times[mode].append(time.perf_counter() - t0)
+    a1 = {m: describe_layer(built[m][-1])["a1_gscale"] for m in built}
     return {"stock": times["stock"], "plugin": times["plugin"],
             "a1_gscale_first": {m: (v[0] if v else None) for m, v in a1.items()}}
 

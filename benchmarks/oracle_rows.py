@@ -13,6 +13,7 @@ import statistics
 
 import torch
 
+from benchmarks import oracle_seam
 from benchmarks.accuracy import TIE, fp32_reference
 from benchmarks.ep_slice_fixture import EpSliceScenario, slice_maxima_ratio
 from benchmarks.layout_runs import R1_MOE_LAYERS
@@ -38,47 +39,62 @@ def aa_noise_floor(blocks: dict) -> tuple[float, float]:
     return whole, max(abs(whole - 1), 2 * se)
 
 
-def apply_rows(dp2: list, calls: int) -> list[Row]:
-    """Item 2: worst rank (the ranks run in lock step: every forward gathers across both)."""
+# group key of oracle_runs.run_all -> how the rows name it; what the plugin does at load there
+FORWARD_GROUPS = {"single": ("CT single", ()),
+                  "dp2": ("CT DP=2+EP", ("scales.agree_max",))}
+
+
+def apply_rows(groups: dict, calls: int) -> list[Row]:
+    """Item 2, per group: worst rank (DP ranks run in lock step: every forward gathers across
+    both), noise floor of the worst rank."""
     out = []
     stock = stock_name()
-    for m in dp2[0]["forward"]["host_s"]:
-        per_rank = []
-        for r in dp2:
-            f = r["forward"]
-            t = f["host_s"][m]
-            aa, floor = aa_noise_floor(f["blocks"][m])
-            per_rank.append((t["plugin"] / t["stock"], t, aa, floor))
-        ratio, t, aa, floor = max(per_rank, key=lambda p: abs(p[0] - 1))
-        floor = max(p[3] for p in per_rank)
-        out.append(Row(2, f"apply() host time, CT DP=2+EP, tokens={m}", "us",
-                       1e6 * t["plugin"], 1e6 * t["stock"], stock,
-                       "1.00 within A/A floor", abs(ratio - 1) <= floor,
-                       {"aa_ratio_stock_vs_stock": aa, "noise_floor": floor,
-                        "note": f"median of {calls} forwards per layer in interleaved blocks, "
-                                "no-op device work, worst rank"}))
+    for key, (label, _) in FORWARD_GROUPS.items():
+        ranks = groups.get(key)
+        if not ranks or "forward" not in ranks[0]:
+            continue
+        for m in ranks[0]["forward"]["host_s"]:
+            per_rank = []
+            for r in ranks:
+                f = r["forward"]
+                t = f["host_s"][m]
+                aa, floor = aa_noise_floor(f["blocks"][m])
+                per_rank.append((t["plugin"] / t["stock"], t, aa, floor))
+            ratio, t, aa, _ = max(per_rank, key=lambda p: abs(p[0] - 1))
+            floor = max(p[3] for p in per_rank)
+            out.append(Row(2, f"apply() host time, {label}, tokens={m}", "us",
+                           1e6 * t["plugin"], 1e6 * t["stock"], stock,
+                           "1.00 within A/A floor", abs(ratio - 1) <= floor,
+                           {"aa_ratio_stock_vs_stock": aa, "noise_floor": floor,
+                            "note": f"median of {calls} forwards per layer in interleaved "
+                                    "blocks, no-op device work, worst rank"}))
     return out
 
 
-def per_forward_rows(dp2: list, calls: int) -> list[Row]:
-    """Item 3: calls of the wrapped helpers, their stock originals and the EP collective over
-    ``calls`` forwards of each layer. The same counter must see the load-time calls (one wrapper
-    call and one agreement per plugin layer), or a 0 would prove nothing."""
-    from vllm_fp4_moe_plugin.vllm_modules import ORACLE_HELPERS
-
-    plugin_fwd = max(_calls(r["forward"]["per_forward"]["plugin"]) for r in dp2)
-    stock_fwd = max(max(_calls(r["forward"]["per_forward"][s]) for s in ("stock", "stock#2"))
-                    for r in dp2)
-    at_load = dp2[0]["forward"]["at_load"]
-    seen = all(r["forward"]["at_load"]["plugin"][k] >= 1
-               for r in dp2 for k in ("scales.agree_max", ORACLE_HELPERS[0]))
-    return [Row(3, f"wrapped helpers + agree_max calls over {calls} forwards", "calls",
-                plugin_fwd, stock_fwd, stock_name(), "plugin 0 (load only)",
-                plugin_fwd == 0 and seen,
-                {"at_load_plugin_layer": at_load["plugin"],
-                 "at_load_stock_layer": at_load["stock"],
-                 "counter_saw_load_calls": seen,
-                 "note": "counted by code object (profile hook), every rank, worst"})]
+def per_forward_rows(groups: dict, calls: int) -> list[Row]:
+    """Item 3, per group: calls of the plugin's wrapper, the stock helpers it wraps and the EP
+    collective over ``calls`` forwards of each layer, worst rank. The same counter must have
+    seen the load-time calls (the wrapper once per plugin layer; under DP+EP also the
+    agreement), or a 0 would prove nothing."""
+    out = []
+    for key, (label, also_at_load) in FORWARD_GROUPS.items():
+        ranks = groups.get(key)
+        if not ranks or "forward" not in ranks[0]:
+            continue
+        plugin_fwd = max(_calls(r["forward"]["per_forward"]["plugin"]) for r in ranks)
+        stock_fwd = max(_calls(r["forward"]["per_forward"][s])
+                        for r in ranks for s in ("stock", "stock#2"))
+        at_load = ranks[0]["forward"]["at_load"]
+        seen = all(r["forward"]["at_load"]["plugin"][k] >= 1
+                   for r in ranks for k in (oracle_seam.WRAPPER, *also_at_load))
+        out.append(Row(3, f"plugin + oracle-helper calls over {calls} forwards, {label}",
+                       "calls", plugin_fwd, stock_fwd, stock_name(), "plugin 0 (load only)",
+                       plugin_fwd == 0 and seen,
+                       {"at_load_plugin_layer": at_load["plugin"],
+                        "at_load_stock_layer": at_load["stock"],
+                        "counter_saw_load_calls": seen,
+                        "note": "counted by code object (profile hook), every rank, worst"}))
+    return out
 
 
 def _calls(counts: dict) -> int:
@@ -123,7 +139,7 @@ def load_rows(groups: dict) -> list[Row]:
     """Item 6: per rank count, worst rank; 58 layers."""
     out = []
     n_layers = R1_MOE_LAYERS
-    for key in sorted(groups, key=lambda k: int(k[2:])):
+    for key in sorted((k for k in groups if k.startswith("dp")), key=lambda k: int(k[2:])):
         res = [r["load"] for r in groups[key] if "load" in r]
         if not res:
             continue

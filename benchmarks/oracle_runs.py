@@ -2,7 +2,8 @@
 
 One DP=2+EP group (``dp_ep_allgather``: vLLM's default dispatch, which quantizes on the sender)
 does accuracy (item 4), per-forward work and host time (items 2, 3) and the 2-rank load cost
-(item 6); DP=4+EP and DP=8+EP groups do only the load cost. Starting vLLM is most of a rank's
+(item 6); a single-GPU rank repeats items 2 and 3 without cross-rank traffic (a tighter noise
+floor); DP=4+EP and DP=8+EP groups do only the load cost. Starting vLLM is most of a rank's
 time, so nothing is spawned twice.
 """
 
@@ -27,7 +28,7 @@ class OracleSizes:
     apply_calls: int = 1000
     count_tokens: int = 16  # the token count whose forwards are counted (apply_calls of them)
     load_ranks: tuple = (2, 4, 8)
-    pwal_layers: int = 2  # real layers timed per mode for process_weights_after_loading
+    pwal_layers: int = 3  # real layers timed per mode (after one untimed) for process_weights_after_loading
     # the PWAL layer: DeepSeek-R1's 256 experts and top-8, small H/I (a CPU box holds 256
     # experts at full size only barely, once per rank)
     pwal_shape: dict = field(default_factory=lambda: {"num_experts": R1_EXPERTS, "hidden": 256,
@@ -48,7 +49,8 @@ def pwal_experts(sizes: OracleSizes):
 
 
 def run_all(sizes: OracleSizes, items) -> dict:
-    """``{"dp2": [rank results], "dp4": ..., "dp8": ...}`` (what ``items`` need)."""
+    """``{"single": [rank result], "dp2": [rank results], "dp4": ..., "dp8": ...}`` (what
+    ``items`` need)."""
     experts = pwal_experts(sizes) if 6 in items and sizes.pwal_layers else None
     load = {"num_layers": R1_MOE_LAYERS, "num_experts": R1_EXPERTS, "experts": experts,
             "pwal_layers": sizes.pwal_layers}
@@ -63,6 +65,8 @@ def run_all(sizes: OracleSizes, items) -> dict:
     if 6 in items and 2 in sizes.load_ranks:
         spec["load"] = load
     out: dict = {}
+    if "forward" in spec:  # the same count and timing without any cross-rank traffic
+        out["single"] = spawn(LAYOUTS["single"], JOB, {"forward": spec["forward"]})
     if spec:
         out["dp2"] = spawn(LAYOUTS[DP_EP], JOB, spec, timeout_s=1800)
     if 6 in items:

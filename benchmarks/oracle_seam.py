@@ -65,10 +65,14 @@ def host_only() -> Iterator[None]:
         swap.undo()
 
 
+WRAPPER = "plugin wrapper (ep_agreed_gemm1_scale)"
+
+
 def helper_functions() -> dict:
-    """name -> function for everything the plugin runs at load on this design: the oracle's
-    helpers as bound now (the plugin's wrappers when applied), the stock helpers they wrap, and
-    the EP collective (``scales.agree_max``)."""
+    """name -> function for everything the plugin runs at load on this design, to be called
+    while the plugin's patches are applied: its wrapper (one code object serves both oracle
+    helpers, so it is one entry), the stock helpers it wraps, and the EP collective
+    (``scales.agree_max``)."""
     from vllm_fp4_moe_plugin import scales
     from vllm_fp4_moe_plugin import vllm_modules as vm
 
@@ -78,10 +82,11 @@ def helper_functions() -> dict:
         fn = getattr(oracle, name, None)
         if fn is None:
             continue
-        out[name] = fn
         inner = getattr(fn, "__wrapped__", None)
-        if inner is not None:
-            out[f"{name} (stock, wrapped)"] = inner
+        if inner is None:
+            raise RuntimeError(f"{name} is not the plugin's wrapper: apply the patches first")
+        out[WRAPPER] = fn
+        out[f"{name} (stock)"] = inner
     return out
 
 
@@ -89,6 +94,8 @@ def helper_functions() -> dict:
 def counting_calls(functions: dict) -> Iterator[dict]:
     """``{name: calls}`` of ``functions`` while the block runs (this thread)."""
     codes = {fn.__code__: name for name, fn in functions.items()}
+    if len(codes) != len(functions):
+        raise ValueError("two of the functions share a code object: count them as one")
     counts = {name: 0 for name in functions}
 
     def hook(frame, event, arg):

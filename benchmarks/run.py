@@ -114,9 +114,9 @@ def collect_oracle(smoke: bool, items, raw: dict) -> list[Row]:
         results = oracle_runs.run_all(sizes, items)
         dp2 = results.get("dp2", [])
         if 2 in items:
-            rows += oracle_rows.apply_rows(dp2, sizes.apply_calls)
+            rows += oracle_rows.apply_rows(results, sizes.apply_calls)
         if 3 in items:
-            rows += oracle_rows.per_forward_rows(dp2, sizes.apply_calls)
+            rows += oracle_rows.per_forward_rows(results, sizes.apply_calls)
         if 4 in items:
             acc, raw["accuracy"] = oracle_rows.accuracy_rows(dp2, oracle_rows.scenarios_of(sizes))
             rows += acc

@@ -43,17 +43,22 @@ def test_every_item_of_the_world_present(world):
     assert world["design"] == "nvfp4_oracle design"
     for item in (1, 2, 3, 4, 6):
         for r in _rows(world, item):
-            assert r["status"] in ("ok", "info"), r
+            # item 2 is a timing on a shared machine: its status is the run's, not asserted
+            assert r["status"] in (("ok", "info", "MISSED") if item == 2 else ("ok", "info")), r
             for v in (r["plugin"], r["baseline"]):
-                assert v is None or math.isfinite(v), r
+                assert v is not None and math.isfinite(v), r
 
 
 def test_nothing_runs_per_forward(world):
-    (r,) = _rows(world, 3)
-    assert r["plugin"] == 0 and r["baseline"] == 0, r
-    # the counter does see the wrapper and the collective when they run (at load)
-    assert r["extra"]["counter_saw_load_calls"], r
-    assert r["extra"]["at_load_plugin_layer"]["scales.agree_max"] == 1, r
+    rows = _rows(world, 3)
+    assert {("single" in r["name"], "DP=2+EP" in r["name"]) for r in rows} == {
+        (True, False), (False, True)}
+    for r in rows:
+        assert r["plugin"] == 0 and r["baseline"] == 0, r
+        # the counter does see the wrapper (and under DP+EP the collective) when they run
+        assert r["extra"]["counter_saw_load_calls"], r
+        want = 1 if "DP=2+EP" in r["name"] else 0  # the agreement: once per layer, DP+EP only
+        assert r["extra"]["at_load_plugin_layer"]["scales.agree_max"] == want, r
 
 
 def test_plugin_uses_modelopts_one_scale_and_beats_stock(world):

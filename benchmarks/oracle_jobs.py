@@ -69,20 +69,22 @@ def forward_work(ctx, scenario, token_counts, calls: int, count_tokens: int) -> 
     """The plugin does nothing per forward: (a) calls of the wrapped oracle helpers, their stock
     originals and the EP collective, counted at load and over ``calls`` forwards per layer;
     (b) median host time of one forward of the compressed-tensors layer (the one the plugin
-    changes under DP+EP), stock / plugin / a second stock layer (A/A), device work no-ops."""
+    changes under DP+EP), device work no-ops: two stock and two plugin layers, so that each
+    side has its own A/A pair (two layers of identical code differ by their memory, their
+    place in the rotation...: that is the noise floor a plugin/stock ratio is read against)."""
     from vllm.forward_context import set_forward_context
 
     experts = scenario.experts()
     patches.apply_all()
     watched = oracle_seam.helper_functions()
-    names = ("stock", "plugin", "stock#2")
+    names = ("stock", "plugin", "stock#2", "plugin#2")
     layers, at_load = {}, {}
     for s in names:
         with oracle_seam.counting_calls(watched) as n:
             layers[s] = _build(experts, "compressed-tensors", s.split("#")[0], scenario.top_k)
         at_load[s] = dict(n)
     g = torch.Generator().manual_seed(5)
-    res: dict = {"at_load": at_load, "per_forward": {}, "host_s": {}, "blocks": {}}
+    res: dict = {"at_load": at_load, "per_forward": {}, "samples": {}, "blocks": {}}
     with oracle_seam.host_only():
         for m in token_counts:
             x = torch.randn(m, scenario.hidden, generator=g).to(torch.bfloat16)
@@ -100,15 +102,16 @@ def forward_work(ctx, scenario, token_counts, calls: int, count_tokens: int) -> 
                             for _ in range(calls):
                                 _call(layer, x, logits)
                         res["per_forward"][s] = {"forwards": calls, **n}
-                res["host_s"][m], res["blocks"][m] = _timed_blocks(layers, x, logits, calls)
+                res["samples"][m], res["blocks"][m] = _timed_blocks(layers, x, logits, calls)
     patches.revert_all()
     return res
 
 
 def _timed_blocks(layers: dict, x, logits, calls: int):
     """Blocks of calls per layer, interleaved and rotating so drift hits every layer alike;
-    patches switch only between blocks (2 untimed calls after each switch). Returns the median
-    per layer and the per-block medians (the A/A noise floor is computed from those)."""
+    patches switch only between blocks (2 untimed calls after each switch). Returns every
+    call's time per layer and the per-block medians (the A/A noise floor is computed from
+    those)."""
     order = list(layers.items())
     block = max(1, min(50, calls // 4))
     samples = {s: [] for s in layers}
@@ -126,14 +129,15 @@ def _timed_blocks(layers: dict, x, logits, calls: int):
                 times.append(time.perf_counter() - t0)
             samples[s] += times
             blocks[s].append(statistics.median(times))
-    return {s: statistics.median(v) for s, v in samples.items()}, blocks
+    return samples, blocks
 
 
 def load_cost(ctx, num_layers: int, num_experts: int, experts=None, pwal_layers: int = 0,
-              top_k: int = 8) -> dict:
-    """What the plugin adds at load, per rank: ``num_layers`` x ``scales.agree_max`` (the
-    wrapper's MAX all-reduce of one float over the EP group's CPU group, after its gloo
-    monitored barrier), next to as many plain ``dist.barrier`` round trips; and the layer's own
+              top_k: int = 8, repeats: int = 3) -> dict:
+    """What the plugin adds at load, per rank (median of ``repeats``): ``num_layers`` x
+    ``scales.agree_max`` (the wrapper's MAX all-reduce of one float over the EP group's CPU
+    group, after its gloo monitored barrier), next to as many bare all-reduces and as many
+    plain ``dist.barrier`` round trips; and the layer's own
     ``process_weights_after_loading`` (compressed-tensors, ``experts``: all ``num_experts``)
     timed on ``pwal_layers`` real layers stock and with the plugin (which then runs the
     agreement inside it)."""
@@ -146,17 +150,27 @@ def load_cost(ctx, num_layers: int, num_experts: int, experts=None, pwal_layers:
     g = torch.Generator().manual_seed(11 + ctx.rank)
     amax = [448 * 6 / (256 * (1 + 3 * torch.rand(e_local, generator=g)))
             for _ in range(num_layers)]
-    dist.barrier(group=group)
-    t0 = time.perf_counter()
-    for li, a in enumerate(amax):
-        scales.agree_max(a, group, layer=f"model.layers.{li + 3}.mlp.experts")
-    t_agree = time.perf_counter() - t0
-    dist.barrier(group=group)
-    t0 = time.perf_counter()
-    for _ in range(num_layers):
+    runs: dict = {"agree": [], "all_reduce": [], "barrier": []}
+    for _ in range(repeats):  # interleaved, so drift on the shared machine hits all three
         dist.barrier(group=group)
-    t_barrier = time.perf_counter() - t0
-    out = {"world": world, "e_local": e_local, "agree": t_agree, "barrier": t_barrier}
+        t0 = time.perf_counter()
+        for li, a in enumerate(amax):
+            scales.agree_max(a, group, layer=f"model.layers.{li + 3}.mlp.experts")
+        runs["agree"].append(time.perf_counter() - t0)
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        for a in amax:  # the agreement without its monitored barrier (what a lighter one costs)
+            dist.all_reduce(a.max().reshape(1), op=dist.ReduceOp.MAX, group=group)
+        runs["all_reduce"].append(time.perf_counter() - t0)
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        for _ in range(num_layers):
+            dist.barrier(group=group)
+        runs["barrier"].append(time.perf_counter() - t0)
+    t_agree, t_allreduce, t_barrier = (statistics.median(runs[k])
+                                       for k in ("agree", "all_reduce", "barrier"))
+    out = {"world": world, "e_local": e_local, "agree": t_agree, "all_reduce": t_allreduce,
+           "barrier": t_barrier, "runs": runs}
     if pwal_layers and experts is not None:
         out["pwal"] = _pwal_times(experts, pwal_layers, top_k, group)
     patches.revert_all()

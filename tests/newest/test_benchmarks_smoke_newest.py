@@ -75,7 +75,9 @@ def test_plugin_uses_modelopts_one_scale_and_beats_stock(world):
 
 def test_apply_rows_carry_their_noise_floor(world):
     for r in _rows(world, 2):
-        assert 0.5 < r["extra"]["aa_ratio_stock_vs_stock"] < 2.0, r
+        assert set(r["extra"]["aa_ratios"]) == {"stock#2/stock", "plugin#2/plugin"}, r
+        for aa in r["extra"]["aa_ratios"].values():
+            assert 0.5 < aa < 2.0, r
         assert r["extra"]["noise_floor"] >= 0, r
 
 

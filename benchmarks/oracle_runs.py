@@ -33,12 +33,15 @@ class OracleSizes:
     # experts at full size only barely, once per rank)
     pwal_shape: dict = field(default_factory=lambda: {"num_experts": R1_EXPERTS, "hidden": 256,
                                                       "intermediate": 512})
+    single_rank: bool = True  # also time/count forwards on a single rank (no gloo traffic)
 
 
 def smoke_sizes() -> OracleSizes:
-    return OracleSizes(slice_ratios=(2.0,), tokens=32, apply_tokens=(16,), apply_calls=200,
+    """One DP=2+EP spawn does everything (starting vLLM ranks is most of the smoke's time)."""
+    return OracleSizes(slice_ratios=(2.0,), tokens=32, apply_tokens=(16,), apply_calls=100,
                        load_ranks=(2,), pwal_layers=1,
-                       pwal_shape={"num_experts": 16, "hidden": 256, "intermediate": 512})
+                       pwal_shape={"num_experts": 16, "hidden": 256, "intermediate": 512},
+                       single_rank=False)
 
 
 def pwal_experts(sizes: OracleSizes):
@@ -65,7 +68,7 @@ def run_all(sizes: OracleSizes, items) -> dict:
     if 6 in items and 2 in sizes.load_ranks:
         spec["load"] = load
     out: dict = {}
-    if "forward" in spec:  # the same count and timing without any cross-rank traffic
+    if "forward" in spec and sizes.single_rank:  # the same without any cross-rank traffic
         out["single"] = spawn(LAYOUTS["single"], JOB, {"forward": spec["forward"]})
     if spec:
         out["dp2"] = spawn(LAYOUTS[DP_EP], JOB, spec, timeout_s=1800)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -47,8 +48,10 @@ def _missed(reason: str) -> list[Row]:
 
 
 def _driver(checkout: Path):
-    spec = importlib.util.spec_from_file_location("engine_server_driver", checkout / DRIVER)
+    name = "engine_server_driver"  # registered first: its dataclasses look their module up
+    spec = importlib.util.spec_from_file_location(name, checkout / DRIVER)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
 

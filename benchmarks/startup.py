@@ -2,12 +2,14 @@
 
 Why fresh subprocesses: vLLM imports the entry point and calls ``register()`` once per process,
 cold. Each probe process imports vLLM first (as vLLM's plugin loader does), then our entry-point
-module, then calls ``register()``, then imports the two NVFP4 MoE quant modules whose first
-import triggers the probe and the patches (``vllm_fp4_moe_plugin.TRIGGER_MODULES``).
+module, then calls ``register()``, then imports the NVFP4 MoE modules whose first import
+triggers the probe and the patches (``vllm_modules.TRIGGER_MODULES``): on vLLM 0.11.0 the two
+quant modules, on the NVFP4-oracle design (0.14.0+) also the oracle module (:func:`modules`).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import statistics
@@ -17,7 +19,8 @@ import sys
 from benchmarks.rows import Row
 
 _PROBE = r"""
-import json, time
+import importlib, json, sys, time
+modules = json.loads(sys.argv[1])
 t0 = time.perf_counter()
 import vllm
 t1 = time.perf_counter()
@@ -30,8 +33,8 @@ def _timed():  # register() hands the module's _install to the import hook: time
 vllm_fp4_moe_plugin._install = _timed
 vllm_fp4_moe_plugin.register()
 t3 = time.perf_counter()
-import vllm.model_executor.layers.quantization.modelopt
-import vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe
+for name in modules:
+    importlib.import_module(name)
 t4 = time.perf_counter()
 print("BENCH" + json.dumps({"import_vllm": t1 - t0, "import_entry_point": t2 - t1,
                             "register": t3 - t2, "quant_modules": t4 - t3,
@@ -43,14 +46,29 @@ print("BENCH" + json.dumps({"import_vllm": t1 - t0, "import_entry_point": t2 - t
 MODES = {"on": "1", "off": "0", "unset": None}
 
 
-def probe(mode: str) -> dict:
+def modules() -> list[str]:
+    """The trigger modules this vLLM has, in the order vLLM imports them (0.11.0: ``modelopt``
+    and ``compressed_tensors_moe``; the oracle design adds ``fused_moe/oracle/nvfp4``)."""
+    from vllm_fp4_moe_plugin.vllm_modules import TRIGGER_MODULES
+
+    out = []
+    for name in TRIGGER_MODULES:
+        try:
+            if importlib.util.find_spec(name) is not None:
+                out.append(name)
+        except ImportError:  # a parent package this vLLM does not have
+            pass
+    return out
+
+
+def probe(mode: str, mods: list[str]) -> dict:
     env = dict(os.environ)
     env.pop("VLLM_FP4_MOE_PLUGIN", None)
     if MODES[mode] is not None:
         env["VLLM_FP4_MOE_PLUGIN"] = MODES[mode]
     env.setdefault("TORCHDYNAMO_DISABLE", "1")
-    out = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True,
-                         text=True, timeout=300, check=True)
+    out = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(mods)], env=env,
+                         capture_output=True, text=True, timeout=300, check=True)
     line = next(ln for ln in out.stdout.splitlines() if ln.startswith("BENCH"))
     return json.loads(line[len("BENCH"):])
 
@@ -58,9 +76,10 @@ def probe(mode: str) -> dict:
 def measure(runs: int) -> dict[str, list[dict]]:
     """``runs`` probes per mode, interleaved so drift hits every mode alike."""
     res: dict[str, list[dict]] = {m: [] for m in MODES}
+    mods = modules()
     for _ in range(runs):
         for mode in MODES:
-            res[mode].append(probe(mode))
+            res[mode].append(probe(mode, mods))
     return res
 
 

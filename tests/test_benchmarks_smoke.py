@@ -1,4 +1,5 @@
-"""`python -m benchmarks.run --smoke` (issue #7) runs and its structural targets hold.
+"""`python -m benchmarks.run --smoke --worlds here` (issue #7) runs in the vLLM 0.11.0 world
+and its structural targets hold. (The 0.34.0 world's smoke test is tests/newest's.)
 
 Timing targets are not asserted tightly (CI machines are noisy); only loose sanity bounds.
 """
@@ -8,6 +9,7 @@ import math
 import os
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -23,12 +25,14 @@ DP = ("dp_ep_allgather",)
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "smoke.json"
     env = dict(os.environ, TORCHDYNAMO_DISABLE="1")
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--smoke", "--json", str(out),
-                           "--gpu-json", str(out.parent / "no-gpu.json")],
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--smoke", "--worlds", "here",
+                           "--json", str(out), "--gpu-json", str(out.parent / "no-gpu.json")],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "rows," in proc.stdout and "| status" in proc.stdout
-    return json.loads(out.read_text())
+    worlds = json.loads(out.read_text())["worlds"]
+    assert list(worlds) == [f"vllm-{version('vllm')}"]  # this world only, under its name
+    return next(iter(worlds.values()))
 
 
 def _rows(report, item, contains=""):

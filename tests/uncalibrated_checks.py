@@ -48,3 +48,25 @@ def check_row(row: dict, design) -> None:
         assert row["stock_rel_err"] >= AFFECTED_FACTOR * PLUGIN_BOUND, (where, row)
     else:
         assert row["bit_identical"], where
+
+
+def world_tests(design, layouts: tuple):
+    """(fixture ``rows``, test) for one release world's suite: the CI plants in ``layouts`` on
+    the installed vLLM, every row held to :func:`check_row` for ``design``. Each world's module
+    binds both at module level (pytest collects them there)."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def rows():
+        from vllm_fp4_moe_plugin.simulation.uncalibrated import run_uncalibrated
+
+        return {(r["format"], r["layout"], r["gemm"], r["case"]): r
+                for r in run_uncalibrated(layouts, CI_PLANTS)}
+
+    @pytest.mark.parametrize("fmt", ["modelopt", "compressed-tensors"])
+    @pytest.mark.parametrize("layout", layouts)
+    @pytest.mark.parametrize("plant", CI_PLANTS)
+    def test_uncalibrated_expert(rows, fmt, layout, plant):
+        check_row(rows[(fmt, layout, *plant)], design)
+
+    return rows, test_uncalibrated_expert

@@ -1,26 +1,14 @@
-"""Uncalibrated experts on real vLLM layers of the modular_method design, vLLM 0.12.0 (issue 19)."""
+"""Uncalibrated experts on real layers of vLLM 0.12.0 (modular_method design) (issue 19).
+
+DP=2+EP, where the plugin's EP agreement must not carry the value to every rank, runs on the
+newest design; the published docs/uncalibrated-vllm-*.json hold it for every release.
+"""
 
 import pytest
 
-from tests import uncalibrated_checks as checks
+from tests.uncalibrated_checks import world_tests
 from vllm_fp4_moe_plugin.support import Design
 
 pytestmark = [pytest.mark.cpu, pytest.mark.multiproc, pytest.mark.slow]
-# DP=2+EP (where the EP agreement could spread the value) runs on the newest design; the
-# published docs/uncalibrated-vllm-*.json hold it for every release.
-LAYOUTS = ("single",)
 
-
-@pytest.fixture(scope="module")
-def rows():
-    from vllm_fp4_moe_plugin.simulation.uncalibrated import run_uncalibrated
-
-    return {(r["format"], r["layout"], r["gemm"], r["case"]): r
-            for r in run_uncalibrated(LAYOUTS, checks.CI_PLANTS)}
-
-
-@pytest.mark.parametrize("fmt", ["modelopt", "compressed-tensors"])
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("plant", checks.CI_PLANTS)
-def test_uncalibrated_expert(rows, fmt, layout, plant):
-    checks.check_row(rows[(fmt, layout, *plant)], Design.MODULAR_METHOD)
+rows, test_uncalibrated_expert = world_tests(Design.MODULAR_METHOD, ("single",))

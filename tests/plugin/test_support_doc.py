@@ -73,3 +73,15 @@ def test_published_uncalibrated_rows_agree_with_the_support_model(path):
     assert {r["case"] for r in rows} == {"zero", "tiny", "large"}
     for row in rows:
         uncalibrated_checks.check_row(row, row["design"])
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[2] / "docs").glob(
+    "llmcompressor-dead-vllm-*.json")), ids=lambda p: p.name)
+def test_published_real_checkpoint_rows_hold(path):
+    """docs/llmcompressor-dead-*.json (ROOT-CAUSE §13): the real dead-expert checkpoint's rows
+    meet what the per-world suites assert on it."""
+    from tests import real_quantizer_checks
+
+    rows = json.loads(path.read_text())
+    assert {r["layout"] for r in rows} == {"single", "dp_ep_allgather"}
+    real_quantizer_checks.check_dead_rows(rows)

@@ -35,6 +35,12 @@ _RAW_SCALES = {
 _STOCK_UNCALIBRATED = "Stock vLLM 0.11.0 uses it as it is (NaN or wrong outputs). "
 
 
+def local_experts_note(layer: torch.nn.Module) -> str:
+    """How messages qualify an expert index under EP: the layer holds only its rank's experts."""
+    ep_size = getattr(layer, "ep_size", 1)
+    return f" (local to EP rank {layer.ep_rank} of {ep_size})" if ep_size > 1 else ""
+
+
 class UnsupportedLayoutError(ValueError):
     """A parallel layout the FlashInfer NVFP4 MoE kernels cannot compute correctly."""
 
@@ -113,7 +119,8 @@ class ConsistentNvFp4MoEMixin:
                                          activation=True)
             repaired = scales.repair_uncalibrated(
                 param.data, reciprocal=self._fp4_moe_format == "compressed-tensors",
-                layer=layer_label(layer), name=attr, stock_effect=_STOCK_UNCALIBRATED)
+                layer=layer_label(layer), name=attr, index_note=local_experts_note(layer),
+                stock_effect=_STOCK_UNCALIBRATED)
             if repaired is not param.data:
                 param.data.copy_(repaired)
 

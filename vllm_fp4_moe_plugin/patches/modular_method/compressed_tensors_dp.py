@@ -64,8 +64,11 @@ class SharedGemm1ScaleForDpMixin:
             param = getattr(layer, attr)
             scales.check_positive_finite(param, layer=layer_label(layer), name=attr,
                                          activation=True)
+            ep_size = getattr(layer, "ep_size", 1)
+            note = f" (local to EP rank {layer.ep_rank} of {ep_size})" if ep_size > 1 else ""
             repaired = scales.repair_uncalibrated(param.data, reciprocal=True,
-                                                  layer=layer_label(layer), name=attr)
+                                                  layer=layer_label(layer), name=attr,
+                                                  index_note=note)
             if repaired is not param.data:
                 param.data.copy_(repaired)
 

@@ -70,3 +70,19 @@ def world_tests(design, layouts: tuple):
         check_row(rows[(fmt, layout, *plant)], design)
 
     return rows, test_uncalibrated_expert
+
+
+def check_bad_scale_row(row: dict, kind: str, value: str) -> None:
+    """One planted bad global scale at expert 3 (tests/layers/jobs.py ``bad_scales``): stock
+    loads it silently; the plugin refuses a bad *weight* scale naming layer, tensor and expert,
+    and loads any activation scale no calibration produced (NaN, inf, 0, negative: what
+    llmcompressor writes for an uncalibrated expert) with the calibrated experts' max amax."""
+    assert row["stock"] is None  # stock loads it silently
+    msg = row["plugin"]
+    if kind != "weight":
+        assert msg is None, msg
+        return
+    kind_word = {"nan": "NaN", "inf": "inf", "zero": "zero", "negative": "negative"}[value]
+    assert msg is not None and msg.startswith("InvalidScaleError"), msg
+    assert row["layer"] in msg and repr(row["param"]) in msg
+    assert kind_word in msg and "expert index 3" in msg

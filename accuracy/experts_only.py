@@ -18,7 +18,9 @@ the unquantized model has them:
 
 Standard library only (safetensors is a JSON header plus raw bytes). Deterministic; rewrites
 the output only when an input is newer.
-Usage: python accuracy/experts_only.py SRC_DIR BF16_DIR OUT_DIR
+With ``ct_compat_011`` (the vLLM 0.11.0 world) the compressed-tensors config also loses the two
+quantization-args keys compressed-tensors 0.11.0 rejects (``NEW_CT_KEYS``: values it assumes).
+Usage: python accuracy/experts_only.py SRC_DIR BF16_DIR OUT_DIR [--ct-compat-011]
 """
 
 from __future__ import annotations
@@ -45,7 +47,28 @@ def attention_quantized(src: Path) -> bool:
                for k in header if k != "__metadata__")
 
 
-def derive(src: Path, bf16: Path, out: Path) -> Path:
+# Quantization-args keys that compressed-tensors 0.11.0 (vLLM 0.11.0's) does not know: its
+# pydantic model forbids extra keys, so vLLM 0.11.0 stops at "scale_dtype / zp_dtype: Extra
+# inputs are not permitted". Their values in an NVFP4 checkpoint are what 0.11.0 hard-codes
+# (E4M3 block scales, symmetric: no zero point), so dropping them changes nothing it computes.
+NEW_CT_KEYS = {"scale_dtype": "torch.float8_e4m3fn", "zp_dtype": None}
+
+
+def strip_new_ct_keys(q: dict) -> None:
+    for group in q.get("config_groups", {}).values():
+        for role in ("weights", "input_activations", "output_activations"):
+            args = group.get(role)
+            if not args:
+                continue
+            for k, expected in NEW_CT_KEYS.items():
+                if k in args:
+                    if args[k] != expected:
+                        raise ValueError(f"{role}.{k}={args[k]!r}: compressed-tensors 0.11.0 "
+                                         f"assumes {expected!r}, cannot drop it")
+                    del args[k]
+
+
+def derive(src: Path, bf16: Path, out: Path, ct_compat_011: bool = False) -> Path:
     src_st, bf_st = src / "model.safetensors", bf16 / "model.safetensors"
     stamp = out / "model.safetensors"
     if stamp.exists() and stamp.stat().st_mtime >= max(src_st.stat().st_mtime,
@@ -80,6 +103,8 @@ def derive(src: Path, bf16: Path, out: Path) -> Path:
     q = cfg["quantization_config"]
     if "config_groups" in q:  # compressed-tensors
         q["ignore"] = list(q.get("ignore") or []) + ["re:.*self_attn.*"]
+        if ct_compat_011:
+            strip_new_ct_keys(q)
     else:  # ModelOpt
         key = "exclude_modules" if "exclude_modules" in q else "ignore"
         q[key] = list(q.get(key) or []) + ["model.layers.*.self_attn*"]
@@ -104,6 +129,7 @@ def derive(src: Path, bf16: Path, out: Path) -> Path:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 4:
+    if len(sys.argv) not in (4, 5):
         sys.exit(__doc__)
-    print(derive(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])))
+    print(derive(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]),
+                 ct_compat_011=sys.argv[4:] == ["--ct-compat-011"]))

@@ -31,6 +31,7 @@ import argparse
 import glob
 import json
 import math
+import signal
 import os
 import subprocess
 import sys
@@ -171,7 +172,7 @@ def run_cell(world: str, layout: str, ckpt_dir: str, column: str, limit: int,
     tp, dp, ep = LAYOUTS[layout]
     env_extra = dict(WORLD_ENV[world])
     model = MODELS / (BF16 if column == "bf16" else ckpt_dir)
-    served = servable(model)
+    served = servable(model, world)
     plugin, kernel = {"bf16": ("0", "emulator"), "ideal": ("1", "reference"),
                       "stock": ("0", "emulator"), "plugin": ("1", "emulator")}[column]
     if column == "bf16":
@@ -205,15 +206,18 @@ def run_cell(world: str, layout: str, ckpt_dir: str, column: str, limit: int,
     return res
 
 
-def servable(model: Path) -> Path:
+def servable(model: Path, world: str) -> Path:
     """The checkpoint itself, or (attention projections NVFP4 too: no CPU kernel for those) its
     experts-only derivation under accuracy/.derived/ (accuracy/experts_only.py says why)."""
     from accuracy import experts_only
 
     if not experts_only.attention_quantized(model):
         return model
-    return experts_only.derive(model, MODELS / BF16,
-                               REPO / "accuracy" / ".derived" / f"{model.name}-experts-only")
+    compat = world == "0.11.0"
+    return experts_only.derive(
+        model, MODELS / BF16,
+        REPO / "accuracy" / ".derived" / f"{model.name}-experts-only{'-ct011' if compat else ''}",
+        ct_compat_011=compat)
 
 
 def scales_info(ckpt_dir: str) -> dict:
@@ -346,7 +350,7 @@ import matplotlib.pyplot as plt
 rows = json.load(open(sys.argv[1]))
 cols = ["bf16", "ideal", "stock", "plugin"]
 colors = {"bf16": "#888888", "ideal": "#2b8cbe", "stock": "#e34a33", "plugin": "#31a354"}
-fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(rows)), 4.2))
+fig, ax = plt.subplots(figsize=(max(7, 1.7 * len(rows)), 4.6))
 w = 0.2
 for j, c in enumerate(cols):
     xs, ys, lo, hi = [], [], [], []
@@ -359,9 +363,9 @@ for j, c in enumerate(cols):
     ax.bar(xs, ys, w, yerr=[lo, hi], capsize=2, label=c, color=colors[c])
 ax.set_xticks(range(len(rows)))
 ax.set_xticklabels([f"{r['world']}\n{r['checkpoint']}\n{r['layout']}" for r in rows], fontsize=8)
-ax.set_ylim(0, 1.05); ax.set_ylabel("exact match (95 % Wilson)")
-ax.set_title("3-digit addition, Qwen3-MoE 6.7M, NVFP4 via vLLM OpenAI server + lm-eval")
-ax.legend(loc="lower left", fontsize=8, ncol=4)
+ax.set_ylim(0, 1.15); ax.set_ylabel("exact match (95 % Wilson)")
+ax.set_title("3-digit addition exact match, NVFP4 Qwen3-MoE (6.7M), vLLM OpenAI server + lm-eval", fontsize=9)
+ax.legend(loc="upper center", bbox_to_anchor=(0.5, 1.0), fontsize=8, ncol=4, framealpha=0.9)
 fig.tight_layout(); fig.savefig(sys.argv[2], dpi=110)
 """
 
@@ -388,6 +392,8 @@ def main() -> int:
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("--max-cells", type=int, default=0, help="stop after this many new cells")
     args = ap.parse_args()
+    # a plain `kill` must still stop the server's process group (server.serve's finally)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     data = load()
     todo = [] if args.report_only else plan([r for r in args.rows.split(",") if r],

@@ -24,7 +24,7 @@ case "$WORLD" in
           SIZE="~9 GiB"; SKIP_MORE=""
           EXTRA=(torch torchvision torchaudio flashinfer-python pytest safetensors) ;;
   0.32.0) VENV=.venv-engine-0.32.0; PINS=constraints-engine-0.32.0.txt; TORCH="torch 2.13.0"
-          NEED_GIB=12; SIZE="~4 GiB with the local +cpu torch, more with PyPI's CUDA torch"
+          NEED_GIB=12; SIZE="~4 GiB, more with PyPI's CUDA torch"
           SKIP_MORE="torchcodec"; EXTRA=(torch pytest safetensors "lm-eval[api]") ;;
   *) echo "[bootstrap-engine] unknown world '$WORLD' (0.11.0 or 0.32.0)" >&2; exit 2 ;;
 esac

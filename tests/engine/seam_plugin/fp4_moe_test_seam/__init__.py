@@ -58,7 +58,12 @@ Switches (environment, read in every process):
   ``FP4_MOE_TEST_SEAM=cpu``: platform + CPU shims only (bf16 models); anything else: nothing,
   so installing this package is harmless.
 * ``FP4_MOE_TEST_KERNEL=reference``: the MoE kernel is the ideal-NVFP4 oracle
-  (``simulation/reference_kernel.py``) instead of the emulator (the end-to-end reference).
+  (``simulation/reference_kernel.py``) instead of the emulator (the end-to-end reference; run
+  it with the plugin on, see ``reference_cutlass_fused_moe_prequantized``).
+* Backend the seam simulates: 0.11.0 ``VLLM_FLASHINFER_MOE_BACKEND`` (as before); oracle
+  ``FP4_MOE_TEST_BACKEND`` (``throughput`` = FlashInfer CUTLASS, the default, to be served with
+  ``--moe-backend flashinfer_cutlass``; ``latency`` = TRT-LLM, emulator only).
+* ``FP4_MOE_TEST_CPU_MOE_ISA=vec`` (oracle world): see :mod:`.cpu_shims`.
 """
 
 import importlib.util

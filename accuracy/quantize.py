@@ -10,9 +10,12 @@ yields a test pair), in the calibration modes people use:
           calibration token, so all experts of a layer get the same gate/up input scale
   routed  moe_calibrate_all_experts=False: each expert sees only the tokens routed to it, so
           the experts' input scales differ (the case stock vLLM mishandles)
-  dead    routed, with a deliberately tiny calibration set chosen so that exactly one expert of
-          one layer gets no calibration token: llmcompressor warns "Attempted to calibrate a
-          module input without statistics" and writes what it writes (sibling issue)
+  dead    routed, with a deliberately tiny calibration set chosen so that, in the bf16 model's
+          routing, exactly one expert of one layer gets no calibration token (llmcompressor's
+          own calibration pass, which quantizes as it goes, routed differently and left three
+          experts without tokens: accuracy/README.md). llmcompressor warns "Attempted to
+          calibrate a module input without statistics" and writes what it writes: the scale
+          tensor's uninitialised memory (values change from run to run; sibling issue)
 
 Usage: .venv-quant/bin/python accuracy/quantize.py {all,routed,dead} [--out DIR]
           [--samples N] [--bf16-dir accuracy/models/qwen3moe-add-bf16]

@@ -283,17 +283,34 @@ def _fmt(c: dict | None) -> str:
     return f"{c['accuracy']:.3f} [{c['wilson95'][0]:.3f}, {c['wilson95'][1]:.3f}] (n={c['n']})"
 
 
+def failure_reason(text: str) -> str:
+    """The most telling line of a failed cell: the plugin's own refusal if there is one."""
+    import re
+
+    for pat in (r"(InvalidScaleError|UncalibratedScaleError|InconsistentMoELayerError): ([^\n]{0,120})",
+                r"(\w+Error): ([^\n]{0,120})"):
+        m = re.search(pat, text)
+        if m:
+            return f"{m.group(1)}: {m.group(2)}"
+    return text.strip().splitlines()[-1][:120] if text.strip() else "failed"
+
+
 def table_rows(data: dict) -> list[dict]:
     cells = data.get("cells", {})
+    fails = data.get("failures", {})
     rows = []
     for world, layout in sorted(PRIORITY, key=lambda wl: (wl[0], WORLD_LAYOUTS[wl[0]].index(wl[1]))):
         for d, name, fmt in present_checkpoints():
             got = {col: cells.get(cell_key(world, layout, name, col)) for col in COLUMNS}
-            if not any(got[c] for c in ("ideal", "stock", "plugin")):
+            failed = {col: fails[cell_key(world, layout, name, col)].get("reason") or
+                      failure_reason(fails[cell_key(world, layout, name, col)]["error"])
+                      for col in COLUMNS if not got[col]
+                      and cell_key(world, layout, name, col) in fails}
+            if not any(got[c] or c in failed for c in ("ideal", "stock", "plugin")):
                 continue
             tp, dp, ep = LAYOUTS[layout]
             rows.append({"world": world, "layout": layout, "checkpoint": name, "format": fmt,
-                         "tp": tp, "dp": dp, "ep": ep, "cells": got,
+                         "tp": tp, "dp": dp, "ep": ep, "cells": got, "failed": failed,
                          "row_wall_s": round(sum(c["wall_s"] for c in got.values() if c), 1)})
     return rows
 
@@ -319,7 +336,8 @@ def write_markdown(data: dict) -> None:
                           if v.get("ep2_ratio_rank1_over_rank0") is not None) or "?"
         lines.append(f"| {r['world']} | {r['checkpoint']} ({r['format']}) | {r['layout']} "
                      f"(`{layout_flags(r['tp'], r['dp'], r['ep'])}`) | {ratio} | "
-                     + " | ".join(_fmt(r["cells"][c]) for c in COLUMNS)
+                     + " | ".join(_fmt(r["cells"][c]) if r["cells"][c] or c not in r["failed"]
+                                  else f"refused at load ({r['failed'][c]})" for c in COLUMNS)
                      + f" | {r['row_wall_s']/60:.1f} min |")
     table = "\n".join(lines)
     text = MD_OUT.read_text() if MD_OUT.exists() else "# Accuracy\n\n<!-- table -->\n<!-- /table -->\n"
@@ -415,7 +433,7 @@ def main() -> int:
         except Exception as e:  # record the failure, keep going with the next cell
             print(f"    FAILED: {str(e)[-1500:]}", flush=True)
             data.setdefault("failures", {})[key] = {
-                "error": str(e)[-3000:], "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                "error": str(e)[-3000:], "reason": failure_reason(str(e)), "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
             save(data)
             continue
         data["cells"][key] = cell

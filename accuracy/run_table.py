@@ -180,6 +180,19 @@ def run_cell(world: str, layout: str, ckpt_dir: str, column: str, limit: int,
     if column == "bf16":
         env_extra.update(BF16_ENV[world])
     t0 = time.monotonic()
+    try:
+        return _run_cell(world, layout, model, served, column, limit, log_dir, tp, dp, ep, plugin,
+                         kernel, env_extra, t0)
+    except Exception as e:
+        # the server's error is usually far above the log tail the exception carries: name the
+        # refusal from the whole log of this cell's server (the newest in log_dir)
+        logs = sorted(log_dir.glob("server-*.log"), key=lambda f: f.stat().st_mtime)
+        reason = failure_reason(logs[-1].read_text(errors="replace")) if logs else ""
+        raise RuntimeError(f"{reason}\n{e}") from e
+
+
+def _run_cell(world, layout, model, served, column, limit, log_dir, tp, dp, ep, plugin, kernel,
+              env_extra, t0) -> dict:
     with server.serve(served, world=world, plugin=plugin, kernel=kernel, tp=tp, dp=dp, ep=ep,
                       extra_args=WORLD_ARGS[world] if column != "bf16" else (),
                       env_extra=env_extra, ready_timeout_s=600.0, log_dir=log_dir) as s:
@@ -289,8 +302,9 @@ def failure_reason(text: str) -> str:
     """The most telling line of a failed cell: the plugin's own refusal if there is one."""
     import re
 
+    text = "\n".join(ln for ln in text.splitlines() if "ulimit" not in ln)
     for pat in (r"(InvalidScaleError|UncalibratedScaleError|InconsistentMoELayerError): ([^\n]{0,120})",
-                r"(\w+Error): ([^\n]{0,120})"):
+                r"(\w+Error): ((?!Engine core initialization failed)[^\n]{0,120})"):
         m = re.search(pat, text)
         if m:
             return f"{m.group(1)}: {m.group(2)}"

@@ -101,7 +101,7 @@ def derive(src: Path, bf16: Path, out: Path, ct_compat_011: bool = False) -> Pat
             shutil.copy2(f, out / f.name)
     cfg = json.loads((src / "config.json").read_text())
     q = cfg["quantization_config"]
-    if "config_groups" in q:  # compressed-tensors
+    if q.get("quant_method") != "modelopt":  # compressed-tensors
         q["ignore"] = list(q.get("ignore") or []) + ["re:.*self_attn.*"]
         if ct_compat_011:
             strip_new_ct_keys(q)

@@ -353,7 +353,7 @@ def write_markdown(data: dict) -> None:
         lines.append(f"| {r['world']} | {r['checkpoint']} ({r['format']}) | {r['layout']} "
                      f"(`{layout_flags(r['tp'], r['dp'], r['ep'])}`) | {ratio} | "
                      + " | ".join(_fmt(r["cells"][c]) if r["cells"][c] or c not in r["failed"]
-                                  else f"refused at load ({r['failed'][c]})" for c in COLUMNS)
+                                  else f"server failed to start: {r['failed'][c][:110]}" for c in COLUMNS)
                      + f" | {r['row_wall_s']/60:.1f} min |")
     table = "\n".join(lines)
     text = MD_OUT.read_text() if MD_OUT.exists() else "# Accuracy\n\n<!-- table -->\n<!-- /table -->\n"

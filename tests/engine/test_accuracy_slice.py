@@ -34,7 +34,7 @@ import pytest
 from accuracy import run_table
 from tests.engine import server
 
-pytestmark = [pytest.mark.cpu, pytest.mark.multiproc, pytest.mark.slow]
+pytestmark = [pytest.mark.cpu, pytest.mark.multiproc, pytest.mark.slow, pytest.mark.accuracy]
 
 N = int(os.environ.get("FP4MOE_ACCURACY_SLICE_N", "100"))
 # ct-all first: the routed-only checkpoint (9b7b037) has a negative input_global_scale

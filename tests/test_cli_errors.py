@@ -125,12 +125,15 @@ def _damage_single(root: Path, tmp_path: Path, how: str) -> tuple[Path, str]:
     if how == "nan_weight_scale":
         tensors[f"{name}.weight_scale_2"] = torch.tensor(float("nan"))
         fragment = f"{name}.weight_scale_2' is NaN"
-    elif how == "zero_input_scale":
-        tensors[f"{name}.input_scale"] = torch.tensor(0.0)
-        fragment = f"{name}.input_scale' is zero"
-    elif how == "negative_input_scale":
-        tensors[f"{name}.input_scale"] = torch.tensor(-1.0)
-        fragment = f"{name}.input_scale' is negative"
+    elif how == "zero_weight_scale":
+        tensors[f"{name}.weight_scale_2"] = torch.tensor(0.0)
+        fragment = f"{name}.weight_scale_2' is zero"
+    elif how == "negative_weight_scale":
+        tensors[f"{name}.weight_scale_2"] = torch.tensor(-1.0)
+        fragment = f"{name}.weight_scale_2' is negative"
+    elif how == "float8_input_scale":
+        tensors[f"{name}.input_scale"] = torch.tensor(0.5).to(torch.float8_e4m3fn)
+        fragment = f"{name}.input_scale' has dtype"
     elif how == "inf_weight_scale":
         tensors[f"{name}.weight_scale_2"] = torch.tensor(float("inf"))
         fragment = f"{name}.weight_scale_2' is inf"
@@ -148,14 +151,28 @@ def _damage_single(root: Path, tmp_path: Path, how: str) -> tuple[Path, str]:
 
 
 @pytest.mark.parametrize("how", ["truncated", "empty", "nan_weight_scale", "inf_weight_scale",
-                                 "zero_input_scale", "negative_input_scale",
-                                 "int32_input_scale", "bool_input_scale",
+                                 "zero_weight_scale", "negative_weight_scale",
+                                 "int32_input_scale", "bool_input_scale", "float8_input_scale",
                                  "vector_input_scale"])
 def test_bad_checkpoint_is_exit_2_naming_file_or_tensor(capsys, ckpt, tmp_path, how):
     path, fragment = _damage_single(ckpt, tmp_path, how)
     code, out, err = run(capsys, "audit", path)
     assert_bad_input(code, err, "bad checkpoint", fragment)
     assert out == ""
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, float("nan")])
+def test_uncalibrated_input_scale_is_a_finding_not_bad_input(capsys, ckpt, tmp_path, value):
+    """An activation scale no calibration produced (what llmcompressor writes for an expert it
+    never calibrated) is exit 1, a finding naming the expert; the plugin repairs it at load."""
+    ck = _copy(ckpt / "uniform", tmp_path / "uncal")
+    f = ck / "model.safetensors"
+    tensors = load_file(str(f))
+    tensors["model.layers.1.mlp.experts.3.down_proj.input_scale"] = torch.tensor(value)
+    save_file(tensors, str(f), metadata={"format": "pt"})
+    code, out, err = run(capsys, "audit", ck)
+    assert code == cli.EXIT_FINDING, err
+    assert "uncalibrated w2 input scale: expert(s) [3]" in out
 
 
 @pytest.mark.parametrize("how", ["truncated", "empty", "missing"])

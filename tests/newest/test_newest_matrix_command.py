@@ -14,10 +14,12 @@ pytestmark = [pytest.mark.cpu, pytest.mark.multiproc, pytest.mark.slow]
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "matrix-vllm-0.34.0.json"
 BACKENDS = {"flashinfer_cutlass", "flashinfer_trtllm"}
-# The errors are fp64 norms of fp32 CPU references, which are not bit-reproducible across
-# freshly built worlds/machines (one on 2026-12-03 reproduced the published file to 4e-7
-# relative, not bit for bit); a real change of the layer moves them by far more than this.
-FLOAT_REL = 1e-5
+# The errors are fp64 norms of fp32 CPU references against bf16 layer outputs, which are not
+# bit-reproducible across freshly built worlds/machines: one on 2026-12-03 reproduced the
+# published file to 4e-7 relative, another (third session) computed modelopt/single's 0.0016290
+# as 0.0016279 (6e-4, one bf16 rounding of the output; the code of the publishing session gave
+# the same there). A real change of the layer moves them by far more: a hole is >= 10x.
+FLOAT_REL = 1e-2
 
 
 def test_every_layout_and_format_has_a_row_per_backend(matrix_rows):

@@ -16,7 +16,7 @@ import torch
 from torch.nn import Parameter
 
 from vllm_fp4_moe_plugin import compat, consistency, scales
-from vllm_fp4_moe_plugin.log import get_logger, layer_label
+from vllm_fp4_moe_plugin.log import get_logger, layer_label, local_experts_note
 from vllm_fp4_moe_plugin.patches.init_prepare_finalize import flashinfer_cutlass
 from vllm_fp4_moe_plugin.patching import same_named_subclass
 
@@ -33,12 +33,6 @@ _RAW_SCALES = {
 
 # What stock vLLM 0.11.0 does with such an expert (docs/SUPPORT.md, uncalibrated experts).
 _STOCK_UNCALIBRATED = "Stock vLLM 0.11.0 uses it as it is (NaN or wrong outputs). "
-
-
-def local_experts_note(layer: torch.nn.Module) -> str:
-    """How messages qualify an expert index under EP: the layer holds only its rank's experts."""
-    ep_size = getattr(layer, "ep_size", 1)
-    return f" (local to EP rank {layer.ep_rank} of {ep_size})" if ep_size > 1 else ""
 
 
 class UnsupportedLayoutError(ValueError):

@@ -18,7 +18,7 @@ import torch
 from torch.nn import Parameter
 
 from vllm_fp4_moe_plugin import compat, consistency, scales
-from vllm_fp4_moe_plugin.log import get_logger, layer_label
+from vllm_fp4_moe_plugin.log import get_logger, layer_label, local_experts_note
 from vllm_fp4_moe_plugin.patching import same_named_subclass
 
 logger = get_logger("methods")
@@ -64,11 +64,9 @@ class SharedGemm1ScaleForDpMixin:
             param = getattr(layer, attr)
             scales.check_positive_finite(param, layer=layer_label(layer), name=attr,
                                          activation=True)
-            ep_size = getattr(layer, "ep_size", 1)
-            note = f" (local to EP rank {layer.ep_rank} of {ep_size})" if ep_size > 1 else ""
             repaired = scales.repair_uncalibrated(param.data, reciprocal=True,
                                                   layer=layer_label(layer), name=attr,
-                                                  index_note=note)
+                                                  index_note=local_experts_note(layer))
             if repaired is not param.data:
                 param.data.copy_(repaired)
 

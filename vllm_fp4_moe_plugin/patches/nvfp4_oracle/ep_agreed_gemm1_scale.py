@@ -15,11 +15,12 @@ itself: quantization scale and alphas agree by construction, as ModelOpt's alrea
 (``a2_scale``) is quantized and dequantized on the owning rank and is left alone. Every other
 layer, layout and backend goes through upstream's code with its arguments untouched.
 
-The wrapper also refuses NaN, inf, negative (and, for weight scales, zero) global scales in the
-checkpoint, naming the layer, the tensor and the expert, for every layer it sees; and it gives an
-expert whose activation scale is uncalibrated (a quantizer's 0 or ~1e-29 for an expert no
-calibration token reached) the calibrated experts' max amax, in ``a13_scale`` and ``a2_scale``,
-before upstream's max-collapse (or the EP agreement) could make it the whole layer's scale.
+The wrapper also refuses NaN, inf, zero and negative weight global scales in the checkpoint,
+naming the layer, the tensor and the expert, for every layer it sees; and it gives an expert
+whose activation scale is uncalibrated (whatever a quantizer wrote for an expert no calibration
+token reached: 0, 1e-29, a negative value, ...; ``scale_check.uncalibrated``) the calibrated
+experts' max amax, in ``a13_scale`` and ``a2_scale``, before upstream's max-collapse (or the EP
+agreement) could make it the whole layer's scale.
 """
 
 from __future__ import annotations

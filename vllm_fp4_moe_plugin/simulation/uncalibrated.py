@@ -116,7 +116,8 @@ def _rows(scenarios, labels, layouts, formats, progress) -> list[dict]:
     for name in layouts:
         layout = LAYOUTS[name]
         if progress:
-            progress(f"uncalibrated: {name} ({len(scenarios)} layers x {len(formats)} formats)")
+            progress(f"uncalibrated: {name} ({len(scenarios)} layers or planted experts x "
+                     f"{len(formats)} formats)")
         per_rank = spawn(layout, f"{__name__}:planted_outputs", tuple(scenarios), tuple(formats))
         for i, (scenario, label) in enumerate(zip(scenarios, labels)):
             ranks = [outputs[i] for outputs in per_rank]

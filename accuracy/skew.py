@@ -22,6 +22,11 @@ stock 0.11.0 (expert 0's scale for every expert) tokens routed to experts 4-7 ar
 Standard library only (F32 scalars in safetensors: JSON header + raw little-endian bytes).
 Writes ``skew-log.json`` (source checksum, factor, every edited value) next to the weights.
 
+Not committed (they would be 7.6 MB of copies of ct-all, and the repository must stay under the
+device tool's 64 MiB working-tree limit): ``ensure(factor)`` writes ``models/...-ep-skewF/``
+when it is missing or stale, and checks the result against ``OUTPUT_SHA256``, the bytes the
+published table was measured on. accuracy/run_table.py and the CI slice call it.
+
 Usage: python accuracy/skew.py FACTOR [--src DIR] [--out DIR]
 """
 
@@ -43,6 +48,30 @@ from accuracy.experts_only import read_header  # noqa: E402
 SRC = HERE / "models" / "qwen3moe-add-nvfp4-ct-all"
 RANK1_EXPERTS = (4, 5, 6, 7)
 KEY = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up)_proj\.input_global_scale$")
+
+
+# the labelled edits the accuracy table uses, and the model.safetensors each must come out as
+OUTPUT_SHA256 = {
+    1.5: "af99f2faaa527b24b3bff06ed88f6779083a82c0921f35aa070dc9c5dd7fdffe",
+    4.0: "7c87b50acd99ce1f87ca71259de160ae7078694ae7530145aaae7d31addd6285",
+}
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def ensure(factor: float) -> Path:
+    """models/...-ep-skewF/ of the table, written if missing or not the recorded bytes."""
+    out = default_out(factor)
+    st = out / "model.safetensors"
+    if not (st.is_file() and (out / "skew-log.json").is_file() and sha256(st) == OUTPUT_SHA256[factor]):
+        skew(SRC, out, factor)
+        got = sha256(st)
+        if got != OUTPUT_SHA256[factor]:
+            raise RuntimeError(f"{out}: wrote sha256 {got}, the table was measured on "
+                               f"{OUTPUT_SHA256[factor]}: is {SRC} changed?")
+    return out
 
 
 def default_out(factor: float) -> Path:
@@ -77,7 +106,7 @@ def skew(src: Path, out: Path, factor: float) -> dict:
         "label": f"EDITED: experts 4-7's gate/up input_global_scale / {factor:g} "
                  "(EP=2 GEMM1 slice-max ratio = factor); not a quantizer's output",
         "source": str(src.relative_to(HERE.parent)),
-        "source_sha256": hashlib.sha256((src / "model.safetensors").read_bytes()).hexdigest(),
+        "source_sha256": sha256(src / "model.safetensors"),
         "factor": factor, "experts": list(RANK1_EXPERTS), "edits": edits,
         "command": f"python accuracy/skew.py {factor:g}",
     }

@@ -653,3 +653,14 @@ def test_labelled_ep_skew_checkpoint_has_exactly_the_planted_slice_factor(tmp_pa
     assert [e["dp_ep_off_by"] for e in report["layers"]] == [pytest.approx(2.0)] * 2
     assert report["affected_layers_by_layout"]["dp_ep_allgather"] == 2
     assert report["affected_layers_by_layout"]["single"] == 0
+
+
+@pytest.mark.parametrize("factor", [1.5, 4.0])
+def test_labelled_ep_skew_checkpoint_is_regenerated_byte_for_byte(tmp_path, factor):
+    """The table's skew checkpoints are not committed: skew.py must rewrite exactly the bytes the
+    published rows were measured on (skew.OUTPUT_SHA256)."""
+    from accuracy import skew
+
+    out = tmp_path / "skew"
+    skew.skew(skew.SRC, out, factor)
+    assert skew.sha256(out / "model.safetensors") == skew.OUTPUT_SHA256[factor]

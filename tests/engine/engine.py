@@ -7,7 +7,8 @@ one this package runs in, so it is started as a subprocess with a clean ``VLLM_*
 Test-only, and outside the package on purpose: it needs ``<repo>/.venv-engine``, which only a
 repository checkout has. Used by ``tests/engine/test_engine_e2e.py`` and, from a checkout, by
 ``vllm-fp4-moe demo``, which loads this file by its path (``demo._engine_runner``); so it
-imports nothing from ``tests`` and nothing relative.
+imports nothing from ``tests`` and nothing relative (its sibling plugin_wheel.py by path). The
+engine runs the plugin wheel installed in ``.venv-engine``, outside the checkout.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -22,6 +24,17 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 RUNNER = Path(__file__).with_name("engine_run.py")
 ACTIVE_LINE = "vllm-fp4-moe-plugin active"
 DEFAULT_PROMPTS = [[1, 5, 9, 33, 100, 7, 250, 3], [2, 40, 41, 42, 300, 17]]
+
+
+def _plugin_wheel():
+    """The sibling plugin_wheel.py (standard library only), loaded by its path as this file is."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_fp4_moe_plugin_wheel",
+                                                  Path(__file__).with_name("plugin_wheel.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def engine_python() -> Optional[Path]:
@@ -37,13 +50,15 @@ def run_engine(checkpoint, *, plugin: str, kernel: str = "emulator", tp: int = 1
     if python is None:
         raise FileNotFoundError(
             f"{REPO_ROOT / '.venv-engine'} is missing: run ./scripts/bootstrap.sh --with-engine")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
-    env["PYTHONPATH"] = str(REPO_ROOT)
-    cmd = [str(python), str(RUNNER), "--checkpoint", str(checkpoint), "--plugin", plugin,
+    _plugin_wheel().check(REPO_ROOT / ".venv-engine", "0.11.0")
+    # the world's installed plugin wheel, not the checkout: no PYTHONPATH, cwd outside it
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("VLLM_") and k != "PYTHONPATH"}
+    cmd = [str(python), str(RUNNER), "--checkpoint", str(Path(checkpoint).resolve()), "--plugin", plugin,
            "--kernel", kernel, "--tp", str(tp), "--pp", str(pp),
            "--prompts", json.dumps(prompts), "--max-tokens", str(max_tokens)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s,
-                          cwd=str(REPO_ROOT))
+                          cwd=tempfile.gettempdir())
     log = proc.stdout + proc.stderr
     if proc.returncode != 0:
         raise RuntimeError(f"engine run failed ({' '.join(cmd[2:])}):\n{log[-4000:]}")

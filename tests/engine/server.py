@@ -2,7 +2,10 @@
 world, wait until it is ready, talk to it, and always stop it.
 
 Test-only, outside the package (it needs a checkout's ``.venv-engine*``); like ``engine.py`` it
-imports nothing from ``tests`` and only the standard library, so any Python can drive it.
+imports only the standard library and its sibling ``plugin_wheel``, so any Python can drive it.
+
+* The plugin is the world's installed wheel (plugin_wheel.py): the server runs outside the
+  checkout (cwd = its log folder, no PYTHONPATH), and does not start if that wheel is stale.
 
 * Loopback only: the server is told ``--host 127.0.0.1`` and every request goes there.
 * Bounded: readiness is polled at most ``ready_timeout_s`` seconds, each request has a timeout,
@@ -31,6 +34,11 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional
+
+try:
+    from . import plugin_wheel
+except ImportError:  # imported as a top-level module
+    import plugin_wheel
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
@@ -117,9 +125,9 @@ def engine_env(*, plugin: str, kernel: str = "emulator", seam: bool = True,
                omp_bind: Optional[str] = None) -> dict:
     """The environment of one server: the caller's minus every ``VLLM_*``, plus the plugin
     switch, the test seam (``fp4_moe_test_seam``) and the CPU engine settings."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("VLLM_") and k != "PYTHONPATH"}
     env.update({
-        "PYTHONPATH": str(REPO_ROOT),
         "VLLM_FP4_MOE_PLUGIN": plugin,
         "FP4_MOE_TEST_SEAM": "1" if seam else "0",
         "FP4_MOE_TEST_KERNEL": kernel,
@@ -147,6 +155,9 @@ def serve(model: str, *, world: str = "0.32.0", plugin: str = "1", kernel: str =
     if python is None:
         raise FileNotFoundError(f"{REPO_ROOT / WORLDS[world]} is missing: run "
                                 f"./scripts/bootstrap-engine.sh {world}")
+    plugin_wheel.check(REPO_ROOT / WORLDS[world], world)
+    if Path(model).exists():
+        model = str(Path(model).resolve())  # the server runs in its log folder
     workers, ncpu = tp * dp, os.cpu_count() or 1
     # several workers on one NUMA node: one core list per worker ("0|1"); vLLM slices the
     # list per local DP rank
@@ -173,7 +184,7 @@ def serve(model: str, *, world: str = "0.32.0", plugin: str = "1", kernel: str =
     t0 = time.monotonic()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                cwd=str(REPO_ROOT), start_new_session=True)
+                                cwd=str(log_dir), start_new_session=True)
     server = Server(base_url=url, log_path=log_path, proc=proc, started_at=t0, env=env)
     try:
         deadline = t0 + ready_timeout_s

@@ -1,0 +1,34 @@
+"""The engine worlds serve the plugin from its built wheel (tests/engine/plugin_wheel.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.engine import plugin_wheel, server
+
+pytestmark = [pytest.mark.cpu]
+
+
+def test_stale_wheel_is_refused_with_the_command_that_fixes_it(tmp_path):
+    (tmp_path / plugin_wheel.STAMP).write_text(json.dumps({"source_sha256": "0" * 64}))
+    with pytest.raises(RuntimeError, match=r"not built from .* run \./scripts/bootstrap-engine"
+                                           r"\.sh 0\.32\.0"):
+        plugin_wheel.check.__wrapped__(tmp_path, "0.32.0")
+
+
+def test_source_hash_covers_the_package_and_its_metadata():
+    names = {str(f.relative_to(plugin_wheel.REPO_ROOT)) for f in plugin_wheel._files()}
+    assert {"setup.cfg", "pyproject.toml", "vllm_fp4_moe_plugin/__init__.py"} <= names
+    assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+
+
+@pytest.mark.parametrize("world", sorted(server.WORLDS))
+def test_built_world_imports_the_current_wheel(world):
+    venv = server.REPO_ROOT / server.WORLDS[world]
+    if server.world_python(world) is None:
+        pytest.skip(f"{venv} not built")
+    # Reference check: the stamp bootstrap-engine.sh wrote names the wheel it installed.
+    assert json.loads((venv / plugin_wheel.STAMP).read_text())["wheel"].endswith(".whl")
+    plugin_wheel.check.__wrapped__(venv, world)  # raises on a stale, editable or shadowed one

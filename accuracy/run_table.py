@@ -70,6 +70,7 @@ CHECKPOINTS = {
     # the DeepSeek-V3 architecture (accuracy/train.py --arch deepseek_v3), routed experts NVFP4;
     # routed calibration only: its all-experts checkpoint is not committed (accuracy/README.md)
     "deepseekv3-add-nvfp4-ct-routed": ("dsv3-ct-routed", "compressed-tensors"),
+    "deepseekv3-add-nvfp4-ct-routed-ep-skew4": ("dsv3-ct-routed-ep-skew4", "compressed-tensors"),
 }
 
 
@@ -338,8 +339,8 @@ def materialize_edits() -> None:
     """The labelled skew checkpoints are generated, not committed (accuracy/skew.py)."""
     from accuracy import skew
 
-    for factor in skew.OUTPUT_SHA256:
-        skew.ensure(factor)
+    for src_name, factor in skew.OUTPUT_SHA256:
+        skew.ensure(src_name, factor)
 
 
 def present_checkpoints() -> list[tuple[str, str, str]]:

@@ -655,12 +655,17 @@ def test_labelled_ep_skew_checkpoint_has_exactly_the_planted_slice_factor(tmp_pa
     assert report["affected_layers_by_layout"]["single"] == 0
 
 
-@pytest.mark.parametrize("factor", [1.5, 4.0])
-def test_labelled_ep_skew_checkpoint_is_regenerated_byte_for_byte(tmp_path, factor):
+@pytest.mark.parametrize("src_name,factor", [("qwen3moe-add-nvfp4-ct-all", 1.5),
+                                             ("qwen3moe-add-nvfp4-ct-all", 4.0),
+                                             ("deepseekv3-add-nvfp4-ct-routed", 4.0)])
+def test_labelled_ep_skew_checkpoint_is_regenerated_byte_for_byte(tmp_path, src_name, factor):
     """The table's skew checkpoints are not committed: skew.py must rewrite exactly the bytes the
     published rows were measured on (skew.OUTPUT_SHA256)."""
     from accuracy import skew
 
     out = tmp_path / "skew"
-    skew.skew(skew.SRC, out, factor)
-    assert skew.sha256(out / "model.safetensors") == skew.OUTPUT_SHA256[factor]
+    skew.skew(MODELS / src_name, out, factor)
+    assert skew.sha256(out / "model.safetensors") == skew.OUTPUT_SHA256[(src_name, factor)]
+    assert set(skew.OUTPUT_SHA256) == {("qwen3moe-add-nvfp4-ct-all", 1.5),
+                                       ("qwen3moe-add-nvfp4-ct-all", 4.0),
+                                       ("deepseekv3-add-nvfp4-ct-routed", 4.0)}

@@ -47,6 +47,11 @@ oracle (0.32.0)          ``CPUUnquantizedExperts.   it receives ``expert_map`` a
                          ``expert_map``             rank's local weights and ``cpu_fused_moe``
                          (:mod:`.cpu_shims`)        segfaults; ids are mapped, weights of other
                                                     ranks' experts zeroed
+both                     ``RotaryEmbedding``        the CPU rotary op rotates one head of a
+                         hands the CPU rotary op    3-D ``[tokens, heads, dim]`` query
+                         2-D copies                 (DeepSeek's ``q_pe``): a trained
+                         (:mod:`.cpu_shims`)        DeepSeek-V3 scored 0.000 in both engines
+                                                    (transformers 1.000); probed on the op
 oracle (0.32.0)          :func:`simulation.         the SM100 GPU, FlashInfer 0.7.3 and
                          blackwell_oracle.          ``vllm._C``'s NVFP4 ops (the module's own
                          simulated_blackwell`       table); without it NVFP4 MoE stops at "No

@@ -463,25 +463,31 @@ import matplotlib.pyplot as plt
 rows = json.load(open(sys.argv[1]))
 cols = ["bf16", "ideal", "stock", "plugin"]
 colors = {"bf16": "#888888", "ideal": "#2b8cbe", "stock": "#e34a33", "plugin": "#31a354"}
-fig, ax = plt.subplots(figsize=(max(7, 1.7 * len(rows)), 4.6))
-w = 0.2
+# one horizontal group of bars per row (rows top to bottom as in the table): readable at any
+# number of rows
+fig, ax = plt.subplots(figsize=(9, 1.6 + 0.42 * len(rows)))
+h = 0.2
 for j, c in enumerate(cols):
-    xs, ys, lo, hi = [], [], [], []
+    ys, xs, lo, hi = [], [], [], []
     for i, r in enumerate(rows):
         cell = r["cells"].get(c)
         if not cell:
             continue
-        xs.append(i + (j - 1.5) * w); ys.append(cell["accuracy"])
+        ys.append(i + (j - 1.5) * h); xs.append(cell["accuracy"])
         # max(0, ...): at 500/500 the float upper bound lands a hair below 1.0
         lo.append(max(0.0, cell["accuracy"] - cell["wilson95"][0]))
         hi.append(max(0.0, cell["wilson95"][1] - cell["accuracy"]))
-    ax.bar(xs, ys, w, yerr=[lo, hi], capsize=2, label=c, color=colors[c])
-ax.set_xticks(range(len(rows)))
-ax.set_xticklabels([f"{r['world']}\n{r['checkpoint']}{' (EDITED)' if r.get('edited') else ''}\n{r['layout']}" for r in rows], fontsize=8)
-ax.set_ylim(0, 1.15); ax.set_ylabel("exact match (95 % Wilson)")
-ax.set_title("3-digit addition exact match, NVFP4 MoE (Qwen3-MoE 6.7M; dsv3 = DeepSeek-V3 8.8M), vLLM OpenAI server + lm-eval", fontsize=9)
-ax.legend(loc="upper center", bbox_to_anchor=(0.5, 1.0), fontsize=8, ncol=4, framealpha=0.9)
-fig.tight_layout(); fig.savefig(sys.argv[2], dpi=110)
+    ax.barh(ys, xs, h, xerr=[lo, hi], capsize=1.5, label=c, color=colors[c])
+ax.set_yticks(range(len(rows)))
+ax.set_yticklabels([f"{r['world']} {r['layout']}  {r['checkpoint']}{' (EDITED)' if r.get('edited') else ''}"
+                    for r in rows], fontsize=7.5)
+ax.invert_yaxis()
+ax.set_xlim(0, 1.0); ax.set_xlabel("exact match (95 % Wilson)")
+ax.set_title("3-digit addition exact match through vLLM's OpenAI server + lm-eval\n"
+             "NVFP4 MoE: Qwen3-MoE 6.7M; dsv3 = DeepSeek-V3 8.8M", fontsize=9)
+ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.5 / len(rows) - 0.04), fontsize=8,
+          ncol=4, frameon=False)
+fig.tight_layout(); fig.savefig(sys.argv[2], dpi=100)
 """
 
 

@@ -34,6 +34,9 @@ def test_checkout_with_venv_engine_loads_the_runner_by_path(tmp_path, monkeypatc
     (tmp_path / "tests" / "engine").mkdir(parents=True)
     (tmp_path / "tests" / "engine" / "engine.py").write_text(
         (ROOT / "tests" / "engine" / "engine.py").read_text())
+    # a world whose plugin wheel is current (the real check: the next test)
+    (tmp_path / "tests" / "engine" / "plugin_wheel.py").write_text(
+        "def check(venv, world):\n    pass\n")
     (tmp_path / ".venv-engine" / "bin").mkdir(parents=True)
     (tmp_path / ".venv-engine" / "bin" / "python").touch()
     monkeypatch.setattr(demo, "_checkout_root", lambda: tmp_path)
@@ -41,3 +44,16 @@ def test_checkout_with_venv_engine_loads_the_runner_by_path(tmp_path, monkeypatc
     assert why == "" and runner.__file__ == str(tmp_path / "tests" / "engine" / "engine.py")
     assert runner.REPO_ROOT == tmp_path.resolve() and runner.engine_python() is not None
     assert {"ACTIVE_LINE", "run_engine", "max_logprob_gap"} <= set(vars(runner))
+
+
+def test_engine_demo_is_skipped_with_the_fix_when_the_worlds_wheel_is_stale(tmp_path,
+                                                                             monkeypatch):
+    (tmp_path / "tests" / "engine").mkdir(parents=True)
+    for name in ("engine.py", "plugin_wheel.py"):
+        (tmp_path / "tests" / "engine" / name).write_text(
+            (ROOT / "tests" / "engine" / name).read_text())
+    (tmp_path / ".venv-engine" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv-engine" / "bin" / "python").touch()
+    monkeypatch.setattr(demo, "_checkout_root", lambda: tmp_path)
+    runner, why = demo._engine_runner()  # no .plugin-wheel stamp: never built from this source
+    assert runner is None and "./scripts/bootstrap-engine.sh 0.11.0" in why

@@ -35,6 +35,8 @@ def _files() -> list[Path]:
     out = []
     for name in SOURCES:
         p = REPO_ROOT / name
+        if not p.exists():
+            continue  # not a full checkout: the hash then matches no build
         out += sorted(f for f in p.rglob("*") if f.is_file() and "__pycache__" not in f.parts
                       and f.suffix != ".pyc") if p.is_dir() else [p]
     return out

@@ -65,59 +65,10 @@ DS = {"hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 256
 DEFAULT_OUT = {"qwen3_moe": "qwen3moe-add-bf16", "deepseek_v3": "deepseekv3-add-bf16"}
 
 
-def deepseek_config_dict() -> dict:
-    """--arch deepseek_v3's config.json: every key vLLM 0.11.0 / 0.32.0's DeepseekV2 model and
-    both transformers majors read, explicitly (their defaults are the 671B model's)."""
+def shared_config() -> dict:
+    """The config keys both architectures write alike (tokens, rope, norms, dtype)."""
     v = task.vocab()
     return {
-        "architectures": ["DeepseekV3ForCausalLM"],
-        "model_type": "deepseek_v3",
-        "vocab_size": task.VOCAB_SIZE,
-        **DS,
-        "num_key_value_heads": DS["num_attention_heads"],
-        "moe_layer_freq": 1,
-        "topk_method": "noaux_tc",
-        "scoring_func": "sigmoid",
-        "norm_topk_prob": True,
-        "ep_size": 1,
-        "hidden_act": "silu",
-        "max_position_embeddings": MAX_POS,
-        "initializer_range": 0.02,
-        "rms_norm_eps": 1e-6,
-        "use_cache": True,
-        "tie_word_embeddings": False,
-        "rope_theta": ROPE_THETA,
-        "rope_scaling": None,
-        "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA},
-        "rope_interleave": True,      # the checkpoint's rope dims interleaved, as DeepSeek's
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "num_nextn_predict_layers": 0,
-        "bos_token_id": v[task.BOS],
-        "eos_token_id": v[task.EOS],
-        "pad_token_id": v[task.PAD],
-        "torch_dtype": "bfloat16",
-        "dtype": "bfloat16",
-    }
-
-
-def config_dict(arch: str = "qwen3_moe") -> dict:
-    """The model's config.json, written by hand so that both transformers majors and vLLM
-    0.11.0 read the same model (see the module docstring)."""
-    if arch == "deepseek_v3":
-        return deepseek_config_dict()
-    v = task.vocab()
-    return {
-        "architectures": ["Qwen3MoeForCausalLM"],
-        "model_type": "qwen3_moe",
-        "vocab_size": task.VOCAB_SIZE,
-        "hidden_size": HIDDEN,
-        "intermediate_size": MOE_INTER,   # dense-MLP width; unused (no mlp_only_layers)
-        "moe_intermediate_size": MOE_INTER,
-        "num_hidden_layers": LAYERS,
-        "num_attention_heads": HEADS,
-        "num_key_value_heads": KV_HEADS,
-        "head_dim": HEAD_DIM,
         "hidden_act": "silu",
         "max_position_embeddings": MAX_POS,
         "initializer_range": 0.02,
@@ -129,6 +80,50 @@ def config_dict(arch: str = "qwen3_moe") -> dict:
         "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA},  # transformers 5
         "attention_bias": False,
         "attention_dropout": 0.0,
+        "bos_token_id": v[task.BOS],
+        "eos_token_id": v[task.EOS],
+        "pad_token_id": v[task.PAD],
+        "torch_dtype": "bfloat16",
+        "dtype": "bfloat16",
+    }
+
+
+def deepseek_config_dict() -> dict:
+    """--arch deepseek_v3's config.json: every key vLLM 0.11.0 / 0.32.0's DeepseekV2 model and
+    both transformers majors read, explicitly (their defaults are the 671B model's)."""
+    return {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "vocab_size": task.VOCAB_SIZE,
+        **DS,
+        "num_key_value_heads": DS["num_attention_heads"],
+        "moe_layer_freq": 1,
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "norm_topk_prob": True,
+        "ep_size": 1,
+        "rope_interleave": True,      # the checkpoint's rope dims interleaved, as DeepSeek's
+        "num_nextn_predict_layers": 0,
+        **shared_config(),
+    }
+
+
+def config_dict(arch: str = "qwen3_moe") -> dict:
+    """The model's config.json, written by hand so that both transformers majors and vLLM
+    0.11.0 read the same model (see the module docstring)."""
+    if arch == "deepseek_v3":
+        return deepseek_config_dict()
+    return {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "vocab_size": task.VOCAB_SIZE,
+        "hidden_size": HIDDEN,
+        "intermediate_size": MOE_INTER,   # dense-MLP width; unused (no mlp_only_layers)
+        "moe_intermediate_size": MOE_INTER,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS,
+        "head_dim": HEAD_DIM,
         "use_sliding_window": False,
         "sliding_window": None,
         "max_window_layers": LAYERS,
@@ -140,11 +135,7 @@ def config_dict(arch: str = "qwen3_moe") -> dict:
         "norm_topk_prob": True,
         "output_router_logits": False,
         "router_aux_loss_coef": AUX_COEF,
-        "bos_token_id": v[task.BOS],
-        "eos_token_id": v[task.EOS],
-        "pad_token_id": v[task.PAD],
-        "torch_dtype": "bfloat16",
-        "dtype": "bfloat16",
+        **shared_config(),
     }
 
 

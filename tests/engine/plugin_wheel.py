@@ -26,14 +26,16 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "vllm_fp4_moe_plugin"
-# what the wheel is built from (setup.cfg reads README.md as the long description)
+# what the wheel is built from; HASHED decides when it is rebuilt: README.md (setup.cfg's long
+# description) only changes the wheel's metadata, not what an engine runs, and is edited often
 SOURCES = (PACKAGE, "setup.cfg", "pyproject.toml", "README.md")
+HASHED = (PACKAGE, "setup.cfg", "pyproject.toml")
 STAMP = ".plugin-wheel"
 
 
-def _files() -> list[Path]:
+def _files(names: tuple = SOURCES) -> list[Path]:
     out = []
-    for name in SOURCES:
+    for name in names:
         p = REPO_ROOT / name
         if not p.exists():
             continue  # not a full checkout: the hash then matches no build
@@ -44,7 +46,7 @@ def _files() -> list[Path]:
 
 def source_hash() -> str:
     h = hashlib.sha256()
-    for f in _files():
+    for f in _files(HASHED):
         h.update(str(f.relative_to(REPO_ROOT)).encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()
 

@@ -19,8 +19,10 @@ def test_stale_wheel_is_refused_with_the_command_that_fixes_it(tmp_path):
 
 
 def test_source_hash_covers_the_package_and_its_metadata():
-    names = {str(f.relative_to(plugin_wheel.REPO_ROOT)) for f in plugin_wheel._files()}
+    names = {str(f.relative_to(plugin_wheel.REPO_ROOT))
+             for f in plugin_wheel._files(plugin_wheel.HASHED)}
     assert {"setup.cfg", "pyproject.toml", "vllm_fp4_moe_plugin/__init__.py"} <= names
+    assert "README.md" not in names  # metadata only: a doc edit must not make the worlds stale
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
 
 

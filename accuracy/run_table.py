@@ -93,9 +93,12 @@ PRIORITY = [("0.32.0", "dp2ep"), ("0.11.0", "single"), ("0.11.0", "tp2ep"),
 # Per world: what a server needs besides server.serve()'s defaults. 0.11.0: the FlashInfer
 # CUTLASS ("throughput") NVFP4 MoE path as tests/engine/engine_run.py selects it; 0.32.0: the
 # FlashInfer CUTLASS backend through the oracle (tests/engine/test_engine32_e2e.py).
+# VLLM_SLEEP_WHEN_IDLE=1 (0.11.0; numerics unchanged): without it the two TP workers spin on
+# sched_yield whenever they wait (shm_broadcast.SpinTimer) and starve every other process on
+# two cores: a 200-problem TP=2+EP cell's lm-eval took 528-3475 s, with it 26-28 s (measured).
 WORLD_ENV = {
     "0.11.0": {"VLLM_USE_FLASHINFER_MOE_FP4": "1", "VLLM_FLASHINFER_MOE_BACKEND": "throughput",
-               "VLLM_MLA_DISABLE": "1"},
+               "VLLM_MLA_DISABLE": "1", "VLLM_SLEEP_WHEN_IDLE": "1"},
     "0.32.0": {},
 }
 WORLD_ARGS = {"0.11.0": (), "0.32.0": ("--moe-backend", "flashinfer_cutlass")}
@@ -316,6 +319,34 @@ def edited(ckpt_dir: str) -> bool:
     return (MODELS / ckpt_dir / "skew-log.json").is_file()
 
 
+def hold_writer_lock(json_out: Path):
+    """One writer per JSON: a second run_table on the same file would drop the first one's cells.
+
+    ``save`` rewrites the whole file from this process's copy, so two concurrent runs lose
+    cells silently. An exclusive ``flock`` (released by the OS when the process ends, even on
+    SIGKILL) makes the second run stop at once, naming the first one's PID. Returns the open
+    lock file, to be kept for the life of the run.
+    """
+    import fcntl
+    import hashlib
+    tag = hashlib.sha256(str(json_out.resolve()).encode()).hexdigest()[:16]
+    path = Path(tempfile.gettempdir()) / f"fp4-moe-run-table-{tag}.lock"
+    f = open(path, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "unknown"
+        f.close()
+        raise SystemExit(f"run_table: another run is writing {json_out} (pid {holder}); wait for "
+                         f"it, or write a trial table with --json OTHER.json") from None
+    f.seek(0)
+    f.truncate()
+    f.write(str(os.getpid()))
+    f.flush()
+    return f
+
+
 def load() -> dict:
     if JSON_OUT.exists():
         return json.loads(JSON_OUT.read_text())
@@ -522,6 +553,7 @@ def main() -> int:
         JSON_OUT = args.json.resolve()
     # a plain `kill` must still stop the server's process group (server.serve's finally)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    lock = hold_writer_lock(JSON_OUT)  # noqa: F841  (held until the process ends)
 
     materialize_edits()
     data = load()

@@ -1,0 +1,36 @@
+"""accuracy/run_table.py's guards that need no engine: one writer per table JSON."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from accuracy import run_table
+
+pytestmark = pytest.mark.cpu
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_second_writer_of_one_json_stops_naming_the_first(tmp_path):
+    out = tmp_path / "table.json"
+    held = run_table.hold_writer_lock(out)
+    try:
+        # a second run_table process on the same JSON: it must stop, not overwrite our cells
+        r = subprocess.run(
+            [sys.executable, "-c",
+             "import sys; from pathlib import Path; from accuracy import run_table; "
+             f"run_table.hold_writer_lock(Path({str(out)!r}))"],
+            cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert r.returncode != 0
+        assert f"another run is writing {out}" in r.stderr
+        assert f"pid {os.getpid()}" in r.stderr
+        # a different JSON (a trial table) is not blocked
+        other = run_table.hold_writer_lock(tmp_path / "trial.json")
+        other.close()
+    finally:
+        held.close()
+    # released with its holder: the next run takes it
+    run_table.hold_writer_lock(out).close()

@@ -561,11 +561,13 @@ def main() -> int:
                                             tuple(c for c in args.columns.split(",") if c))
     log_dir = Path(tempfile.mkdtemp(prefix="accuracy-servers-"))
     done = 0
+    measured: set[str] = set()
     t_all = time.monotonic()
     for i, (world, layout, d, col) in enumerate(todo):
         name = CHECKPOINTS[d][0]
         key = cell_key(world, layout, name, col)
-        if key in data["cells"] and not args.force:
+        if key in data["cells"] and (not args.force or key in measured):
+            # (a bf16 cell is shared by every checkpoint of its model: measured once per run)
             print(f"[{i+1}/{len(todo)}] {key}: in {JSON_OUT.name}, skipped", flush=True)
             continue
         if args.max_cells and done >= args.max_cells:
@@ -580,6 +582,7 @@ def main() -> int:
             save(data)
             continue
         data["cells"][key] = cell
+        measured.add(key)
         data.get("failures", {}).pop(key, None)
         done += 1
         save(data)

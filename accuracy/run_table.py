@@ -93,9 +93,12 @@ PRIORITY = [("0.32.0", "dp2ep"), ("0.11.0", "single"), ("0.11.0", "tp2ep"),
 # Per world: what a server needs besides server.serve()'s defaults. 0.11.0: the FlashInfer
 # CUTLASS ("throughput") NVFP4 MoE path as tests/engine/engine_run.py selects it; 0.32.0: the
 # FlashInfer CUTLASS backend through the oracle (tests/engine/test_engine32_e2e.py).
-# VLLM_SLEEP_WHEN_IDLE=1 (0.11.0; numerics unchanged): without it the two TP workers spin on
-# sched_yield whenever they wait (shm_broadcast.SpinTimer) and starve every other process on
-# two cores: a 200-problem TP=2+EP cell's lm-eval took 528-3475 s, with it 26-28 s (measured).
+# VLLM_SLEEP_WHEN_IDLE=1 (0.11.0): without it the two TP workers spin on sched_yield whenever
+# they wait (shm_broadcast.SpinTimer) and starve every other process on two cores: a
+# 200-problem TP=2+EP cell's lm-eval took 528-3475 s, with it 26-28 s (measured). Not proven
+# numerically neutral: the offline TP=2 engine test gave another greedy continuation of its
+# random model in 3 of 7 runs with it (tests/engine/engine_run.py no longer sets it); each cell
+# records it in the JSON's env.
 WORLD_ENV = {
     "0.11.0": {"VLLM_USE_FLASHINFER_MOE_FP4": "1", "VLLM_FLASHINFER_MOE_BACKEND": "throughput",
                "VLLM_MLA_DISABLE": "1", "VLLM_SLEEP_WHEN_IDLE": "1"},

@@ -96,9 +96,7 @@ PRIORITY = [("0.32.0", "dp2ep"), ("0.11.0", "single"), ("0.11.0", "tp2ep"),
 # VLLM_SLEEP_WHEN_IDLE=1 (0.11.0): without it the two TP workers spin on sched_yield whenever
 # they wait (shm_broadcast.SpinTimer) and starve every other process on two cores: a
 # 200-problem TP=2+EP cell's lm-eval took 528-3475 s, with it 26-28 s (measured). Not proven
-# numerically neutral: the offline TP=2 engine test gave another greedy continuation of its
-# random model in 3 of 7 runs with it (tests/engine/engine_run.py no longer sets it); each cell
-# records it in the JSON's env.
+# numerically neutral (docs/ACCURACY.md, "Times"); each cell records it in the JSON's env.
 WORLD_ENV = {
     "0.11.0": {"VLLM_USE_FLASHINFER_MOE_FP4": "1", "VLLM_FLASHINFER_MOE_BACKEND": "throughput",
                "VLLM_MLA_DISABLE": "1", "VLLM_SLEEP_WHEN_IDLE": "1"},

@@ -38,10 +38,8 @@ def main() -> int:
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
         "VLLM_MLA_DISABLE": "1",  # vLLM's CPU platform has no MLA backend
-        # Not VLLM_SLEEP_WHEN_IDLE=1: with it, the TP=2 plugin run intermittently gave another
-        # (always the same) greedy continuation of the tiny random model, whose near-flat
-        # logits flip on a small perturbation: 3 of 7 runs of test_tp2_multiprocessing_executor,
-        # 0 of 6 without (2026-12-04, CPU). Cause not isolated; it saved only 11 s here.
+        # Not VLLM_SLEEP_WHEN_IDLE=1: it made test_tp2_multiprocessing_executor flaky
+        # (docs/ACCURACY.md, "Times").
         "HF_HUB_OFFLINE": "1",
     })
     if args.tp * args.pp == 1:

@@ -22,6 +22,12 @@ __version__ = "0.1.0"
 # patch could not be applied: none is, and importing vLLM's NVFP4 MoE modules raises).
 _state: str | None = None
 _reason: str = ""
+_design = None  # support.Design the probe saw when the switch is on (None: unknown / not yet)
+
+
+class PluginInactiveError(RuntimeError):
+    """``VLLM_FP4_MOE_PLUGIN=1`` with ``VLLM_FP4_MOE_PLUGIN_CHECK=strict``, on a vLLM the
+    plugin cannot patch: the process refuses to start rather than serve stock vLLM."""
 
 
 def register() -> None:
@@ -32,30 +38,51 @@ def register() -> None:
     from vllm_fp4_moe_plugin import envs
 
     envs.VLLM_FP4_MOE_PLUGIN_CHECK  # validated whenever set, the plugin on or off
+    envs.VLLM_FP4_MOE_PLUGIN_TIMEOUT_S
+    from vllm_fp4_moe_plugin import fleet
+
     if not envs.VLLM_FP4_MOE_PLUGIN:  # raises ValueError on a bad value: fail loudly
         _state, _reason = "inert", "VLLM_FP4_MOE_PLUGIN is not 1"
         if "VLLM_FP4_MOE_PLUGIN" not in os.environ:  # unset: watch (read-only) and warn once
             from vllm_fp4_moe_plugin import off_warning
 
             off_warning.install()
+        fleet.watch(_report)  # off too: a rank that is off must not serve next to one that is on
         return
     from vllm_fp4_moe_plugin import import_hook
 
     _state, _reason = "pending", "waiting for vLLM to import its NVFP4 MoE modules"
     import_hook.run_after_first_import(TRIGGER_MODULES, _install)
+    fleet.watch(_report)
+
+
+def _report():
+    from vllm_fp4_moe_plugin.fleet import Report
+
+    return Report(__version__, _state, _reason, _design)
 
 
 def _install() -> None:
-    """Probe the installed vLLM, let the ledger decide, apply; one INFO line either way."""
-    global _state, _reason
+    """Probe the installed vLLM, let the ledger decide, apply; one line either way: INFO when
+    active or when upstream already computes right, a WARNING (strict: an error) when the installed
+    vLLM cannot be patched."""
+    global _state, _reason, _design
     from vllm_fp4_moe_plugin import patches
     from vllm_fp4_moe_plugin.log import get_logger
 
     logger = get_logger()
     result = patches.plan()
+    _design = result.design
     if not result.install:
         _state, _reason = "inactive", result.reason
-        logger.info("vllm-fp4-moe-plugin inactive: %s.", result.reason)
+        if result.upstream_fixed:  # upstream already computes right: nothing to fix
+            logger.info("vllm-fp4-moe-plugin inactive: %s.", result.reason)
+            return
+        try:
+            _refuse_or_warn_inactive(result.reason)
+        except PluginInactiveError:
+            _state = "failed"
+            raise
         return
     try:  # all or nothing: on failure no patch is left and this process refuses to serve
         replaced = patches.apply_targets(result.design, result.patches)
@@ -71,6 +98,31 @@ def _install() -> None:
                 ", ".join(replaced or patches.applied_targets()))
 
 
+def _refuse_or_warn_inactive(reason: str) -> None:
+    """Asked for and not given: a WARNING in every process, or (strict) no start at all."""
+    from vllm_fp4_moe_plugin import envs, import_hook
+    from vllm_fp4_moe_plugin.log import get_logger
+
+    message = (f"vllm-fp4-moe-plugin is enabled (VLLM_FP4_MOE_PLUGIN=1) but inactive: {reason}. "
+               "This process runs stock vLLM, whose NVFP4 MoE answers may be wrong; run "
+               "`vllm-fp4-moe doctor` to see why")
+    if envs.VLLM_FP4_MOE_PLUGIN_CHECK == "strict":
+        error = PluginInactiveError(message + "; VLLM_FP4_MOE_PLUGIN_CHECK=strict refuses to "
+                                    "start. Install a vLLM release the plugin supports "
+                                    "(docs/SUPPORT.md), or unset the strict check to serve "
+                                    "stock vLLM.")
+        get_logger().error("%s", error)
+        import_hook.refuse(TRIGGER_MODULES, error)
+        raise error
+    get_logger().warning("%s.", message)
+
+
+def design():
+    """The vLLM MoE design the probe saw in this process (None if the switch is off, before
+    the probe ran, or if the design is unknown)."""
+    return _design
+
+
 def state() -> tuple[str | None, str]:
     """(state, reason) of this process: for diagnostics and tests."""
     return _state, _reason
@@ -78,10 +130,13 @@ def state() -> tuple[str | None, str]:
 
 def _reset_for_tests() -> None:
     """Undo register(): revert patches, drop a pending import hook, forget the decision."""
-    global _state, _reason
+    global _state, _reason, _design
     from vllm_fp4_moe_plugin import import_hook, off_warning, patches
 
     import_hook.remove()
     off_warning.remove()
+    from vllm_fp4_moe_plugin import fleet
+
     patches.revert_all()
-    _state, _reason = None, ""
+    fleet._reset_for_tests()
+    _state, _reason, _design = None, "", None

@@ -7,12 +7,14 @@ Modelled on vllm-spyre's ``envs.py``: a dict of parsers, read through module ``_
 from __future__ import annotations
 
 import os
+import re
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     VLLM_FP4_MOE_PLUGIN: bool = False
     VLLM_FP4_MOE_PLUGIN_CHECK: str = "warn"
     VLLM_FP4_MOE_DEBUG: bool = False
+    VLLM_FP4_MOE_PLUGIN_TIMEOUT_S: float = 600.0
 
 
 class EnvVarError(ValueError):
@@ -41,6 +43,29 @@ def _choice(name: str, allowed: dict[str, Any], default: str) -> Callable[[], An
     return parse
 
 
+def _seconds(name: str, default: float) -> Callable[[], float]:
+    """A positive, finite number of seconds written as digits (``600``, ``90.5``): ``abc``,
+    ``0``, ``-5``, ``inf``, ``nan`` and ``1e3`` are errors, so a wait is never zero, endless or
+    a guess."""
+    def parse() -> float:
+        raw = os.environ.get(name)
+        if raw is None:
+            return default
+        if re.fullmatch(r"[0-9]+(\.[0-9]+)?", raw) is None or float(raw) <= 0:
+            raise EnvVarError(
+                f"{name}={raw!r} is not a valid value; write a positive number of seconds in "
+                f"digits, e.g. {name}={default:g} (unset means {default:g}).")
+        return float(raw)
+
+    return parse
+
+
+# How long a rank waits at load for the other ranks of its deployment (the fleet check, each
+# layer's scale agreement) before it names those that did not arrive. Ranks finish loading
+# their weights at different times; 10 min covers the skew of a large checkpoint read from
+# shared storage, and stays under the 30 min after which torch's own gloo groups give up.
+DEFAULT_TIMEOUT_S = 600.0
+
 environment_variables: dict[str, Callable[[], Any]] = {
     # Opt-in switch. "1" installs the fixes in every vLLM process; unset or "0" leaves vLLM
     # untouched (unset also warns once if a layer needs the fix; "0" is silent). Any other
@@ -53,6 +78,10 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # CLI only: "1" shows the Python traceback of an internal error (same as --debug); "0" or
     # unset shows one line and exit code 70.
     "VLLM_FP4_MOE_DEBUG": _choice("VLLM_FP4_MOE_DEBUG", {"0": False, "1": True}, "0"),
+    # Seconds a rank waits at load for the others (fleet check, EP scale agreement), then
+    # raises naming the ranks that never arrived.
+    "VLLM_FP4_MOE_PLUGIN_TIMEOUT_S": _seconds("VLLM_FP4_MOE_PLUGIN_TIMEOUT_S",
+                                              DEFAULT_TIMEOUT_S),
 }
 
 

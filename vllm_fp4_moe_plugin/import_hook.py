@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib.abc
 import sys
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Optional
 
 
 class _CallbackLoader(importlib.abc.Loader):
@@ -55,7 +55,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         if self.fired:
             return
         self.fired = True
-        remove()
+        _drop(self)
         self.callback()
 
 
@@ -74,7 +74,7 @@ class _Refuse(importlib.abc.MetaPathFinder):
         return None
 
 
-_hook: _AfterImport | None = None
+_hooks: list[_AfterImport] = []
 _refusal: _Refuse | None = None
 
 
@@ -93,23 +93,37 @@ def _remove_refusal() -> None:
     _refusal = None
 
 
-def run_after_first_import(modules: Iterable[str], callback: Callable[[], None]) -> None:
+def run_after_first_import(modules: Iterable[str],
+                           callback: Callable[[], None]) -> Optional[_AfterImport]:
     """Call ``callback`` once: now if any of ``modules`` is imported, else right after the
-    first of them finishes importing."""
-    global _hook
+    first of them finishes importing. Several callbacks may wait at once (the patch install
+    for vLLM's MoE modules, the load watchers for torch), each on its own modules. Returns the
+    pending hook (for :func:`cancel`), or None if the callback already ran."""
     modules = tuple(modules)
     if any(m in sys.modules for m in modules):
         callback()
-        return
-    remove()
-    _hook = _AfterImport(modules, callback)
-    sys.meta_path.insert(0, _hook)
+        return None
+    hook = _AfterImport(modules, callback)
+    _hooks.append(hook)
+    sys.meta_path.insert(0, hook)
+    return hook
+
+
+def cancel(hook: Optional[_AfterImport]) -> None:
+    """Drop one pending hook (None, or one that already fired: nothing to do)."""
+    if hook is not None:
+        _drop(hook)
+
+
+def _drop(hook: _AfterImport) -> None:
+    if hook in sys.meta_path:
+        sys.meta_path.remove(hook)
+    if hook in _hooks:
+        _hooks.remove(hook)
 
 
 def remove() -> None:
-    """Drop a pending hook (and, for tests, a refusal left by a failed install)."""
-    global _hook
-    if _hook is not None and _hook in sys.meta_path:
-        sys.meta_path.remove(_hook)
-    _hook = None
+    """Drop every pending hook (and, for tests, a refusal left by a failed install)."""
+    for hook in list(_hooks):
+        _drop(hook)
     _remove_refusal()

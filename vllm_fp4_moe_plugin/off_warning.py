@@ -21,15 +21,13 @@ from __future__ import annotations
 from typing import Optional
 
 from vllm_fp4_moe_plugin.log import get_logger, layer_label
+from vllm_fp4_moe_plugin.param_watch import ParamWatch
 
 logger = get_logger("off")
 WATCHED = "w13_input_scale_quant"
 WATCHED_ORACLE = "w13_input_global_scale"  # compressed-tensors' GEMM1 input scales, 0.14.0+
 METHODS = ("ModelOptNvFp4FusedMoE", "CompressedTensorsW4A4MoeMethod",
            "CompressedTensorsW4A4Nvfp4MoEMethod")
-
-_handle = None
-
 
 def _on_parameter(module, name: str, param) -> None:
     if name == WATCHED_ORACLE:
@@ -117,36 +115,12 @@ def _on_oracle_parameter(module) -> None:
     return None
 
 
-_TORCH_MODULE = "torch.nn.modules.module"
+_watch = ParamWatch(_on_parameter)
 
 
 def install() -> None:
-    """Register the hook now if torch is imported (always so when vLLM calls ``register()``),
-    else right after torch's module code first imports: importing torch here would cost ~2 s in
-    a process that may never load a model."""
-    import sys
-
-    if _TORCH_MODULE in sys.modules:
-        _install_now()
-        return
-    from vllm_fp4_moe_plugin import import_hook
-
-    import_hook.run_after_first_import((_TORCH_MODULE,), _install_now)
-
-
-def _install_now() -> None:
-    global _handle
-    if _handle is None:
-        from torch.nn.modules.module import register_module_parameter_registration_hook
-
-        _handle = register_module_parameter_registration_hook(_on_parameter)
+    _watch.install()
 
 
 def remove() -> None:
-    global _handle
-    from vllm_fp4_moe_plugin import import_hook
-
-    import_hook.remove()  # a hook still waiting for torch (only this module uses it when off)
-    if _handle is not None:
-        _handle.remove()
-        _handle = None
+    _watch.remove()

@@ -22,6 +22,7 @@ Nothing here imports vLLM; the one collective takes the process group as an argu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 
@@ -136,6 +137,7 @@ def _values(row: torch.Tensor) -> str:
 def _reset_for_tests() -> None:
     global _uncalibrated_warned
     _uncalibrated_warned = False
+    _progress.count = 0
 
 
 def per_expert_scales(gs: torch.Tensor, g1_alphas: torch.Tensor) -> Gemm1ActivationScales:
@@ -155,64 +157,120 @@ def shared_scalar_scales(g_star: torch.Tensor, ws2: torch.Tensor) -> Gemm1Activa
     )
 
 
-# Load-time agreement must not hang a deployment forever when a rank died or diverged: each
-# rank may still be loading weights (minutes on a large checkpoint), so the wait is generous.
-AGREE_TIMEOUT_S = 600.0
-
-
 class ScaleAgreementTimeout(RuntimeError):
     """Some ranks of the EP group never reached a layer's load-time scale agreement."""
 
 
 def agree_min_scale(gs_local: torch.Tensor, group=None, *, layer: str = "",
-                    timeout_s: float = AGREE_TIMEOUT_S) -> torch.Tensor:
+                    timeout_s: float | None = None) -> torch.Tensor:
     """min over this rank's experts, then MIN all-reduce over ``group`` (a CPU/gloo group).
 
     Every rank of the EP group walks the MoE layers in the same order at weight-processing time,
     so this collective is matched one-to-one across ranks. ``group=None`` means a single rank.
-    A gloo ``monitored_barrier`` first: ranks that do not arrive within ``timeout_s`` are named
-    in :class:`ScaleAgreementTimeout` instead of a hang.
+    Ranks that do not arrive within ``timeout_s`` (default ``VLLM_FP4_MOE_PLUGIN_TIMEOUT_S``)
+    are named in :class:`ScaleAgreementTimeout` instead of a hang.
     """
     local = gs_local.detach().float().min().reshape(1).cpu()
-    if group is not None:
-        import torch.distributed as dist
+    return _all_reduce_min(local, group, layer, timeout_s).reshape(()).to(gs_local.device)
 
-        if dist.get_world_size(group) > 1:
-            _wait_for_all(dist, group, layer, timeout_s)
-            dist.all_reduce(local, op=dist.ReduceOp.MIN, group=group)
-    return local.reshape(()).to(gs_local.device)
+
+def agree_min_max(values: torch.Tensor, group=None, *, layer: str = "",
+                  timeout_s: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(min, max) over ``values`` on every rank of ``group``, in one collective (a MIN
+    all-reduce of ``[min, -max]``); fp32 scalars on ``values``' device."""
+    v = values.detach().float()
+    local = torch.stack([v.min(), -v.max()]).cpu()
+    out = _all_reduce_min(local, group, layer, timeout_s).to(values.device)
+    return out[0], -out[1]
 
 
 def agree_max(values: torch.Tensor, group=None, *, layer: str = "",
-              timeout_s: float = AGREE_TIMEOUT_S) -> torch.Tensor:
-    """max over ``values``, then MAX all-reduce over ``group`` (a CPU/gloo group), in fp32.
+              timeout_s: float | None = None) -> torch.Tensor:
+    """max over ``values``, then MAX over ``group`` (a CPU/gloo group), in fp32.
 
     The 0.14.0+ twin of :func:`agree_min_scale`: vLLM there works with the activation amax
     (``1 / input global scale``) and collapses it with a max. The result is exactly one of the
     inputs (a max is exact), so a rank whose own max already equals it sees no change.
-    Ranks that do not arrive within ``timeout_s`` are named (:class:`ScaleAgreementTimeout`).
     """
-    local = values.detach().float().max().reshape(1).cpu()
-    if group is not None:
-        import torch.distributed as dist
-
-        if dist.get_world_size(group) > 1:
-            _wait_for_all(dist, group, layer, timeout_s)
-            dist.all_reduce(local, op=dist.ReduceOp.MAX, group=group)
-    return local.reshape(())
+    local = -values.detach().float().max().reshape(1).cpu()
+    return -_all_reduce_min(local, group, layer, timeout_s).reshape(())
 
 
-def _wait_for_all(dist, group, layer: str, timeout_s: float) -> None:
-    from datetime import timedelta
+def _all_reduce_min(local: torch.Tensor, group, layer: str,
+                    timeout_s: float | None) -> torch.Tensor:
+    """One MIN all-reduce of ``local`` (CPU fp32) over ``group``, bounded by ``timeout_s``.
 
-    if dist.get_backend(group) != "gloo":  # monitored_barrier is gloo-only (vLLM's CPU
-        return  # groups are gloo)
+    The one collective per layer: no barrier before it. Its wait is bounded instead
+    (``Work.wait(timeout)``), and each rank notes in the world's rendezvous store how many
+    agreements it has reached, so a timeout can name the ranks that are behind."""
+    if group is None:
+        return local
+    import torch.distributed as dist
+
+    if dist.get_world_size(group) <= 1:
+        return local
+    if timeout_s is None:
+        from vllm_fp4_moe_plugin import envs
+
+        timeout_s = envs.VLLM_FP4_MOE_PLUGIN_TIMEOUT_S
+    reached = _progress.mark(layer)
+    work = dist.all_reduce(local, op=dist.ReduceOp.MIN, group=group, async_op=True)
     try:
-        dist.monitored_barrier(group=group, timeout=timedelta(seconds=timeout_s),
-                               wait_all_ranks=True)
+        work.wait(timeout=timedelta(seconds=timeout_s))
     except RuntimeError as exc:
+        behind = _progress.behind(group, reached)
         raise ScaleAgreementTimeout(
             f"{layer or 'an NVFP4 MoE layer'}: the load-time GEMM1 scale agreement over the EP "
-            f"group ({dist.get_world_size(group)} ranks) timed out after {timeout_s:g} s: "
-            f"{str(exc).strip().splitlines()[0]}. A rank died or is loading a different "
-            "model/layout; check that rank's log.") from exc
+            f"group ({dist.get_world_size(group)} ranks) timed out after {timeout_s:g} s "
+            f"(VLLM_FP4_MOE_PLUGIN_TIMEOUT_S){behind}: {str(exc).strip().splitlines()[0]}. A "
+            "rank died, is still loading (raise VLLM_FP4_MOE_PLUGIN_TIMEOUT_S for a slow "
+            "load), or is loading a different model/layout; check that rank's log.") from exc
+    return local
+
+
+class _Progress:
+    """How many agreements this rank has reached, written to the world's rendezvous store
+    (a key per rank; not a collective), so that a timed-out rank can say who is behind."""
+
+    PREFIX = "vllm_fp4_moe_plugin/agree/"
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def _store(self):
+        import torch.distributed as dist
+
+        try:
+            return dist.distributed_c10d._get_default_store(), dist.get_rank()
+        except Exception:  # no default group (a test's private group): nothing to name
+            return None, None
+
+    def mark(self, layer: str) -> int:
+        self.count += 1
+        store, rank = self._store()
+        if store is not None:
+            store.set(f"{self.PREFIX}{rank}", f"{self.count} {layer}")
+        return self.count
+
+    def behind(self, group, reached: int) -> str:
+        """``"; rank 2 reached 6 of this rank's 7 agreements (last: <layer>)"`` or ``""``."""
+        import torch.distributed as dist
+
+        store, _ = self._store()
+        if store is None:
+            return ""
+        notes = []
+        for r in dist.get_process_group_ranks(group):
+            key = f"{self.PREFIX}{r}"
+            try:
+                count, _, last = (store.get(key).decode().partition(" ")
+                                  if store.check([key]) else ("0", "", ""))
+            except Exception:
+                continue
+            if int(count) < reached:
+                notes.append(f"rank {r} reached {count} of this rank's {reached} agreements"
+                             + (f" (last: {last})" if last else ""))
+        return ("; " + "; ".join(notes)) if notes else ""
+
+
+_progress = _Progress()

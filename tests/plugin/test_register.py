@@ -1,4 +1,5 @@
-"""register(): opt-in, idempotent, one INFO line, inactive on a vLLM of no known design."""
+"""register(): opt-in, idempotent, one INFO line when active; on a vLLM it cannot patch it is
+inactive with one WARNING naming the reason, and strict mode refuses to start."""
 
 import importlib
 import logging
@@ -91,10 +92,36 @@ def test_other_moe_design_stays_inactive(fresh_plugin, monkeypatch, caplog_plugi
     state, reason = fresh_plugin.state()
     assert state == "inactive" and "none of the designs this plugin knows" in reason
     lines = plugin_records(caplog_plugin)
-    assert len(lines) == 1 and "inactive" in lines[0].getMessage()
+    assert len(lines) == 1 and lines[0].levelno == logging.WARNING
+    msg = lines[0].getMessage()
+    assert "enabled (VLLM_FP4_MOE_PLUGIN=1) but inactive" in msg and reason in msg
+    assert "vllm-fp4-moe doctor" in msg
 
 
-def test_upstream_tp_fix_present_stays_inactive(fresh_plugin, monkeypatch):
+def test_strict_check_refuses_to_start_where_the_plugin_is_inactive(fresh_plugin, monkeypatch,
+                                                                    caplog_plugin):
+    """VLLM_FP4_MOE_PLUGIN_CHECK=strict: asked for and not given is an error, and a retried
+    import of vLLM's NVFP4 MoE modules raises it again (the process cannot serve stock)."""
+    import sys
+
+    from vllm.model_executor.layers.fused_moe.layer import FusedMoE
+
+    monkeypatch.setattr(FusedMoE, "maybe_init_modular_kernel", lambda self: None, raising=False)
+    before = _current()
+    monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN", "1")
+    monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN_CHECK", "strict")
+    with pytest.raises(fresh_plugin.PluginInactiveError, match="strict refuses to start"):
+        fresh_plugin.register()
+    assert _current() == before
+    assert fresh_plugin.state()[0] == "failed"
+    lines = plugin_records(caplog_plugin)
+    assert len(lines) == 1 and lines[0].levelno == logging.ERROR
+    monkeypatch.delitem(sys.modules, MO)
+    with pytest.raises(fresh_plugin.PluginInactiveError):
+        importlib.import_module(MO)
+
+
+def test_upstream_tp_fix_present_stays_inactive(fresh_plugin, monkeypatch, caplog_plugin):
     """FlashInferExperts(use_dp=...) means #27223 landed: the 0.11.0 patches would fight it."""
     from vllm.model_executor.layers.fused_moe.flashinfer_cutlass_moe import FlashInferExperts
 
@@ -108,6 +135,10 @@ def test_upstream_tp_fix_present_stays_inactive(fresh_plugin, monkeypatch):
     fresh_plugin.register()
     assert _current() == before
     assert fresh_plugin.state()[0] == "inactive"
+    # a partial backport is not a fix: stock may still be wrong, so it is a WARNING
+    lines = plugin_records(caplog_plugin)
+    assert len(lines) == 1 and lines[0].levelno == logging.WARNING
+    assert "part of the upstream fix" in lines[0].getMessage()
 
 
 def test_probe_never_raises(monkeypatch):
@@ -194,3 +225,4 @@ def test_unusable_oracle_design_stays_inactive_with_its_reason(fresh_plugin, mon
     assert state == "inactive" and "oracle" in reason and "docs/SUPPORT.md" in reason
     lines = plugin_records(caplog_plugin)
     assert len(lines) == 1 and "inactive" in lines[0].getMessage()
+    assert lines[0].levelno == logging.WARNING

@@ -1,5 +1,5 @@
-"""The load-time MIN agreement cannot hang forever (issue #14): a rank that never arrives is
-named, with the layer, after the timeout."""
+"""The load-time scale agreement is one collective per layer and cannot hang forever: a rank
+that never arrives is named, with the layer and how far it got, after the timeout."""
 
 import multiprocessing as mp
 import socket
@@ -26,14 +26,19 @@ def _rank(rank: int, world: int, port: int, absent: int, queue) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     try:
-        if rank == absent:  # stuck elsewhere (still loading, or diverged)
+        # every rank agrees on layer 3 (min and max in one collective)...
+        lo, hi = scales.agree_min_max(torch.tensor([2.0, 1.0 + rank]), dist.group.WORLD,
+                                      layer="model.layers.3.mlp.experts", timeout_s=30)
+        if rank == absent:  # ...then one is stuck elsewhere (still loading, or diverged)
             time.sleep(8)
             queue.put((rank, "absent"))
             return
         try:
             g = scales.agree_min_scale(torch.tensor([2.0, 1.0 + rank]), dist.group.WORLD,
                                        layer="model.layers.7.mlp.experts", timeout_s=2)
-            queue.put((rank, f"agreed {float(g)}"))
+            m = scales.agree_max(torch.tensor([2.0, 1.0 + rank]), dist.group.WORLD,
+                                 layer="model.layers.7.mlp.experts", timeout_s=2)
+            queue.put((rank, f"agreed {float(g)} {float(m)} {float(lo)} {float(hi)}"))
         except scales.ScaleAgreementTimeout as exc:
             queue.put((rank, str(exc)))
     finally:
@@ -57,12 +62,16 @@ def _run(world: int, absent: int) -> dict:
 
 def test_all_ranks_present_agree_on_the_min():
     out = _run(world=2, absent=-1)
-    assert out == {0: "agreed 1.0", 1: "agreed 1.0"}
+    assert out == {0: "agreed 1.0 2.0 1.0 2.0", 1: "agreed 1.0 2.0 1.0 2.0"}
 
 
 def test_a_rank_that_never_arrives_is_named_with_the_layer():
     out = _run(world=3, absent=2)
-    msg = out[0]  # rank 0 of the group monitors the others
-    assert "model.layers.7.mlp.experts" in msg and "timed out after 2 s" in msg, msg
-    assert "Ranks 2 failed to pass" in msg, msg  # the rank that did not answer, named
+    for rank in (0, 1):  # every rank that waited names the one that is behind
+        msg = out[rank]
+        assert "model.layers.7.mlp.experts" in msg and "timed out after 2 s" in msg, msg
+        assert "VLLM_FP4_MOE_PLUGIN_TIMEOUT_S" in msg, msg
+        assert ("rank 2 reached 1 of this rank's 2 agreements (last: model.layers.3.mlp.experts)"
+                in msg), msg
+        assert "rank 0 reached" not in msg and "rank 1 reached" not in msg, msg
     assert out[2] == "absent"

@@ -24,13 +24,17 @@ LEDGER: tuple[ModulePatch, ...] = tuple(p for s in _SLICES.values() for p in s.L
 @dataclass(frozen=True)
 class Plan:
     """What register() does on the installed vLLM: apply ``patches`` (ledger targets), or stay
-    inactive for ``reason``."""
+    inactive for ``reason``. Inactive because upstream already does what the patches would
+    (``upstream_fixed``) is fine; inactive for any other reason (an unknown design, code the
+    patches cannot be applied to, a partial backport they would fight) means the operator
+    asked for the fix and does not get it."""
 
     install: bool
     reason: str
     design: Optional[Design] = None
     findings: dict[str, object] = field(default_factory=dict)
     patches: tuple[str, ...] = ()
+    upstream_fixed: bool = False
 
 
 def entries_for_design(design: Design) -> tuple[ModulePatch, ...]:
@@ -47,9 +51,10 @@ def plan(observation=None) -> Plan:
     if obs.design is None or not obs.patchable:
         return Plan(False, obs.reason, obs.design, dict(obs.findings))
     needed = tuple(p.target for p in entries_for_design(obs.design) if p.needed(obs.findings))
-    words = _SLICES[obs.design].ACTIVE if needed else _SLICES[obs.design].NOTHING_NEEDED
+    part = _SLICES[obs.design]
+    words = part.ACTIVE if needed else part.NOTHING_NEEDED
     return Plan(bool(needed), f"{obs.design.label}: {words}", obs.design, dict(obs.findings),
-                needed)
+                needed, upstream_fixed=not needed and part.NOTHING_NEEDED_IS_FIXED)
 
 
 def apply_all() -> list[str]:

@@ -75,8 +75,7 @@ class SharedGemm1ScaleForDpMixin:
 
         group = get_ep_group().cpu_group
         vec = layer.w13_input_scale_quant.data
-        g_min = scales.agree_min_scale(vec, group, layer=layer_label(layer))
-        g_max = -scales.agree_min_scale(-vec, group, layer=layer_label(layer))
+        g_min, g_max = scales.agree_min_max(vec, group, layer=layer_label(layer))
         if torch.equal(g_min, g_max):  # already one value on every rank: nothing to fix
             logger.debug("%s: GEMM1 activation scales already shared (%.6g)", layer_label(layer),
                          float(g_min))

@@ -15,6 +15,9 @@ DESIGN = Design.NVFP4_ORACLE
 ACTIVE = ("compressed-tensors collapses GEMM1 input scales to each EP rank's local max, which "
           "DP+EP dispatch mixes across ranks")
 NOTHING_NEEDED = "the oracle has none of the scale-collapsing helpers this plugin wraps"
+# Whether NOTHING_NEEDED means upstream computes right (the helpers moved: whether upstream fixed
+# the hole is unknown).
+NOTHING_NEEDED_IS_FIXED = False
 
 
 def _build_agreed_prepare(original):

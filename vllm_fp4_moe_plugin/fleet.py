@@ -1,0 +1,260 @@
+"""The fleet check: every rank of a deployment runs the plugin the same way, or none loads.
+
+Why: the fix is per process. A deployment whose ranks disagree (one node without
+``VLLM_FP4_MOE_PLUGIN=1``, another plugin version, a vLLM of another MoE design there) computes
+NVFP4 MoE layers with different scales on different ranks. In TP-like layouts that is silent
+(no collective of the plugin's would even notice); under DP+EP the ranks would wait for each
+other's scale agreement until a timeout.
+
+How: every process that builds an NVFP4 MoE layer -- the plugin on, off or unset -- reports its
+state once, when the first such layer registers its tensors (model construction, before any
+weight is read), and waits for every other rank of the torch world's report; then all compare.
+Any difference raises :class:`FleetMismatchError` on every rank, naming the ranks, what differs
+and the fix; a rank that never reports ends the wait with :class:`FleetTimeout` after
+``VLLM_FP4_MOE_PLUGIN_TIMEOUT_S``.
+
+The reports go through the world group's rendezvous store (the TCPStore vLLM's process groups
+were created from), not a gloo collective: a collective is matched by order, and a rank that is
+off (nothing of vLLM replaced) or has no plugin at all cannot be relied on to issue it at the
+same point in vLLM's own sequence of CPU-group collectives; a mismatched collective hangs or
+corrupts vLLM's. The store has no order, and it tells which ranks never wrote.
+
+What a rank reports: plugin version, vLLM MoE design (``compat.probe``), mode (active, inactive,
+off, pending), plus where it is (host, pid, vLLM's TP/PP/DP ranks) for the messages.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from typing import Callable, Optional, Sequence
+
+from vllm_fp4_moe_plugin.log import get_logger
+from vllm_fp4_moe_plugin.param_watch import ParamWatch
+
+logger = get_logger("fleet")
+
+STORE_PREFIX = "vllm_fp4_moe_plugin/fleet/v1/"
+# What must be equal on every rank; the other fields only say where a rank is.
+AGREED = ("version", "design", "mode")
+# The tensors by which an NVFP4 MoE layer is recognised, whatever the design: the first weight
+# global scale each format's create_weights registers (ModelOpt, compressed-tensors).
+NVFP4_MOE_MARKERS = ("w13_weight_scale_2", "w13_weight_global_scale")
+DOCS = "docs/DEPLOYING.md"
+
+
+class FleetMismatchError(RuntimeError):
+    """The ranks of the deployment run the plugin differently; no rank loads."""
+
+
+class FleetTimeout(RuntimeError):
+    """Some ranks never reported their plugin state (not installed there, or crashed)."""
+
+
+@dataclass(frozen=True)
+class RankState:
+    rank: int
+    version: str
+    design: str  # the vLLM MoE design the probe saw, or "unknown"
+    mode: str  # "active", "inactive", "off" or "pending"
+    switch: str  # VLLM_FP4_MOE_PLUGIN as set ("1", "0") or "unset"
+    host: str = ""
+    pid: int = 0
+    where: str = ""  # vLLM's parallel ranks, e.g. "TP 0/2, DP 1/2"
+    reason: str = ""
+
+    def key(self) -> tuple:
+        return tuple(getattr(self, f) for f in AGREED)
+
+    def describe(self) -> str:
+        switch = ("VLLM_FP4_MOE_PLUGIN unset" if self.switch == "unset"
+                  else f"VLLM_FP4_MOE_PLUGIN={self.switch}")
+        why = f": {self.reason}" if self.mode == "inactive" and self.reason else ""
+        return (f"plugin {self.version}, vLLM MoE design {self.design}, {self.mode}{why} "
+                f"({switch})")
+
+    def place(self) -> str:
+        bits = [b for b in (self.host and f"host {self.host}", self.pid and f"pid {self.pid}",
+                            self.where) if b]
+        return f"rank {self.rank}" + (f" ({', '.join(bits)})" if bits else "")
+
+
+def disagreement(states: Sequence[RankState]) -> Optional[str]:
+    """None when every rank reports the same version, design and mode; else the message: each
+    group of ranks with what it runs, then the fix for each field that differs."""
+    groups: dict[tuple, list[RankState]] = {}
+    for s in sorted(states, key=lambda s: s.rank):
+        groups.setdefault(s.key(), []).append(s)
+    if len(groups) <= 1:
+        return None
+    lines = [f"vllm-fp4-moe-plugin: the {len(states)} ranks of this deployment run the plugin "
+             "differently, so they would compute the NVFP4 MoE layers differently; no rank "
+             "loads the model."]
+    for members in groups.values():
+        places = "; ".join(m.place() for m in members)
+        lines.append(f"  {members[0].describe()}: {places}")
+    differs = [f for i, f in enumerate(AGREED) if len({k[i] for k in groups}) > 1]
+    lines.append("Fix: " + " ".join(_FIXES[f] for f in differs) + f" ({DOCS})")
+    return "\n".join(lines)
+
+
+_FIXES = {
+    "mode": ("Set VLLM_FP4_MOE_PLUGIN to the same value (1 to serve with the fix) for every "
+             "process, on every node: where `vllm serve` runs and, for Ray, where `ray start` "
+             "runs; a rank that is inactive says why above."),
+    "version": "Install the same vllm-fp4-moe-plugin version on every node.",
+    "design": "Install the same vLLM release on every node.",
+}
+
+
+def missing_ranks_message(missing: Sequence[int], states: Sequence[RankState], world: int,
+                          timeout_s: float) -> str:
+    seen = "; ".join(f"{s.place()}: {s.describe()}" for s in sorted(states, key=lambda s: s.rank))
+    return (f"vllm-fp4-moe-plugin: rank(s) {', '.join(map(str, missing))} of the {world} ranks "
+            f"of this deployment never reported their plugin state within {timeout_s:g} s "
+            "(VLLM_FP4_MOE_PLUGIN_TIMEOUT_S). The plugin is not installed there (or is a "
+            "version without this check), or that rank crashed or is stuck before building its "
+            "first NVFP4 MoE layer; check that rank's log. Install the same "
+            f"vllm-fp4-moe-plugin on every node ({DOCS}). Reported: {seen or 'none'}.")
+
+
+def exchange(store, rank: int, world: int, state: RankState,
+             timeout_s: float) -> list[RankState]:
+    """Write this rank's state to ``store``, wait for every rank's, return all of them.
+
+    Raises :class:`FleetTimeout` naming the ranks that did not write within ``timeout_s``."""
+    store.set(f"{STORE_PREFIX}{rank}", json.dumps(asdict(state)))
+    keys = [f"{STORE_PREFIX}{r}" for r in range(world)]
+    try:
+        store.wait(keys, timedelta(seconds=timeout_s))
+    except Exception as exc:  # DistStoreError (timeout) or the store is gone (rank 0 died)
+        present = [r for r in range(world) if _has_key(store, keys[r])]
+        missing = [r for r in range(world) if r not in present]
+        states = [_read(store, keys[r]) for r in present]
+        raise FleetTimeout(missing_ranks_message(missing or ["?"], states, world, timeout_s)
+                           + f" ({type(exc).__name__}: {str(exc).strip().splitlines()[0]})"
+                           ) from exc
+    return [_read(store, k) for k in keys]
+
+
+def _has_key(store, key: str) -> bool:
+    try:
+        return bool(store.check([key]))
+    except Exception:
+        return False
+
+
+def _read(store, key: str) -> RankState:
+    return RankState(**json.loads(store.get(key)))
+
+
+# -- this process ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Report:
+    """What ``register()`` decided in this process (given to :func:`watch`, so that this module
+    does not import the entry point)."""
+
+    version: str
+    state: Optional[str]  # the entry point's state: "active", "inactive", "inert", ...
+    reason: str
+    design: object  # support.Design, or None: the switch is off or the design is unknown
+
+
+def local_state(rank: int, report: Report) -> RankState:
+    """This process's plugin state, as the fleet compares it."""
+    mode = {"active": "active", "inactive": "inactive", "pending": "pending"}.get(
+        report.state or "", "off")
+    design = report.design
+    if design is None and mode == "off":  # the switch is off: the probe has not run here
+        from vllm_fp4_moe_plugin import compat
+
+        design = compat.probe().design
+    return RankState(rank=rank, version=report.version,
+                     design=str(design) if design is not None else "unknown", mode=mode,
+                     switch=os.environ.get("VLLM_FP4_MOE_PLUGIN", "unset"),
+                     host=socket.gethostname(), pid=os.getpid(), where=_vllm_ranks(),
+                     reason=report.reason if mode == "inactive" else "")
+
+
+def _vllm_ranks() -> str:
+    """vLLM's coordinates of this rank ("TP 1/2, PP 0/1, DP 0/2"), best effort."""
+    try:
+        from vllm.distributed import parallel_state as ps
+    except Exception:
+        return ""
+    out = []
+    for name, getter in (("TP", "get_tp_group"), ("PP", "get_pp_group"),
+                         ("DP", "get_dp_group")):
+        try:
+            group = getattr(ps, getter)()
+            out.append(f"{name} {group.rank_in_group}/{group.world_size}")
+        except Exception:
+            continue
+    return ", ".join(out)
+
+
+_checked: Optional[list[RankState]] = None
+_reporter: Optional[Callable[[], Report]] = None
+
+
+def check_now(timeout_s: Optional[float] = None) -> Optional[list[RankState]]:
+    """Run the fleet check once per process; None where there is no world of several ranks.
+
+    Raises :class:`FleetMismatchError` or :class:`FleetTimeout` (after logging it as an
+    ERROR, so each rank's log carries it)."""
+    global _checked
+    if _checked is not None:
+        return _checked
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
+        return None
+    if timeout_s is None:
+        from vllm_fp4_moe_plugin import envs
+
+        timeout_s = envs.VLLM_FP4_MOE_PLUGIN_TIMEOUT_S
+    rank, world = dist.get_rank(), dist.get_world_size()
+    store = dist.distributed_c10d._get_default_store()
+    try:
+        states = exchange(store, rank, world, local_state(rank, _reporter()), timeout_s)
+        problem = disagreement(states)
+        if problem is not None:
+            raise FleetMismatchError(problem)
+    except (FleetMismatchError, FleetTimeout) as exc:
+        logger.error("%s", exc)
+        raise
+    _checked = states
+    mine = states[rank]
+    logger.info("vllm-fp4-moe-plugin fleet check: all %d ranks run %s.", world,
+                mine.describe().split(" (VLLM_FP4_MOE_PLUGIN")[0])
+    return states
+
+
+def _on_parameter(module, name: str, param) -> None:
+    if name in NVFP4_MOE_MARKERS:
+        _watch.remove()  # once per process, whatever the outcome
+        check_now()
+
+
+_watch = ParamWatch(_on_parameter)
+
+
+def watch(reporter: Callable[[], Report]) -> None:
+    """Check the fleet when this process builds its first NVFP4 MoE layer (idempotent);
+    ``reporter`` says what ``register()`` decided, at that moment."""
+    global _reporter
+    _reporter = reporter
+    if _checked is None:
+        _watch.install()
+
+
+def _reset_for_tests() -> None:
+    global _checked, _reporter
+    _watch.remove()
+    _checked, _reporter = None, None

@@ -1,0 +1,51 @@
+"""A read-only watch on parameter registration: the one load-time event that every vLLM design
+and every plugin state (on, off, unset) shares.
+
+vLLM's NVFP4 MoE quant methods register their tensors on the layer in ``create_weights`` (model
+construction) and ``process_weights_after_loading``; a torch module-parameter registration hook
+sees both without replacing anything of vLLM, so the plugin can watch a load while it is off.
+The hook is installed as soon as torch is imported (always so when vLLM calls ``register()``;
+importing torch here would cost ~2 s in a process that may never load a model).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+_TORCH_MODULE = "torch.nn.modules.module"
+
+
+class ParamWatch:
+    """Calls ``on_parameter(module, name, param)`` for every parameter registered, from
+    :meth:`install` until :meth:`remove` (both idempotent)."""
+
+    def __init__(self, on_parameter: Callable) -> None:
+        self._on_parameter = on_parameter
+        self._handle = None
+        self._pending = None  # import_hook's hook while torch is not imported yet
+
+    def install(self) -> None:
+        from vllm_fp4_moe_plugin import import_hook
+
+        if self._handle is None and self._pending is None:
+            self._pending = import_hook.run_after_first_import((_TORCH_MODULE,), self._now)
+
+    def _now(self) -> None:
+        self._pending = None
+        if self._handle is None:
+            from torch.nn.modules.module import register_module_parameter_registration_hook
+
+            self._handle = register_module_parameter_registration_hook(self._on_parameter)
+
+    def remove(self) -> None:
+        from vllm_fp4_moe_plugin import import_hook
+
+        import_hook.cancel(self._pending)
+        self._pending = None
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+    @property
+    def installed(self) -> bool:
+        return self._handle is not None or self._pending is not None

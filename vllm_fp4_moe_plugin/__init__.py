@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from vllm_fp4_moe_plugin.vllm_modules import TRIGGER_MODULES  # cheap and vLLM-free
+from vllm_fp4_moe_plugin.vllm_modules import TRIGGER_MODULES, VLLM_ENVS  # cheap, vLLM-free
 
 __version__ = "0.1.0"
 
@@ -52,8 +52,26 @@ def register() -> None:
     from vllm_fp4_moe_plugin import import_hook
 
     _state, _reason = "pending", "waiting for vLLM to import its NVFP4 MoE modules"
+    # vLLM must know the switch before it starts workers (Ray copies only what it lists)
+    import_hook.run_after_first_import((VLLM_ENVS,), _list_plugin_env)
     import_hook.run_after_first_import(TRIGGER_MODULES, _install)
     fleet.watch(_report)
+
+
+def _list_plugin_env() -> None:
+    """The every-design ledger entries: vLLM lists the plugin's variables. Not part of the MoE
+    fix's all-or-nothing: on failure the fleet check still stops a fleet whose workers lack the
+    switch, and this WARNING says how to give it to them."""
+    from vllm_fp4_moe_plugin import patches
+    from vllm_fp4_moe_plugin.log import get_logger
+
+    try:
+        patches.list_plugin_env()
+    except patches.PatchInstallError as exc:
+        get_logger().warning(
+            "%s. Ray workers and Ray data-parallel engine cores of this vLLM may then start "
+            "without VLLM_FP4_MOE_PLUGIN: set it where `ray start` runs on every node (or list "
+            "it in VLLM_RAY_EXTRA_ENV_VARS_TO_COPY where vLLM has that variable).", exc)
 
 
 def _report():

@@ -34,7 +34,8 @@ from vllm_fp4_moe_plugin.support import Design
 _COMMON = ("nvfp4_oracle",)
 _PRE_ORACLE = _COMMON + ("init_prepare_finalize", "modular_method", "tp_fix_present",
                          "modelopt_dp_fix_present")
-FINDINGS: dict[Design, tuple[str, ...]] = {
+FINDINGS: dict[Optional[Design], tuple[str, ...]] = {
+    None: ("plugin_env_listed",),  # probe_plugin_env: the entries for every design
     Design.INIT_PREPARE_FINALIZE: _PRE_ORACLE + ("targets_present",),
     Design.MODULAR_METHOD: _PRE_ORACLE + ("compressed_tensors_class",
                                           "compressed_tensors_dp_scale_shared",
@@ -101,6 +102,16 @@ def builds_modular_kernel() -> bool:
     from vllm.distributed import get_ep_group
 
     return get_ep_group().world_size > 1
+
+
+def probe_plugin_env() -> dict[str, object]:
+    """Does vLLM's registry of environment variables (``vllm.envs.environment_variables``, what
+    its Ray env copy and its unknown-variable check read) list every variable of the plugin?
+    Reads the registry as it is, through our own patch if applied."""
+    from vllm_fp4_moe_plugin import envs
+
+    registry = original_attr(vm.VLLM_ENVS, "environment_variables")
+    return {"plugin_env_listed": all(n in registry for n in envs.environment_variables)}
 
 
 def _nvfp4_oracle_present() -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Optional
 
 from vllm_fp4_moe_plugin.support import Design
 
@@ -35,7 +35,7 @@ class ModulePatch:
     module: str
     attr: str
     build: Callable[[Any], Any]
-    design: Design
+    design: Optional[Design]  # None: an entry for every design (patches.EVERY_DESIGN)
     needed: Callable[[Mapping[str, object]], bool]
     why: str
     how: str

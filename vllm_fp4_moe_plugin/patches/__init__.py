@@ -13,12 +13,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from vllm_fp4_moe_plugin.patches import init_prepare_finalize, modular_method, nvfp4_oracle
+from vllm_fp4_moe_plugin.patches import (init_prepare_finalize, modular_method, nvfp4_oracle,
+                                         plugin_env)
 from vllm_fp4_moe_plugin.patching import ModulePatch, applied_targets
 from vllm_fp4_moe_plugin.support import Design
 
 _SLICES = {s.DESIGN: s for s in (init_prepare_finalize, modular_method, nvfp4_oracle)}
-LEDGER: tuple[ModulePatch, ...] = tuple(p for s in _SLICES.values() for p in s.LEDGER)
+# Entries for every design (design None), applied by register() itself: plugin_env.
+EVERY_DESIGN = plugin_env.LEDGER
+LEDGER: tuple[ModulePatch, ...] = tuple(p for s in _SLICES.values() for p in s.LEDGER) + \
+    EVERY_DESIGN
 
 
 @dataclass(frozen=True)
@@ -37,8 +41,22 @@ class Plan:
     upstream_fixed: bool = False
 
 
-def entries_for_design(design: Design) -> tuple[ModulePatch, ...]:
+def entries_for_design(design: Optional[Design]) -> tuple[ModulePatch, ...]:
+    """The ledger entries of ``design``; None: those for every design."""
+    if design is None:
+        return EVERY_DESIGN
     return _SLICES[design].LEDGER if design in _SLICES else ()
+
+
+def list_plugin_env() -> list[str]:
+    """Apply the every-design entries the probe asks for (register(), switch on): returns the
+    targets newly replaced. Raises :class:`PatchInstallError` naming the target on failure,
+    with nothing of them left applied; the MoE fix does not depend on them."""
+    from vllm_fp4_moe_plugin import compat
+
+    findings = compat.probe_plugin_env()
+    wanted = [p.target for p in EVERY_DESIGN if p.needed(findings)]
+    return apply_targets(None, wanted) if wanted else []
 
 
 def plan(observation=None) -> Plan:
@@ -84,19 +102,21 @@ def apply_targets(design: Design, targets) -> list[str]:
     """Apply the ledger entries of ``design`` named in ``targets``: all of them, or none.
 
     Returns the targets newly replaced. On any failure every requested entry is reverted
-    (also those applied by an earlier call) and :class:`PatchInstallError` names the target."""
+    (also those applied by an earlier call), and so are the every-design entries, and
+    :class:`PatchInstallError` names the target."""
     wanted = set(targets)
     entries = [p for p in entries_for_design(design) if p.target in wanted]
     unknown = sorted(wanted - {p.target for p in entries})
     if unknown:
-        raise PatchInstallError(unknown[0], f"no ledger entry of the {design} design")
+        raise PatchInstallError(unknown[0], f"no ledger entry of the {design or 'every-design'} "
+                                "slice")
     newly: list[str] = []
     for p in entries:
         try:
             if p.apply():
                 newly.append(p.target)
-        except BaseException as exc:
-            _revert_quietly(entries)
+        except BaseException as exc:  # nothing of the plugin stays: the every-design entries
+            _revert_quietly(entries + list(EVERY_DESIGN))  # go too (the process will not serve)
             raise PatchInstallError(p.target, exc) from exc
     return newly
 
@@ -132,13 +152,14 @@ def render_ledger_markdown() -> str:
              "applied only when its design is installed and its predicate over the probe's "
              "findings (`compat.FINDINGS`) says the hole is there.", ""]
     for p in LEDGER:
-        lines += [f"## `{p.target}`", "", f"- **Design:** {p.design.label}",
+        design = p.design.label if p.design else "every design (applied by register())"
+        lines += [f"## `{p.target}`", "", f"- **Design:** {design}",
                   f"- **Needed when:** {p.needed.__doc__.strip()}",
                   f"- **Why:** {p.why}", f"- **How:** {p.how}",
                   f"- **Upstream:** {p.upstream}", f"- **Remove when:** {p.remove_when}", ""]
     return "\n".join(lines)
 
 
-__all__ = ["LEDGER", "ModulePatch", "PatchInstallError", "Plan", "apply_all", "apply_targets",
-           "applied_targets", "entries_for_design", "plan", "revert_all",
+__all__ = ["EVERY_DESIGN", "LEDGER", "ModulePatch", "PatchInstallError", "Plan", "apply_all",
+           "apply_targets", "applied_targets", "entries_for_design", "list_plugin_env", "plan", "revert_all",
            "render_ledger_markdown"]

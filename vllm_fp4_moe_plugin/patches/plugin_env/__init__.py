@@ -1,0 +1,60 @@
+"""The slice of the ledger for every design: vLLM learns the plugin's environment variables.
+vLLM-free.
+
+vLLM treats ``VLLM_*`` variables it does not list in ``vllm.envs.environment_variables`` as
+strangers: releases up to 0.13.x copy only listed ones to Ray workers and Ray data-parallel
+engine cores (``vllm/ray/ray_env.py get_env_vars_to_copy``), so a worker on another node
+starts without the switch; newer ones warn about each unlisted one, or refuse to start with
+``--fail-on-environ-validation`` (``Platform.validate_environ``). One entry lists them. It is
+applied by ``register()`` in every process when the switch is on, before vLLM starts any
+worker; the MoE patches are applied later, when vLLM imports its NVFP4 MoE modules.
+"""
+
+from __future__ import annotations
+
+import os
+
+from vllm_fp4_moe_plugin import envs
+from vllm_fp4_moe_plugin import vllm_modules as vm
+from vllm_fp4_moe_plugin.patching import ModulePatch
+
+DESIGN = None  # every MoE design: this is about how vLLM starts processes, not about MoE
+
+
+def _reader(name: str):
+    def read():  # the raw string, as vLLM's own readers return it: the plugin parses it
+        return os.environ.get(name)
+    return read
+
+
+def _build_registry(original: dict) -> dict:
+    return {**original, **{n: _reader(n) for n in envs.environment_variables
+                            if n not in original}}
+
+
+def _unlisted(findings) -> bool:
+    """vLLM's registry of environment variables does not list the plugin's (every release so
+    far: compat.plugin_env_listed)."""
+    return not findings["plugin_env_listed"]
+
+
+LEDGER: tuple[ModulePatch, ...] = (ModulePatch(
+    module=vm.VLLM_ENVS, attr="environment_variables", build=_build_registry, design=DESIGN,
+    needed=_unlisted,
+    why=("vLLM copies to Ray workers and Ray data-parallel engine cores only the variables its "
+         "registry lists up to 0.13.x (v0110 vllm/ray/ray_env.py:52-58; 0.14.0+ also copies "
+         "every VLLM_-prefixed one): with the Ray executor the driver logs the plugin active "
+         "while workers on other nodes run stock vLLM. vLLM 0.2x+ logs 'Unknown vLLM "
+         "environment variable detected' for each unlisted VLLM_ variable, and refuses to "
+         "start with --fail-on-environ-validation (v0.32.0 vllm/platforms/interface.py:"
+         "1446-1459)."),
+    how=("Rebinds vllm.envs.environment_variables to a copy that also lists the plugin's "
+         "variables, each read as vLLM reads its own (the raw string from the environment; the "
+         "plugin parses it). get_env_vars_to_copy and validate_environ read the registry by "
+         "attribute at call time, so the copy is in effect for every worker vLLM starts "
+         "after register(). vLLM's own entries are the same objects."),
+    upstream=("None: vLLM has no way for a plugin to declare its environment variables; "
+              "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY (0.14.0+) does it by hand for Ray."),
+    remove_when=("vLLM lets plugins declare environment variables (then declare them there), "
+                 "or compat finding 'plugin_env_listed' is true on every supported release."),
+),)

@@ -135,8 +135,8 @@ def _timed_blocks(layers: dict, x, logits, calls: int):
 def load_cost(ctx, num_layers: int, num_experts: int, experts=None, pwal_layers: int = 0,
               top_k: int = 8, repeats: int = 3) -> dict:
     """What the plugin adds at load, per rank (median of ``repeats``): ``num_layers`` x
-    ``scales.agree_max`` (the wrapper's MAX all-reduce of one float over the EP group's CPU
-    group, after its gloo monitored barrier), next to as many bare all-reduces and as many
+    ``scales.agree_max`` (the wrapper's one MAX all-reduce of one float over the EP group's CPU
+    group, after a progress key in the rendezvous store), next to as many bare all-reduces and as many
     plain ``dist.barrier`` round trips; and the layer's own
     ``process_weights_after_loading`` (compressed-tensors, ``experts``: all ``num_experts``)
     timed on ``pwal_layers`` real layers stock and with the plugin (which then runs the
@@ -159,7 +159,7 @@ def load_cost(ctx, num_layers: int, num_experts: int, experts=None, pwal_layers:
         runs["agree"].append(time.perf_counter() - t0)
         dist.barrier(group=group)
         t0 = time.perf_counter()
-        for a in amax:  # the agreement without its monitored barrier (what a lighter one costs)
+        for a in amax:  # the agreement without its progress key
             dist.all_reduce(a.max().reshape(1), op=dist.ReduceOp.MAX, group=group)
         runs["all_reduce"].append(time.perf_counter() - t0)
         dist.barrier(group=group)

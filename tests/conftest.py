@@ -31,6 +31,8 @@ def fresh_plugin(monkeypatch):
     import vllm_fp4_moe_plugin as plugin
 
     monkeypatch.delenv("VLLM_FP4_MOE_PLUGIN", raising=False)
+    # register() marks the process that launches a deployment; "0" here is restored to unset
+    monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN_LAUNCHER", "0")
     plugin._reset_for_tests()
     yield plugin
     plugin._reset_for_tests()

@@ -41,8 +41,19 @@ def register() -> None:
     envs.VLLM_FP4_MOE_PLUGIN_TIMEOUT_S
     from vllm_fp4_moe_plugin import fleet
 
+    launched_on = envs.VLLM_FP4_MOE_PLUGIN_LAUNCHER
     if not envs.VLLM_FP4_MOE_PLUGIN:  # raises ValueError on a bad value: fail loudly
         _state, _reason = "inert", "VLLM_FP4_MOE_PLUGIN is not 1"
+        if launched_on:  # started by a process that has it on: this environment overrides it
+            from vllm_fp4_moe_plugin.log import get_logger
+
+            switch = os.environ.get("VLLM_FP4_MOE_PLUGIN")
+            get_logger().warning(
+                "vllm-fp4-moe-plugin is off in this process (VLLM_FP4_MOE_PLUGIN %s), but the "
+                "process that started it has VLLM_FP4_MOE_PLUGIN=1: this process's own "
+                "environment overrides it (for Ray: where `ray start` ran), so it computes as "
+                "stock vLLM. Unset the variable there or set it to 1 (docs/DEPLOYING.md).",
+                "unset" if switch is None else f"={switch}")
         if "VLLM_FP4_MOE_PLUGIN" not in os.environ:  # unset: watch (read-only) and warn once
             from vllm_fp4_moe_plugin import off_warning
 
@@ -52,6 +63,8 @@ def register() -> None:
     from vllm_fp4_moe_plugin import import_hook
 
     _state, _reason = "pending", "waiting for vLLM to import its NVFP4 MoE modules"
+    if not launched_on:  # the first process of the deployment: what it starts inherits this
+        os.environ["VLLM_FP4_MOE_PLUGIN_LAUNCHER"] = "1"
     # vLLM must know the switch before it starts workers (Ray copies only what it lists)
     import_hook.run_after_first_import((VLLM_ENVS,), _list_plugin_env)
     import_hook.run_after_first_import(TRIGGER_MODULES, _install)

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     VLLM_FP4_MOE_PLUGIN_CHECK: str = "warn"
     VLLM_FP4_MOE_DEBUG: bool = False
     VLLM_FP4_MOE_PLUGIN_TIMEOUT_S: float = 600.0
+    VLLM_FP4_MOE_PLUGIN_LAUNCHER: bool = False
 
 
 class EnvVarError(ValueError):
@@ -82,6 +83,12 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # raises naming the ranks that never arrived.
     "VLLM_FP4_MOE_PLUGIN_TIMEOUT_S": _seconds("VLLM_FP4_MOE_PLUGIN_TIMEOUT_S",
                                               DEFAULT_TIMEOUT_S),
+    # Not for operators: register() sets it to "1" in the first process of a deployment that
+    # has the switch on; the processes it starts inherit it (vLLM copies it to Ray workers), so
+    # a worker whose own environment turns the switch off (a Ray node started with
+    # VLLM_FP4_MOE_PLUGIN=0: Ray keeps a worker's own value) knows it was launched to be on.
+    "VLLM_FP4_MOE_PLUGIN_LAUNCHER": _choice("VLLM_FP4_MOE_PLUGIN_LAUNCHER",
+                                            {"0": False, "1": True}, "0"),
 }
 
 

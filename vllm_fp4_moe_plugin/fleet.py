@@ -44,6 +44,7 @@ AGREED = ("version", "design", "mode")
 # global scale each format's create_weights registers (ModelOpt, compressed-tensors).
 NVFP4_MOE_MARKERS = ("w13_weight_scale_2", "w13_weight_global_scale")
 DOCS = "docs/DEPLOYING.md"
+LAUNCHER = "VLLM_FP4_MOE_PLUGIN_LAUNCHER"  # envs.py: set by a deployment's first process
 
 
 class FleetMismatchError(RuntimeError):
@@ -65,13 +66,18 @@ class RankState:
     pid: int = 0
     where: str = ""  # vLLM's parallel ranks, e.g. "TP 0/2, DP 1/2"
     reason: str = ""
+    launcher_on: bool = False  # the process that started this one has the switch on
 
     def key(self) -> tuple:
         return tuple(getattr(self, f) for f in AGREED)
 
+    @property
+    def overridden(self) -> bool:
+        """Launched by a process with the switch on, and off by its own environment."""
+        return self.launcher_on and self.switch != "1"
+
     def describe(self) -> str:
-        switch = ("VLLM_FP4_MOE_PLUGIN unset" if self.switch == "unset"
-                  else f"VLLM_FP4_MOE_PLUGIN={self.switch}")
+        switch = _switch(self)
         why = f": {self.reason}" if self.mode == "inactive" and self.reason else ""
         return (f"plugin {self.version}, vLLM MoE design {self.design}, {self.mode}{why} "
                 f"({switch})")
@@ -88,7 +94,8 @@ def disagreement(states: Sequence[RankState]) -> Optional[str]:
     groups: dict[tuple, list[RankState]] = {}
     for s in sorted(states, key=lambda s: s.rank):
         groups.setdefault(s.key(), []).append(s)
-    if len(groups) <= 1:
+    overridden = [s for s in states if s.overridden]
+    if len(groups) <= 1 and not overridden:
         return None
     lines = [f"vllm-fp4-moe-plugin: the {len(states)} ranks of this deployment run the plugin "
              "differently, so they would compute the NVFP4 MoE layers differently; no rank "
@@ -96,9 +103,25 @@ def disagreement(states: Sequence[RankState]) -> Optional[str]:
     for members in groups.values():
         places = "; ".join(m.place() for m in members)
         lines.append(f"  {members[0].describe()}: {places}")
+    if overridden:
+        lines.append(f"  {_ranks(overridden)}: started by a process with VLLM_FP4_MOE_PLUGIN=1 "
+                     "(where `vllm serve` runs), but its own environment sets "
+                     f"{_switch(overridden[0])}, which wins (Ray keeps a worker's own "
+                     "variables).")
     differs = [f for i, f in enumerate(AGREED) if len({k[i] for k in groups}) > 1]
-    lines.append("Fix: " + " ".join(_FIXES[f] for f in differs) + f" ({DOCS})")
+    fixes = [_FIXES[f] for f in differs] + ([_FIXES["overridden"]] if overridden else [])
+    lines.append("Fix: " + " ".join(dict.fromkeys(fixes)) + f" ({DOCS})")
     return "\n".join(lines)
+
+
+def _ranks(states: Sequence[RankState]) -> str:
+    ranks = [str(s.rank) for s in sorted(states, key=lambda s: s.rank)]
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(ranks)
+
+
+def _switch(state: RankState) -> str:
+    return ("VLLM_FP4_MOE_PLUGIN unset" if state.switch == "unset"
+            else f"VLLM_FP4_MOE_PLUGIN={state.switch}")
 
 
 _FIXES = {
@@ -107,6 +130,8 @@ _FIXES = {
              "runs; a rank that is inactive says why above."),
     "version": "Install the same vllm-fp4-moe-plugin version on every node.",
     "design": "Install the same vLLM release on every node.",
+    "overridden": ("Unset VLLM_FP4_MOE_PLUGIN (or set it to 1) in the environment of those "
+                   "workers: for Ray, where `ray start` runs on each node."),
 }
 
 
@@ -177,7 +202,8 @@ def local_state(rank: int, report: Report) -> RankState:
                      design=str(design) if design is not None else "unknown", mode=mode,
                      switch=os.environ.get("VLLM_FP4_MOE_PLUGIN", "unset"),
                      host=socket.gethostname(), pid=os.getpid(), where=_vllm_ranks(),
-                     reason=report.reason if mode == "inactive" else "")
+                     reason=report.reason if mode == "inactive" else "",
+                     launcher_on=os.environ.get(LAUNCHER) == "1")
 
 
 def _vllm_ranks() -> str:

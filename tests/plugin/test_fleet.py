@@ -151,3 +151,32 @@ def test_a_rank_without_the_plugin_ends_the_wait_with_a_named_timeout():
         assert out[rank]["done"] - out[rank]["arrived"] < 3 + 5
     assert out[2]["result"] == ("ok", None)  # it never took part
     assert time.time() - t0 < 200
+
+
+def test_workers_whose_own_environment_turns_the_switch_off_are_refused():
+    """Every rank agrees (all off), but they were launched by a process with the switch on
+    (a Ray cluster whose nodes were started with VLLM_FP4_MOE_PLUGIN=0: Ray keeps a worker's
+    own value): no rank loads, and the message says where to fix it."""
+    launched_off = {"env": {"VLLM_FP4_MOE_PLUGIN": "0", "VLLM_FP4_MOE_PLUGIN_LAUNCHER": "1"}}
+    out = _run([launched_off, launched_off])
+    for rank in (0, 1):
+        kind, msg = out[rank]["result"]
+        assert kind == "FleetMismatchError", msg
+        assert "ranks 0, 1: started by a process with VLLM_FP4_MOE_PLUGIN=1" in msg, msg
+        assert "where `ray start` runs" in msg, msg
+
+
+def test_disagreement_rules_without_processes():
+    from vllm_fp4_moe_plugin.fleet import RankState, disagreement
+
+    on = RankState(0, "0.1.0", "nvfp4_oracle", "active", "1")
+    assert disagreement([on, RankState(1, "0.1.0", "nvfp4_oracle", "active", "1")]) is None
+    both_off = [RankState(r, "0.1.0", "nvfp4_oracle", "off", "unset") for r in (0, 1)]
+    assert disagreement(both_off) is None  # stock everywhere: consistent
+    launched_on = [RankState(r, "0.1.0", "nvfp4_oracle", "off", "unset", launcher_on=True)
+                   for r in (0, 1)]
+    assert "ranks 0, 1: started by a process with VLLM_FP4_MOE_PLUGIN=1" in disagreement(
+        launched_on)  # the launcher's switch did not arrive (excluded from Ray's copy)
+    msg = disagreement([on, RankState(1, "0.2.0", "modular_method", "active", "1")])
+    assert "Install the same vllm-fp4-moe-plugin version" in msg
+    assert "Install the same vLLM release" in msg and "Set VLLM_FP4_MOE_PLUGIN" not in msg

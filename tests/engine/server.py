@@ -70,31 +70,40 @@ class Server:
         return self.log_path.read_text(errors="replace")
 
     def post(self, path: str, body: dict, timeout_s: float = 300.0) -> dict:
-        req = urllib.request.Request(self.base_url + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=timeout_s) as r:
-            return json.loads(r.read())
+        return post(self.base_url, path, body, timeout_s)
 
     def model(self) -> str:
         with urllib.request.urlopen(self.base_url + "/v1/models", timeout=30) as r:
             return json.loads(r.read())["data"][0]["id"]
 
     def greedy(self, prompts: list, max_tokens: int = 6, logprobs: int = 5) -> list[dict]:
-        """Greedy completions of token-id prompts, one request each (bounded by the list):
-        ``[{"tokens": [...], "logprobs": [{token: logprob}, ...]}]``. Tokens are read back as
-        ids (``return_tokens_as_token_ids``), so no tokenizer is needed on the client."""
-        model = self.model()
-        out = []
-        for ids in prompts:
-            r = self.post("/v1/completions", {
-                "model": model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0,
-                "logprobs": logprobs, "ignore_eos": True, "return_tokens_as_token_ids": True})
-            lp = r["choices"][0]["logprobs"]
-            tokens = [int(t.split(":", 1)[1]) for t in lp["tokens"]]
-            steps = [{k.split(":", 1)[1]: float(v) for k, v in step.items()}
-                     for step in lp["top_logprobs"]]
-            out.append({"tokens": tokens, "logprobs": steps})
-        return out
+        return greedy(self.base_url, prompts, max_tokens, logprobs)
+
+
+def post(base_url: str, path: str, body: dict, timeout_s: float = 300.0) -> dict:
+    req = urllib.request.Request(base_url + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout_s) as r:
+        return json.loads(r.read())
+
+
+def greedy(base_url: str, prompts: list, max_tokens: int = 6, logprobs: int = 5) -> list[dict]:
+    """Greedy completions of token-id prompts, one request each (bounded by the list):
+    ``[{"tokens": [...], "logprobs": [{token: logprob}, ...]}]``. Tokens are read back as
+    ids (``return_tokens_as_token_ids``), so no tokenizer is needed on the client."""
+    with urllib.request.urlopen(base_url + "/v1/models", timeout=30) as r:
+        model = json.loads(r.read())["data"][0]["id"]
+    out = []
+    for ids in prompts:
+        r = post(base_url, "/v1/completions", {
+            "model": model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0,
+            "logprobs": logprobs, "ignore_eos": True, "return_tokens_as_token_ids": True})
+        lp = r["choices"][0]["logprobs"]
+        tokens = [int(t.split(":", 1)[1]) for t in lp["tokens"]]
+        steps = [{k.split(":", 1)[1]: float(v) for k, v in step.items()}
+                 for step in lp["top_logprobs"]]
+        out.append({"tokens": tokens, "logprobs": steps})
+    return out
 
 
 def _ready(url: str) -> bool:
@@ -142,6 +151,27 @@ def engine_env(*, plugin: str, kernel: str = "emulator", seam: bool = True,
     return env
 
 
+def server_command(python, model: str, port: int, *, tp: int = 1, dp: int = 1,
+                   ep: bool = False, extra_args: tuple = (), eager: bool = True) -> list[str]:
+    """``python -m vllm.entrypoints.openai.api_server`` with the tests' small engine settings;
+    ``dp > 1`` adds ``--data-parallel-size`` and a free RPC port unless ``extra_args`` sets
+    the data-parallel flags itself."""
+    cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+           "--host", HOST, "--port", str(port), "--dtype", "bfloat16",
+           "--max-model-len", "128", "--max-num-seqs", "4", "--max-num-batched-tokens", "128",
+           "--seed", "0", "--tensor-parallel-size", str(tp)] + (["--enforce-eager"] if eager
+                                                                else [])
+    if dp > 1:
+        cmd += ["--data-parallel-size", str(dp)]
+        if "--data-parallel-rpc-port" not in extra_args:
+            cmd += ["--data-parallel-rpc-port", str(free_port())]
+    if ep:
+        cmd += ["--enable-expert-parallel"]
+    if tp > 1 and "--distributed-executor-backend" not in extra_args:
+        cmd += ["--distributed-executor-backend", "mp"]
+    return cmd + list(extra_args)
+
+
 @contextlib.contextmanager
 def serve(model: str, *, world: str = "0.32.0", plugin: str = "1", kernel: str = "emulator",
           tp: int = 1, dp: int = 1, ep: bool = False, extra_args: tuple = (),
@@ -165,18 +195,7 @@ def serve(model: str, *, world: str = "0.32.0", plugin: str = "1", kernel: str =
         str(i % ncpu) for i in range(workers)) if workers > 1 else None)
     env.update(env_extra or {})
     port = free_port()
-    cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-           "--host", HOST, "--port", str(port), "--dtype", "bfloat16", "--enforce-eager",
-           "--max-model-len", "128", "--max-num-seqs", "4", "--max-num-batched-tokens", "128",
-           "--seed", "0", "--tensor-parallel-size", str(tp)]
-    if dp > 1:
-        cmd += ["--data-parallel-size", str(dp),
-                "--data-parallel-rpc-port", str(free_port())]
-    if ep:
-        cmd += ["--enable-expert-parallel"]
-    if tp > 1:
-        cmd += ["--distributed-executor-backend", "mp"]
-    cmd += list(extra_args)
+    cmd = server_command(python, model, port, tp=tp, dp=dp, ep=ep, extra_args=extra_args)
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="vllm-server-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"server-{port}.log"

@@ -1,0 +1,352 @@
+"""Deployments of vLLM's OpenAI server the way operators start them, several processes at a time,
+in a network namespace of their own whose only interface is loopback.
+
+Scenarios (``SCENARIOS``): the Ray executor (a Ray cluster started first with ``ray start``, as
+on a real cluster), data parallel with one API server per rank, a head plus a ``--headless``
+engine, several API servers, the Ray data-parallel backend, a compiled (not eager) engine, and
+the mixed fleets that must refuse to serve. Each returns what a test asserts on: greedy tokens
+from every API server, every process's exit status, and the combined log.
+
+Why a network namespace: Ray's servers bind every interface whatever ``--node-ip-address``
+says (0.0.0.0 is compiled into its GCS and raylet), so the only way to keep a test cluster off
+the machine's network is a namespace with nothing but ``lo``. :func:`run` re-executes this file
+under ``unshare --net`` (root, as the tests run here and in CI); inside, Ray picks 127.0.0.1
+(no route to anywhere else) and the driver checks that it did.
+
+Standard library only, like ``server.py`` (importable by any Python); the engine worlds'
+pythons run the servers. Test-only: it needs a checkout's ``.venv-engine*``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # server.py, run as a script too
+import server  # noqa: E402  (standard library only)
+
+PROMPTS = [[1, 5, 9, 33, 100, 7, 250, 3], [2, 40, 41, 42, 300, 17]]
+MAX_TOKENS = 6
+ACTIVE = "vllm-fp4-moe-plugin active"
+FLEET_OK = "vllm-fp4-moe-plugin fleet check: all"
+FLEET_ERRORS = ("FleetMismatchError", "FleetTimeout")
+MOE_BACKEND = ("--moe-backend", "flashinfer_cutlass")
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen
+    log_path: Path
+    started: float = field(default_factory=time.monotonic)
+    ended: float | None = None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def poll(self) -> int | None:
+        rc = self.popen.poll()
+        if rc is not None and self.ended is None:
+            self.ended = time.monotonic()
+        return rc
+
+
+def launch(name: str, cmd: list, env: dict, log_dir: Path) -> Proc:
+    """Start ``cmd`` in its own session (so its whole process tree can be stopped)."""
+    log_path = log_dir / f"{name}.log"
+    with open(log_path, "w") as log:
+        popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                 cwd=str(log_dir), start_new_session=True)
+    return Proc(name, popen, log_path)
+
+
+def stop(procs) -> None:
+    for p in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.popen.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 20
+    for p in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+    for p in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.popen.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.popen.wait(timeout=10)
+        p.poll()
+
+
+def wait_ready(urls: list, procs: list, timeout_s: float) -> float:
+    """Seconds until every URL answers; RuntimeError if a process exits first or time runs out."""
+    t0 = time.monotonic()
+    pending = list(urls)
+    while pending:
+        pending = [u for u in pending if not server._ready(u)]
+        if not pending:
+            break
+        dead = [p for p in procs if p.poll() is not None]
+        if dead:
+            raise RuntimeError(f"{dead[0].name} exited ({dead[0].popen.returncode}) before the "
+                               "deployment was ready")
+        if time.monotonic() - t0 > timeout_s:
+            raise RuntimeError(f"not ready after {timeout_s:.0f} s: {pending}")
+        time.sleep(2.0)
+    return time.monotonic() - t0
+
+
+def wait_exit(procs: list, timeout_s: float) -> None:
+    """Wait until every process has exited (a refused deployment must end by itself)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        time.sleep(1.0)
+
+
+def leftover_processes(procs: list) -> list[str]:
+    """Processes still alive in the sessions the deployment started (none must outlive it)."""
+    sids = {p.popen.pid for p in procs}
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] != "Z" and int(fields[3]) in sids:  # field 6 of stat: the session id
+            out.append(f"{d.name} {stat.split('(', 1)[1].split(')')[0]}")
+    return out
+
+
+# -- Ray ------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def ray_cluster(python: Path, env: dict, log_dir: Path, num_gpus: int):
+    """A one-node Ray cluster started as an operator starts one (``ray start --head``), with
+    ``env`` as that node's environment (what its Ray workers inherit), bound to loopback."""
+    ray = str(Path(python).parent / "ray")
+    port = server.free_port()
+    env = {**env, "RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}
+    out = subprocess.run([ray, "start", "--head", "--node-ip-address=127.0.0.1",
+                          f"--port={port}", f"--num-gpus={num_gpus}", "--num-cpus=4",
+                          "--include-dashboard=false", "--disable-usage-stats"],
+                         env=env, cwd=str(log_dir), capture_output=True, text=True, timeout=180)
+    (log_dir / "ray-start.log").write_text(out.stdout + out.stderr)
+    try:
+        if out.returncode != 0:
+            raise RuntimeError(f"ray start failed:\n{out.stdout[-2000:]}{out.stderr[-2000:]}")
+        ip = re.search(r"Local node IP: (\S+)", out.stdout + out.stderr)
+        if ip is None or ip.group(1) != "127.0.0.1":
+            raise RuntimeError(f"Ray picked {ip and ip.group(1)}, not loopback")
+        yield f"127.0.0.1:{port}"
+    finally:
+        subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, timeout=120)
+
+
+# -- scenarios --------------------------------------------------------------------------
+
+def _env(args, plugin: str = "1", omp_bind: str | None = None, **extra) -> dict:
+    env = server.engine_env(plugin=plugin, kernel=args.kernel, omp_bind=omp_bind)
+    if plugin == "unset":
+        env.pop("VLLM_FP4_MOE_PLUGIN")
+    env.update({"VLLM_HOST_IP": "127.0.0.1", **extra})
+    return env
+
+
+def _cmd(args, port, **kw):
+    extra = ("--skip-tokenizer-init",) + MOE_BACKEND + tuple(kw.pop("extra_args", ()))
+    return server.server_command(args.python, args.model, port, extra_args=extra, **kw)
+
+
+def _serve(args, log_dir, specs, urls, expect_refusal=False) -> dict:
+    """Start ``specs`` (name, cmd, env), then either query every URL (tokens) or, with
+    ``expect_refusal``, wait for every process to exit by itself."""
+    procs = []
+    result: dict = {"ready_s": None, "tokens": {}, "exit": {}, "leftover": []}
+    try:
+        for name, cmd, env in specs:
+            procs.append(launch(name, cmd, env, log_dir))
+        if expect_refusal:
+            wait_exit(procs, args.timeout)
+        else:
+            result["ready_s"] = wait_ready(urls, procs, args.timeout)
+            for url in urls:
+                result["tokens"][url] = server.greedy(url, PROMPTS, MAX_TOKENS)
+    except RuntimeError as exc:
+        result["error"] = str(exc)
+    finally:
+        result["exit"] = {p.name: (p.poll(), None if p.ended is None
+                                   else round(p.ended - p.started, 1)) for p in procs}
+        # a refused deployment must have ended all by itself; a served one once stopped
+        result["leftover"] = leftover_processes(procs) if expect_refusal else []
+        stop(procs)
+        result["leftover"] += leftover_processes(procs)
+        result["log"] = "\n".join(f"===== {p.name}\n{p.log()}" for p in procs)
+    return result
+
+
+def single(args, log_dir, tp=1, dp=1, ep=False, eager=True, extra_args=()) -> dict:
+    """One ``vllm serve`` (the one-command run every other deployment is compared with)."""
+    port = server.free_port()
+    bind = "|".join(str(i % 2) for i in range(tp * dp)) if tp * dp > 1 else None
+    env = _env(args, omp_bind=bind)
+    if not eager:  # the compiled path: let torch.compile run
+        env.pop("TORCHDYNAMO_DISABLE", None)
+    cmd = _cmd(args, port, tp=tp, dp=dp, ep=ep, eager=eager, extra_args=extra_args)
+    return _serve(args, log_dir, [("server", cmd, env)], [f"http://127.0.0.1:{port}"])
+
+
+def ray_tp2(args, log_dir, node_switch: str | None = None) -> dict:
+    """TP=2 on vLLM's Ray executor, the switch set only where `vllm serve` runs; with
+    ``node_switch``, the Ray node was started with ``VLLM_FP4_MOE_PLUGIN=node_switch``."""
+    node_env = _env(args, plugin="unset", omp_bind="0|1", FP4_MOE_TEST_RAY="1")
+    if node_switch is not None:
+        node_env["VLLM_FP4_MOE_PLUGIN"] = node_switch
+    with ray_cluster(args.python, node_env, log_dir, num_gpus=2) as address:
+        port = server.free_port()
+        env = _env(args, omp_bind="0|1", FP4_MOE_TEST_RAY="1", RAY_ADDRESS=address,
+                   RAY_DEDUP_LOGS="0")  # the driver prints every worker's lines
+        cmd = _cmd(args, port, tp=2, extra_args=("--distributed-executor-backend", "ray"))
+        return _serve(args, log_dir, [("server", cmd, env)], [f"http://127.0.0.1:{port}"],
+                      expect_refusal=node_switch is not None)
+
+
+def ray_dp2_ep(args, log_dir) -> dict:
+    """DP=2 + EP with vLLM's Ray data-parallel backend (engine cores are Ray actors)."""
+    node_env = _env(args, plugin="unset", omp_bind="0|1", FP4_MOE_TEST_RAY="1")
+    with ray_cluster(args.python, node_env, log_dir, num_gpus=2) as address:
+        port = server.free_port()
+        env = _env(args, omp_bind="0|1", FP4_MOE_TEST_RAY="1", RAY_ADDRESS=address,
+                   RAY_DEDUP_LOGS="0")
+        cmd = _cmd(args, port, dp=2, ep=True, extra_args=(
+            "--data-parallel-backend", "ray", "--data-parallel-address", "127.0.0.1"))
+        return _serve(args, log_dir, [("server", cmd, env)], [f"http://127.0.0.1:{port}"])
+
+
+def dp2_ep_per_rank(args, log_dir, rank1_switch: str = "1") -> dict:
+    """DP=2 + EP, one API server per rank (external load balancing, `--data-parallel-rank`);
+    ``rank1_switch`` "unset" or "0": rank 1's node lacks the switch (a mixed fleet)."""
+    rpc = str(server.free_port())
+    specs, urls = [], []
+    for rank, switch in ((0, "1"), (1, rank1_switch)):
+        port = server.free_port()
+        env = _env(args, plugin=switch, omp_bind=str(rank))
+        cmd = _cmd(args, port, dp=2, ep=True, extra_args=(
+            "--data-parallel-rank", str(rank), "--data-parallel-address", "127.0.0.1",
+            "--data-parallel-rpc-port", rpc))
+        specs.append((f"rank{rank}", cmd, env))
+        urls.append(f"http://127.0.0.1:{port}")
+    return _serve(args, log_dir, specs, urls, expect_refusal=rank1_switch != "1")
+
+
+def dp2_ep_headless(args, log_dir) -> dict:
+    """DP=2 + EP: a head (API server + engine 0) and a `--headless` node (engine 1)."""
+    rpc, port = str(server.free_port()), server.free_port()
+    common = ("--data-parallel-size-local", "1", "--data-parallel-address", "127.0.0.1",
+              "--data-parallel-rpc-port", rpc)
+    head = _cmd(args, port, dp=2, ep=True, extra_args=common + ("--api-server-count", "1"))
+    node = _cmd(args, server.free_port(), dp=2, ep=True,
+                extra_args=common + ("--headless", "--data-parallel-start-rank", "1"))
+    return _serve(args, log_dir, [("head", head, _env(args, omp_bind="0")),
+                                  ("headless", node, _env(args, omp_bind="1"))],
+                  [f"http://127.0.0.1:{port}"])
+
+
+def api_servers_2(args, log_dir) -> dict:
+    """One engine behind two API server processes (`--api-server-count 2`)."""
+    port = server.free_port()
+    cmd = _cmd(args, port, extra_args=("--api-server-count", "2"))
+    return _serve(args, log_dir, [("server", cmd, _env(args))], [f"http://127.0.0.1:{port}"])
+
+
+SCENARIOS = {
+    "single": lambda a, d: single(a, d),
+    "mp-tp2": lambda a, d: single(a, d, tp=2),
+    "mp-dp2-ep": lambda a, d: single(a, d, dp=2, ep=True),
+    "compiled": lambda a, d: single(a, d, eager=False),
+    "ray-tp2": lambda a, d: ray_tp2(a, d),
+    "ray-tp2-node-off": lambda a, d: ray_tp2(a, d, node_switch="0"),
+    "ray-dp2-ep": ray_dp2_ep,
+    "dp2-ep-per-rank": lambda a, d: dp2_ep_per_rank(a, d),
+    "dp2-ep-per-rank-rank1-unset": lambda a, d: dp2_ep_per_rank(a, d, rank1_switch="unset"),
+    "dp2-ep-headless": dp2_ep_headless,
+    "api-servers-2": api_servers_2,
+}
+
+
+# -- what the log says ------------------------------------------------------------------
+
+_PID = re.compile(r"\((\w+) pid=(\d+)\)")
+
+
+def process_lines(log: str, needle: str) -> dict[str, str]:
+    """{pid: process label} of every process that logged a line containing ``needle``; the
+    label is vLLM's innermost prefix (``Worker_TP0``, ``EngineCore_DP1``, ``APIServer``)."""
+    out = {}
+    for line in log.splitlines():
+        if needle in line:
+            found = _PID.findall(line)
+            if found:
+                label, pid = found[-1]
+                out[pid] = label
+    return out
+
+
+# -- entry points -----------------------------------------------------------------------
+
+def run(scenario: str, *, world: str, model: str, kernel: str = "emulator",
+        timeout_s: float = 480, log_dir: Path | None = None) -> dict:
+    """Run one scenario in a fresh network namespace (``unshare --net``); its result dict."""
+    python = server.world_python(world)
+    if python is None:
+        raise FileNotFoundError(f"{server.REPO_ROOT / server.WORLDS[world]} is missing: run "
+                                f"./scripts/bootstrap-engine.sh {world}")
+    server.plugin_wheel.check(server.REPO_ROOT / server.WORLDS[world], world)
+    log_dir = Path(log_dir or tempfile.mkdtemp(prefix=f"deploy-{scenario}-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    out = log_dir / "result.json"
+    cmd = ["unshare", "--net", sys.executable, str(Path(__file__).resolve()), scenario,
+           "--python", str(python), "--model", str(Path(model).resolve()), "--kernel", kernel,
+           "--timeout", str(timeout_s), "--log-dir", str(log_dir), "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s * 2 + 300)
+    if proc.returncode != 0 or not out.exists():
+        raise RuntimeError(f"deployment driver failed ({proc.returncode}):\n"
+                           f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    return json.loads(out.read_text())
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("scenario", choices=sorted(SCENARIOS))
+    ap.add_argument("--python", required=True, help="the engine world's python")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--kernel", default="emulator")
+    ap.add_argument("--timeout", type=float, default=480)
+    ap.add_argument("--log-dir", required=True)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    names = [ln.split(":")[1].strip() for ln in links.splitlines()]
+    if names != ["lo"]:  # the guarantee that nothing binds beyond loopback
+        raise SystemExit(f"not in a loopback-only network namespace: {names}")
+    t0 = time.monotonic()
+    result = SCENARIOS[args.scenario](args, Path(args.log_dir))
+    result.update(scenario=args.scenario, seconds=round(time.monotonic() - t0, 1),
+                  interfaces=names)
+    Path(args.out).write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

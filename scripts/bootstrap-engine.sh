@@ -24,10 +24,10 @@ WORLD=${1:-0.11.0}
 case "$WORLD" in
   0.11.0) VENV=.venv-engine; PINS=constraints.txt; TORCH="torch 2.8.0"; NEED_GIB=14
           SIZE="~9 GiB"; SKIP_MORE=""
-          EXTRA=(torch torchvision torchaudio flashinfer-python pytest safetensors) ;;
+          EXTRA=(torch torchvision torchaudio flashinfer-python pytest safetensors ray) ;;
   0.32.0) VENV=.venv-engine-0.32.0; PINS=constraints-engine-0.32.0.txt; TORCH="torch 2.13.0"
           NEED_GIB=12; SIZE="~4 GiB, more with PyPI's CUDA torch"
-          SKIP_MORE="torchcodec"; EXTRA=(torch pytest safetensors "lm-eval[api]") ;;
+          SKIP_MORE="torchcodec"; EXTRA=(torch pytest safetensors "lm-eval[api]" ray) ;;
   *) echo "[bootstrap-engine] unknown world '$WORLD' (0.11.0 or 0.32.0)" >&2; exit 2 ;;
 esac
 [ -x $VENV/bin/python ] || "$PYTHON" -m venv $VENV

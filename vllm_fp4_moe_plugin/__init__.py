@@ -49,11 +49,11 @@ def register() -> None:
 
             switch = os.environ.get("VLLM_FP4_MOE_PLUGIN")
             get_logger().warning(
-                "vllm-fp4-moe-plugin is off in this process (VLLM_FP4_MOE_PLUGIN %s), but the "
+                "vllm-fp4-moe-plugin is off in this process (%s), but the "
                 "process that started it has VLLM_FP4_MOE_PLUGIN=1: this process's own "
                 "environment overrides it (for Ray: where `ray start` ran), so it computes as "
                 "stock vLLM. Unset the variable there or set it to 1 (docs/DEPLOYING.md).",
-                "unset" if switch is None else f"={switch}")
+                "VLLM_FP4_MOE_PLUGIN unset" if switch is None else f"VLLM_FP4_MOE_PLUGIN={switch}")
         if "VLLM_FP4_MOE_PLUGIN" not in os.environ:  # unset: watch (read-only) and warn once
             from vllm_fp4_moe_plugin import off_warning
 

@@ -105,7 +105,7 @@ def disagreement(states: Sequence[RankState]) -> Optional[str]:
         lines.append(f"  {members[0].describe()}: {places}")
     if overridden:
         lines.append(f"  {_ranks(overridden)}: started by a process with VLLM_FP4_MOE_PLUGIN=1 "
-                     "(where `vllm serve` runs), but its own environment sets "
+                     "(where `vllm serve` runs), but the worker's own environment has "
                      f"{_switch(overridden[0])}, which wins (Ray keeps a worker's own "
                      "variables).")
     differs = [f for i, f in enumerate(AGREED) if len({k[i] for k in groups}) > 1]

@@ -40,7 +40,24 @@ MAX_TOKENS = 6
 ACTIVE = "vllm-fp4-moe-plugin active"
 FLEET_OK = "vllm-fp4-moe-plugin fleet check: all"
 FLEET_ERRORS = ("FleetMismatchError", "FleetTimeout")
-MOE_BACKEND = ("--moe-backend", "flashinfer_cutlass")
+# Per world, what selects the FlashInfer CUTLASS NVFP4 MoE path the seam emulates: 0.11.0 by
+# environment (as tests/engine/engine_run.py), 0.32.0 by flag (test_engine32_e2e.py).
+WORLD_ENV = {"0.11.0": {"VLLM_USE_FLASHINFER_MOE_FP4": "1",
+                        "VLLM_FLASHINFER_MOE_BACKEND": "throughput", "VLLM_MLA_DISABLE": "1"},
+             "0.32.0": {}}
+WORLD_ARGS = {"0.11.0": (), "0.32.0": ("--moe-backend", "flashinfer_cutlass")}
+# vLLM 0.11.0's log format has no pid (its process prefixes come from stdout decoration, which
+# a worker's first lines precede): this vLLM logging config puts the record's own pid on every
+# line, so lines can be counted per process. 0.32.0's own format already has it.
+LOGGING_CONFIG = {
+    "formatters": {"vllm": {"class": "vllm.logging_utils.NewLineFormatter",
+                            "datefmt": "%m-%d %H:%M:%S",
+                            "format": "(pid=%(process)d) %(levelname)s %(asctime)s "
+                                      "[%(fileinfo)s:%(lineno)d] %(message)s"}},
+    "handlers": {"vllm": {"class": "logging.StreamHandler", "formatter": "vllm",
+                          "level": "INFO", "stream": "ext://sys.stdout"}},
+    "loggers": {"vllm": {"handlers": ["vllm"], "level": "DEBUG", "propagate": False}},
+    "version": 1, "disable_existing_loggers": False}
 
 
 @dataclass
@@ -111,9 +128,18 @@ def wait_exit(procs: list, timeout_s: float) -> None:
         time.sleep(1.0)
 
 
-def leftover_processes(procs: list) -> list[str]:
-    """Processes still alive in the sessions the deployment started (none must outlive it)."""
-    sids = {p.popen.pid for p in procs}
+def leftover_processes(procs: list, grace_s: float = 10.0) -> list[str]:
+    """Processes still alive in the sessions the deployment started (none must outlive it),
+    after ``grace_s`` for the ones already dying."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        alive = _alive_in_sessions({p.popen.pid for p in procs})
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.5)
+
+
+def _alive_in_sessions(sids: set) -> list[str]:
     out = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -159,18 +185,25 @@ def _env(args, plugin: str = "1", omp_bind: str | None = None, **extra) -> dict:
     env = server.engine_env(plugin=plugin, kernel=args.kernel, omp_bind=omp_bind)
     if plugin == "unset":
         env.pop("VLLM_FP4_MOE_PLUGIN")
-    env.update({"VLLM_HOST_IP": "127.0.0.1", **extra})
+    env.update({"VLLM_HOST_IP": "127.0.0.1", **WORLD_ENV[args.world], **extra})
+    if args.world == "0.11.0":
+        config = Path(args.log_dir) / "logging.json"
+        config.write_text(json.dumps(LOGGING_CONFIG))
+        env["VLLM_LOGGING_CONFIG_PATH"] = str(config)
     return env
 
 
 def _cmd(args, port, **kw):
-    extra = ("--skip-tokenizer-init",) + MOE_BACKEND + tuple(kw.pop("extra_args", ()))
-    return server.server_command(args.python, args.model, port, extra_args=extra, **kw)
+    """``vllm serve`` as an operator types it (the CLI: several API servers and headless
+    engines exist only there). Token-id prompts need no tokenizer; text prompts do."""
+    extra = ((() if args.text_prompts else ("--skip-tokenizer-init",)) + WORLD_ARGS[args.world]
+             + tuple(kw.pop("extra_args", ())))
+    return server.server_command(args.python, args.model, port, extra_args=extra, cli=True, **kw)
 
 
 def _serve(args, log_dir, specs, urls, expect_refusal=False) -> dict:
     """Start ``specs`` (name, cmd, env), then either query every URL (tokens) or, with
-    ``expect_refusal``, wait for every process to exit by itself."""
+    ``expect_refusal`` (or offline runs), wait for every process to exit by itself."""
     procs = []
     result: dict = {"ready_s": None, "tokens": {}, "exit": {}, "leftover": []}
     try:
@@ -180,8 +213,9 @@ def _serve(args, log_dir, specs, urls, expect_refusal=False) -> dict:
             wait_exit(procs, args.timeout)
         else:
             result["ready_s"] = wait_ready(urls, procs, args.timeout)
+            prompts = json.loads(args.text_prompts) if args.text_prompts else PROMPTS
             for url in urls:
-                result["tokens"][url] = server.greedy(url, PROMPTS, MAX_TOKENS)
+                result["tokens"][url] = server.greedy(url, prompts, args.max_tokens)
     except RuntimeError as exc:
         result["error"] = str(exc)
     finally:
@@ -195,13 +229,15 @@ def _serve(args, log_dir, specs, urls, expect_refusal=False) -> dict:
     return result
 
 
-def single(args, log_dir, tp=1, dp=1, ep=False, eager=True, extra_args=()) -> dict:
+def single(args, log_dir, tp=1, dp=1, ep=False, eager=True, extra_args=(),
+           extra_env=None) -> dict:
     """One ``vllm serve`` (the one-command run every other deployment is compared with)."""
     port = server.free_port()
     bind = "|".join(str(i % 2) for i in range(tp * dp)) if tp * dp > 1 else None
-    env = _env(args, omp_bind=bind)
-    if not eager:  # the compiled path: let torch.compile run
+    env = _env(args, omp_bind=bind, **(extra_env or {}))
+    if not eager:  # the compiled path: let torch.compile run, the MoE opaque as on CUDA
         env.pop("TORCHDYNAMO_DISABLE", None)
+        env["FP4_MOE_TEST_MOE_OP"] = "1"
     cmd = _cmd(args, port, tp=tp, dp=dp, ep=ep, eager=eager, extra_args=extra_args)
     return _serve(args, log_dir, [("server", cmd, env)], [f"http://127.0.0.1:{port}"])
 
@@ -209,12 +245,12 @@ def single(args, log_dir, tp=1, dp=1, ep=False, eager=True, extra_args=()) -> di
 def ray_tp2(args, log_dir, node_switch: str | None = None) -> dict:
     """TP=2 on vLLM's Ray executor, the switch set only where `vllm serve` runs; with
     ``node_switch``, the Ray node was started with ``VLLM_FP4_MOE_PLUGIN=node_switch``."""
-    node_env = _env(args, plugin="unset", omp_bind="0|1", FP4_MOE_TEST_RAY="1")
+    node_env = _env(args, plugin="unset", omp_bind="0|1", FP4_MOE_TEST_EXECUTOR="1")
     if node_switch is not None:
         node_env["VLLM_FP4_MOE_PLUGIN"] = node_switch
     with ray_cluster(args.python, node_env, log_dir, num_gpus=2) as address:
         port = server.free_port()
-        env = _env(args, omp_bind="0|1", FP4_MOE_TEST_RAY="1", RAY_ADDRESS=address,
+        env = _env(args, omp_bind="0|1", FP4_MOE_TEST_EXECUTOR="1", RAY_ADDRESS=address,
                    RAY_DEDUP_LOGS="0")  # the driver prints every worker's lines
         cmd = _cmd(args, port, tp=2, extra_args=("--distributed-executor-backend", "ray"))
         return _serve(args, log_dir, [("server", cmd, env)], [f"http://127.0.0.1:{port}"],
@@ -223,10 +259,10 @@ def ray_tp2(args, log_dir, node_switch: str | None = None) -> dict:
 
 def ray_dp2_ep(args, log_dir) -> dict:
     """DP=2 + EP with vLLM's Ray data-parallel backend (engine cores are Ray actors)."""
-    node_env = _env(args, plugin="unset", omp_bind="0|1", FP4_MOE_TEST_RAY="1")
+    node_env = _env(args, plugin="unset", omp_bind="0|1", FP4_MOE_TEST_EXECUTOR="1")
     with ray_cluster(args.python, node_env, log_dir, num_gpus=2) as address:
         port = server.free_port()
-        env = _env(args, omp_bind="0|1", FP4_MOE_TEST_RAY="1", RAY_ADDRESS=address,
+        env = _env(args, omp_bind="0|1", FP4_MOE_TEST_EXECUTOR="1", RAY_ADDRESS=address,
                    RAY_DEDUP_LOGS="0")
         cmd = _cmd(args, port, dp=2, ep=True, extra_args=(
             "--data-parallel-backend", "ray", "--data-parallel-address", "127.0.0.1"))
@@ -269,11 +305,36 @@ def api_servers_2(args, log_dir) -> dict:
     return _serve(args, log_dir, [("server", cmd, _env(args))], [f"http://127.0.0.1:{port}"])
 
 
+def ext_tp2(args, log_dir, rank1_switch: str = "1") -> dict:
+    """TP=2 with vLLM's external launcher: one offline ``LLM`` process per rank, each with its
+    own environment, as torchrun starts them; ``rank1_switch`` "unset": rank 1 lacks the
+    switch (a mixed fleet in a TP layout, where no scale agreement would ever notice)."""
+    runner = Path(__file__).with_name("engine_run.py")
+    port = str(server.free_port())
+    specs = []
+    for rank, switch in ((0, "1"), (1, rank1_switch)):
+        cmd = [str(args.python), str(runner), "--checkpoint", args.model, "--plugin", switch,
+               "--executor", "external_launcher", "--tp", "2", "--kernel", args.kernel,
+               "--prompts", json.dumps(PROMPTS), "--max-tokens", str(args.max_tokens)]
+        if WORLD_ARGS[args.world]:
+            cmd += ["--moe-backend", WORLD_ARGS[args.world][1]]
+        env = _env(args, plugin=switch, omp_bind="0|1", RANK=str(rank), LOCAL_RANK=str(rank),
+                   WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        specs.append((f"rank{rank}", cmd, env))
+    result = _serve(args, log_dir, specs, [], expect_refusal=True)  # offline: runs to the end
+    for line in result["log"].splitlines():
+        if line.startswith("RESULT "):
+            result["tokens"].setdefault("offline", []).append(
+                [p["tokens"] for p in json.loads(line[len("RESULT "):])])
+    return result
+
+
 SCENARIOS = {
     "single": lambda a, d: single(a, d),
     "mp-tp2": lambda a, d: single(a, d, tp=2),
     "mp-dp2-ep": lambda a, d: single(a, d, dp=2, ep=True),
     "compiled": lambda a, d: single(a, d, eager=False),
+    "eager-moe-op": lambda a, d: single(a, d, extra_env={"FP4_MOE_TEST_MOE_OP": "1"}),
     "ray-tp2": lambda a, d: ray_tp2(a, d),
     "ray-tp2-node-off": lambda a, d: ray_tp2(a, d, node_switch="0"),
     "ray-dp2-ep": ray_dp2_ep,
@@ -281,31 +342,48 @@ SCENARIOS = {
     "dp2-ep-per-rank-rank1-unset": lambda a, d: dp2_ep_per_rank(a, d, rank1_switch="unset"),
     "dp2-ep-headless": dp2_ep_headless,
     "api-servers-2": api_servers_2,
+    "ext-tp2": lambda a, d: ext_tp2(a, d),
+    "ext-tp2-rank1-unset": lambda a, d: ext_tp2(a, d, rank1_switch="unset"),
 }
 
 
 # -- what the log says ------------------------------------------------------------------
 
-_PID = re.compile(r"\((\w+) pid=(\d+)\)")
+_PID = re.compile(r"\(([\w.-]*) ?pid=(\d+)\)")
 
 
 def process_lines(log: str, needle: str) -> dict[str, str]:
     """{pid: process label} of every process that logged a line containing ``needle``; the
-    label is vLLM's innermost prefix (``Worker_TP0``, ``EngineCore_DP1``, ``APIServer``)."""
+    label is vLLM's innermost named prefix (``Worker_TP0``, ``EngineCore_DP1``, ``APIServer``),
+    the pid the record's own (``LOGGING_CONFIG`` puts it on every line of 0.11.0)."""
     out = {}
     for line in log.splitlines():
         if needle in line:
             found = _PID.findall(line)
             if found:
-                label, pid = found[-1]
-                out[pid] = label
+                pid = found[-1][1]
+                names = [n for n, p in found if n and p == pid]
+                out[pid] = names[-1] if names else out.get(pid, "")
+    return out
+
+
+def logs_of(result: dict) -> dict[str, str]:
+    """The combined log split back into each launched process's own log."""
+    out, name = {}, None
+    for line in result["log"].splitlines():
+        if line.startswith("===== "):
+            name = line[6:]
+            out[name] = ""
+        elif name is not None:
+            out[name] += line + "\n"
     return out
 
 
 # -- entry points -----------------------------------------------------------------------
 
 def run(scenario: str, *, world: str, model: str, kernel: str = "emulator",
-        timeout_s: float = 480, log_dir: Path | None = None) -> dict:
+        timeout_s: float = 480, log_dir: Path | None = None, text_prompts=None,
+        max_tokens: int = MAX_TOKENS) -> dict:
     """Run one scenario in a fresh network namespace (``unshare --net``); its result dict."""
     python = server.world_python(world)
     if python is None:
@@ -316,8 +394,11 @@ def run(scenario: str, *, world: str, model: str, kernel: str = "emulator",
     log_dir.mkdir(parents=True, exist_ok=True)
     out = log_dir / "result.json"
     cmd = ["unshare", "--net", sys.executable, str(Path(__file__).resolve()), scenario,
-           "--python", str(python), "--model", str(Path(model).resolve()), "--kernel", kernel,
-           "--timeout", str(timeout_s), "--log-dir", str(log_dir), "--out", str(out)]
+           "--world", world, "--python", str(python), "--model", str(Path(model).resolve()),
+           "--kernel", kernel, "--timeout", str(timeout_s), "--log-dir", str(log_dir),
+           "--out", str(out), "--max-tokens", str(max_tokens)]
+    if text_prompts:
+        cmd += ["--text-prompts", json.dumps(text_prompts)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s * 2 + 300)
     if proc.returncode != 0 or not out.exists():
         raise RuntimeError(f"deployment driver failed ({proc.returncode}):\n"
@@ -328,9 +409,13 @@ def run(scenario: str, *, world: str, model: str, kernel: str = "emulator",
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("scenario", choices=sorted(SCENARIOS))
+    ap.add_argument("--world", choices=sorted(WORLD_ENV), default="0.32.0")
     ap.add_argument("--python", required=True, help="the engine world's python")
     ap.add_argument("--model", required=True)
     ap.add_argument("--kernel", default="emulator")
+    ap.add_argument("--text-prompts", default=None, help="JSON list of text prompts (a model "
+                    "with its tokenizer) instead of the token-id PROMPTS")
+    ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
     ap.add_argument("--timeout", type=float, default=480)
     ap.add_argument("--log-dir", required=True)
     ap.add_argument("--out", required=True)

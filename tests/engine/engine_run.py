@@ -22,7 +22,11 @@ def main() -> int:
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--pp", type=int, default=1)
-    p.add_argument("--plugin", choices=("0", "1"), required=True)
+    p.add_argument("--plugin", choices=("0", "1", "unset"), required=True)
+    p.add_argument("--executor", choices=("mp", "external_launcher"), default="mp",
+                   help="external_launcher: this process is one rank (RANK, LOCAL_RANK, "
+                        "WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the environment)")
+    p.add_argument("--moe-backend", default=None, help="0.14.0+: --moe-backend")
     p.add_argument("--kernel", choices=("emulator", "reference"), default="emulator")
     p.add_argument("--prompts", required=True, help="JSON list of token-id lists")
     p.add_argument("--max-tokens", type=int, default=6)
@@ -42,15 +46,21 @@ def main() -> int:
         # (docs/ACCURACY.md, "Times").
         "HF_HUB_OFFLINE": "1",
     })
-    if args.tp * args.pp == 1:
+    if args.plugin == "unset":
+        del os.environ["VLLM_FP4_MOE_PLUGIN"]
+    if args.tp * args.pp == 1 or args.executor == "external_launcher":
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    executor = None if args.tp * args.pp == 1 else args.executor
+    if executor == "external_launcher":  # the CPU platform keeps it (test seam)
+        os.environ["FP4_MOE_TEST_EXECUTOR"] = "1"
 
     from vllm import LLM, SamplingParams
 
+    extra = {"moe_backend": args.moe_backend} if args.moe_backend else {}
     llm = LLM(model=args.checkpoint, skip_tokenizer_init=True, enforce_eager=True,
               dtype="bfloat16", tensor_parallel_size=args.tp, pipeline_parallel_size=args.pp,
               max_model_len=128, max_num_seqs=4, max_num_batched_tokens=128, seed=0,
-              distributed_executor_backend="mp" if args.tp * args.pp > 1 else None)
+              distributed_executor_backend=executor, **extra)
     prompts = [{"prompt_token_ids": ids} for ids in json.loads(args.prompts)]
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens,
                             logprobs=args.logprobs, ignore_eos=True, detokenize=False)

@@ -88,7 +88,7 @@ def post(base_url: str, path: str, body: dict, timeout_s: float = 300.0) -> dict
 
 
 def greedy(base_url: str, prompts: list, max_tokens: int = 6, logprobs: int = 5) -> list[dict]:
-    """Greedy completions of token-id prompts, one request each (bounded by the list):
+    """Greedy completions of token-id (or text) prompts, one request each (bounded by the list):
     ``[{"tokens": [...], "logprobs": [{token: logprob}, ...]}]``. Tokens are read back as
     ids (``return_tokens_as_token_ids``), so no tokenizer is needed on the client."""
     with urllib.request.urlopen(base_url + "/v1/models", timeout=30) as r:
@@ -102,7 +102,7 @@ def greedy(base_url: str, prompts: list, max_tokens: int = 6, logprobs: int = 5)
         tokens = [int(t.split(":", 1)[1]) for t in lp["tokens"]]
         steps = [{k.split(":", 1)[1]: float(v) for k, v in step.items()}
                  for step in lp["top_logprobs"]]
-        out.append({"tokens": tokens, "logprobs": steps})
+        out.append({"tokens": tokens, "logprobs": steps, "text": r["choices"][0]["text"]})
     return out
 
 
@@ -151,13 +151,18 @@ def engine_env(*, plugin: str, kernel: str = "emulator", seam: bool = True,
     return env
 
 
+VLLM_CLI = Path(__file__).with_name("vllm_cli.py")
+
+
 def server_command(python, model: str, port: int, *, tp: int = 1, dp: int = 1,
-                   ep: bool = False, extra_args: tuple = (), eager: bool = True) -> list[str]:
-    """``python -m vllm.entrypoints.openai.api_server`` with the tests' small engine settings;
-    ``dp > 1`` adds ``--data-parallel-size`` and a free RPC port unless ``extra_args`` sets
-    the data-parallel flags itself."""
-    cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-           "--host", HOST, "--port", str(port), "--dtype", "bfloat16",
+                   ep: bool = False, extra_args: tuple = (), eager: bool = True,
+                   cli: bool = False) -> list[str]:
+    """``python -m vllm.entrypoints.openai.api_server`` (``cli``: ``vllm serve``, through
+    ``vllm_cli.py``) with the tests' small engine settings; ``dp > 1`` adds
+    ``--data-parallel-size`` and a free RPC port unless ``extra_args`` sets it itself."""
+    head = ([str(python), str(VLLM_CLI), "serve", str(model)] if cli else
+            [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)])
+    cmd = head + ["--host", HOST, "--port", str(port), "--dtype", "bfloat16",
            "--max-model-len", "128", "--max-num-seqs", "4", "--max-num-batched-tokens", "128",
            "--seed", "0", "--tensor-parallel-size", str(tp)] + (["--enforce-eager"] if eager
                                                                 else [])

@@ -76,7 +76,10 @@ Switches (environment, read in every process):
 * Backend the seam simulates: 0.11.0 ``VLLM_FLASHINFER_MOE_BACKEND`` (as before); oracle
   ``FP4_MOE_TEST_BACKEND`` (``throughput`` = FlashInfer CUTLASS, the default, to be served with
   ``--moe-backend flashinfer_cutlass``; ``latency`` = TRT-LLM, emulator only).
-* ``FP4_MOE_TEST_CPU_MOE_ISA=vec`` (oracle world): see :mod:`.cpu_shims`.
+* ``FP4_MOE_TEST_CPU_MOE_ISA=vec`` (oracle world), ``FP4_MOE_TEST_MOE_OP=1`` (the compiled
+  path): see :mod:`.cpu_shims`.
+* ``FP4_MOE_TEST_EXECUTOR=1``: the platform keeps the executor the test asks for (Ray, the
+  external launcher) and lets Ray schedule CPU workers (:mod:`.ray_platform`).
 """
 
 import importlib.util
@@ -104,7 +107,7 @@ def oracle_design() -> bool:
 def platform():
     if not _mode():
         return None
-    ray = os.environ.get("FP4_MOE_TEST_RAY") == "1"  # schedulable by vLLM's Ray executor
+    ray = os.environ.get("FP4_MOE_TEST_EXECUTOR") == "1"  # keep Ray / external launcher
     if oracle_design():
         return ("fp4_moe_test_seam.ray_platform.RayCpuPlatform" if ray
                 else "vllm.platforms.cpu.CpuPlatform")

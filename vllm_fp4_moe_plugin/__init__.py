@@ -125,6 +125,12 @@ def _install() -> None:
         import_hook.refuse(TRIGGER_MODULES, exc)  # a retried import must not serve unpatched
         raise
     _state, _reason = "active", result.reason
+    from vllm_fp4_moe_plugin import unloaded
+    from vllm_fp4_moe_plugin.support import Design
+
+    # activation scales the checkpoint lacks become known, not guessed
+    unloaded.watch(unloaded.any_layer if result.design is Design.NVFP4_ORACLE
+                   else unloaded.repaired_by_plugin_class)
     logger.info("vllm-fp4-moe-plugin active: replaced %s.",
                 ", ".join(replaced or patches.applied_targets()))
 
@@ -166,8 +172,9 @@ def _reset_for_tests() -> None:
 
     import_hook.remove()
     off_warning.remove()
-    from vllm_fp4_moe_plugin import fleet
+    from vllm_fp4_moe_plugin import fleet, unloaded
 
     patches.revert_all()
     fleet._reset_for_tests()
+    unloaded.remove()
     _state, _reason, _design = None, "", None

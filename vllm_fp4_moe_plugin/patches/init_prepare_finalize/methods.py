@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.nn import Parameter
 
-from vllm_fp4_moe_plugin import compat, consistency, scales
+from vllm_fp4_moe_plugin import compat, consistency, scales, unloaded
 from vllm_fp4_moe_plugin.log import get_logger, layer_label, local_experts_note
 from vllm_fp4_moe_plugin.patches.init_prepare_finalize import flashinfer_cutlass
 from vllm_fp4_moe_plugin.patching import same_named_subclass
@@ -78,6 +78,8 @@ class ConsistentNvFp4MoEMixin:
     """Shared overrides; ``_fp4_moe_format`` selects the checkpoint tensor names."""
 
     _fp4_moe_format: str = ""
+    # every activation scale it loads is validated and repaired (unloaded.py fills them)
+    fp4_moe_repairs_activation_scales = True
 
     # -- which path is in use -------------------------------------------------------------
     def _fp4_uses_trtllm(self) -> bool:
@@ -114,7 +116,7 @@ class ConsistentNvFp4MoEMixin:
             repaired = scales.repair_uncalibrated(
                 param.data, reciprocal=self._fp4_moe_format == "compressed-tensors",
                 layer=layer_label(layer), name=attr, index_note=local_experts_note(layer),
-                stock_effect=_STOCK_UNCALIBRATED)
+                stock_effect=_STOCK_UNCALIBRATED, missing=unloaded.missing_rows(param.data))
             if repaired is not param.data:
                 param.data.copy_(repaired)
 

@@ -49,14 +49,15 @@ _CT_DP_WHY = ("vLLM 0.11.1 fixed ModelOpt's DP path (#26135) but not compressed-
               "dispatch its per-expert w13_input_scale_quant is still pre-quantized with element "
               "0 while g1_alphas stay per expert (v0111 CT:358-368, v0120 CT:378-393).")
 _CT_DP_HOW = ("Subclass with the same name, rebound where CompressedTensorsMoEMethod."
-              "get_moe_method looks it up. With FlashInfer CUTLASS, before upstream's "
-              "process_weights_after_loading: an expert whose input global scale is "
-              "uncalibrated (0, negative, or far from the layer's amax: scale_check.uncalibrated) gets the "
-              "calibrated experts' max amax (a no-op for calibrated checkpoints). Only with DP: "
-              "validates the raw scales first, then after upstream's code sets every element of "
-              "w13_input_scale_quant to the MIN over the EP group and rebuilds g1_alphas (no-op "
-              "when the group's scales are already equal). select_gemm_impl adds the read-only "
-              "load-time check. Marlin, TRT-LLM, CuteDSL: upstream code unchanged.")
+              "get_moe_method looks it up. Before upstream's process_weights_after_loading, on "
+              "every path but Marlin (which reads no activation scale): an expert whose input "
+              "global scale is uncalibrated (0, negative, far from the layer's amax: "
+              "scale_check.uncalibrated) or absent from the checkpoint (unloaded.py) gets the "
+              "calibrated experts' max amax (a no-op for calibrated checkpoints). Only with "
+              "DP + FlashInfer CUTLASS: validates the raw scales first, then after upstream's "
+              "code sets every element of w13_input_scale_quant to the MIN over the EP group "
+              "and rebuilds g1_alphas (no-op when the group's scales are already equal). "
+              "select_gemm_impl adds the read-only load-time check.")
 
 LEDGER: tuple[ModulePatch, ...] = (
     *(ModulePatch(

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch.nn import Parameter
 
-from vllm_fp4_moe_plugin import compat, consistency, scales
+from vllm_fp4_moe_plugin import compat, consistency, scales, unloaded
 from vllm_fp4_moe_plugin.log import get_logger, layer_label, local_experts_note
 from vllm_fp4_moe_plugin.patching import same_named_subclass
 
@@ -29,6 +29,9 @@ _RAW = _INPUT + ("w13_weight_global_scale", "w2_weight_global_scale")
 
 class SharedGemm1ScaleForDpMixin:
     """Overrides of the modular_method compressed-tensors NVFP4 MoE method (module docstring)."""
+
+    # every activation scale it loads is repaired (unloaded.py fills them): Marlin reads none
+    fp4_moe_repairs_activation_scales = True
 
     def _fp4_uses_cutlass(self) -> bool:
         from vllm.model_executor.layers.quantization.utils.flashinfer_utils import (
@@ -50,23 +53,25 @@ class SharedGemm1ScaleForDpMixin:
             for attr in _RAW:
                 scales.check_positive_finite(getattr(layer, attr), layer=layer_label(layer),
                                              name=attr, activation=attr in _INPUT)
-        if self._fp4_uses_cutlass():
+        if not getattr(self, "use_marlin", False):  # every path that reads activation scales
             self._fp4_repair_uncalibrated(layer)
         super().process_weights_after_loading(layer)
         if dp:
             self._fp4_share_gemm1_scale(layer)
 
     def _fp4_repair_uncalibrated(self, layer: torch.nn.Module) -> None:
-        """An expert that saw no calibration token (input global scale 0 or ~1e-29) gets the
-        calibrated experts' max amax, in every FlashInfer CUTLASS layout: stock inverts a 0 to
-        inf per expert, and under DP the EP-group agreement would carry it to every rank."""
+        """An expert that saw no calibration token (input global scale 0 or ~1e-29) or whose
+        tensor the checkpoint lacks gets the calibrated experts' max amax, on every path that
+        reads activation scales: stock inverts a 0 to inf per expert, and under DP the EP-group
+        agreement would carry it to every rank."""
         for attr in _INPUT:
             param = getattr(layer, attr)
             scales.check_positive_finite(param, layer=layer_label(layer), name=attr,
                                          activation=True)
             repaired = scales.repair_uncalibrated(param.data, reciprocal=True,
                                                   layer=layer_label(layer), name=attr,
-                                                  index_note=local_experts_note(layer))
+                                                  index_note=local_experts_note(layer),
+                                                  missing=unloaded.missing_rows(param.data))
             if repaired is not param.data:
                 param.data.copy_(repaired)
 

@@ -31,7 +31,7 @@ import inspect
 
 import torch
 
-from vllm_fp4_moe_plugin import compat, scales, support
+from vllm_fp4_moe_plugin import compat, scales, support, unloaded
 from vllm_fp4_moe_plugin import vllm_modules as vm
 from vllm_fp4_moe_plugin.log import get_logger, layer_label
 
@@ -97,10 +97,14 @@ def repaired_activation_scale(layer: torch.nn.Module, scale: torch.Tensor,
     gemm = 0 if name == "a13_scale" else 1
     source = CHECKPOINT_SCALES[fmt][gemm]
     how = "1 / " if fmt == "compressed-tensors" else ""
+    raw = getattr(layer, source, None)  # the checkpoint's tensor, as the loader left it
+    missing = (unloaded.missing_rows(raw) if isinstance(raw, torch.Tensor) and scale.dim()
+               and raw.shape[:1] == scale.shape[:1] else [])
     return scales.repair_uncalibrated(
         scale, reciprocal=False, layer=layer_label(layer),
         name=f"{source} (vLLM's {name} = {how}{source})",
-        index_note=_index_note(layer, fmt, "input"), stock_effect=STOCK_UNCALIBRATED)
+        index_note=_index_note(layer, fmt, "input"), stock_effect=STOCK_UNCALIBRATED,
+        missing=missing)
 
 
 def quantized_inputs_cross_ranks(layer: torch.nn.Module, backend) -> bool:

@@ -1,0 +1,69 @@
+"""Activation scales a checkpoint does not provide are known, not guessed (vllm#45212: ModelOpt
+exports that omit the input_scale of experts no calibration token reached; vLLM leaves the
+parameter as torch.empty left it)."""
+
+import math
+
+import pytest
+import torch
+
+from vllm_fp4_moe_plugin import scales, unloaded
+
+pytestmark = pytest.mark.cpu
+
+
+class Method:
+    fp4_moe_repairs_activation_scales = True
+
+
+@pytest.fixture
+def watching():
+    unloaded.watch(unloaded.repaired_by_plugin_class)
+    yield
+    unloaded.remove()
+
+
+def _layer(method=Method()) -> torch.nn.Module:
+    layer = torch.nn.Module()
+    layer.quant_method = method
+    layer.register_parameter("w13_input_scale", torch.nn.Parameter(
+        torch.empty(4, 2), requires_grad=False))
+    return layer
+
+
+def test_a_plausible_leftover_is_still_found_missing(watching):
+    """Whatever the memory held, the entries the loader never wrote are named; a loaded NaN
+    (llm-compressor #2826's value) is not 'missing' but still uncalibrated."""
+    layer = _layer()
+    loaded = {0: (0.5, 0.5), 1: (math.nan, math.nan), 3: (0.4, 0.4)}  # expert 2 is absent
+    for e, (gate, up) in loaded.items():
+        layer.w13_input_scale.data[e] = torch.tensor([gate, up])
+    layer.w13_input_scale.data[2, 1] = 0.45  # only its up scale arrived: still missing
+    assert unloaded.missing_rows(layer.w13_input_scale.data) == [2]
+    fixed = scales.repair_uncalibrated(
+        layer.w13_input_scale.data, reciprocal=False, layer="L", name="w13_input_scale",
+        missing=tuple(unloaded.missing_rows(layer.w13_input_scale.data)))
+    assert fixed[2].tolist() == [0.5, 0.5] and fixed[1].tolist() == [0.5, 0.5]
+
+
+def test_only_layers_the_plugin_repairs_and_only_at_creation(watching):
+    """A quant method that does not repair keeps stock's parameter; a re-registration after
+    loading (process_weights_after_loading) is never overwritten."""
+    stock = _layer(method=object())
+    assert unloaded.missing_rows(stock.w13_input_scale.data) == []
+    layer = _layer()
+    assert unloaded.missing_rows(layer.w13_input_scale.data) == [0, 1, 2, 3]
+    layer.w13_input_scale = torch.nn.Parameter(torch.ones(4, 2), requires_grad=False)
+    assert unloaded.missing_rows(layer.w13_input_scale.data) == []
+
+
+def test_the_sentinel_is_a_nan_no_exporter_writes():
+    assert math.isnan(unloaded.SENTINEL)
+    assert unloaded.missing_rows(torch.full((3,), math.nan)) == []  # float32 NaN 0x7FC00000
+    assert unloaded.missing_rows(torch.full((3,), math.nan) * 2.0) == []
+
+
+def test_off_fills_nothing():
+    layer = _layer()
+    layer.w13_input_scale.data.fill_(1.0)
+    assert unloaded.missing_rows(layer.w13_input_scale.data) == []

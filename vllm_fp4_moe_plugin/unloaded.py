@@ -1,0 +1,89 @@
+"""Which experts' activation scales the checkpoint never provided.
+
+vLLM creates an NVFP4 MoE layer's activation-scale parameters with ``torch.empty`` and lets the
+weight loader overwrite the entries the checkpoint has (v0110 Q/modelopt.py:1186-1194,
+v0.34.0 Q/modelopt.py:1041-1058; the compressed-tensors methods alike); nothing complains about
+an absent one (vllm#45212: ModelOpt exports that omit the ``input_scale`` of experts no
+calibration token reached). What the parameter then holds is whatever the memory held: NaN, a
+denormal, 1e21, or a plausible number no value rule can tell from a calibrated one.
+
+So, with the plugin active, every such parameter of a layer whose scales the plugin repairs
+after loading is filled with a sentinel when the layer registers it (``create_weights``, before
+any weight is read): a NaN whose payload no exporter writes. After loading, the entries still holding it are the ones the checkpoint did not provide;
+:func:`missing_rows` names those experts, and the repair (``scales.repair_uncalibrated``) treats
+them as uncalibrated (a NaN is), saying "missing" in its WARNING. A checkpoint that provides
+every tensor overwrites every sentinel, so it loads bit-identical to stock.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_fp4_moe_plugin.param_watch import ParamWatch
+
+# The activation (input) scale parameters of vLLM's NVFP4 MoE quant methods, every design:
+# ModelOpt's input_scale, compressed-tensors' input_global_scale, per GEMM.
+ACTIVATION_SCALES = ("w13_input_scale", "w2_input_scale", "w13_input_global_scale",
+                     "w2_input_global_scale")
+# A quiet NaN (exponent all ones, top mantissa bit set) with the payload 0x0FEED: exporters
+# write float32 NaN as 0x7FC00000 if at all, and arithmetic never produces this payload.
+SENTINEL_BITS = 0x7FC0FEED
+SENTINEL = torch.tensor([SENTINEL_BITS], dtype=torch.int32).view(torch.float32).item()
+
+
+_should_fill = None  # set by watch(): does this layer's quant method repair what it loads?
+
+
+def _on_parameter(module, name: str, param) -> None:
+    if name not in ACTIVATION_SCALES or param.dtype != torch.float32:
+        return
+    if _should_fill is None or not _should_fill(module):  # left as stock leaves it
+        return
+    seen = module.__dict__.setdefault("_fp4_moe_unloaded_filled", set())
+    if name in seen:  # a re-registration after loading (process_weights_after_loading)
+        return
+    seen.add(name)
+    with torch.no_grad():
+        param.data.view(torch.int32).fill_(SENTINEL_BITS)
+
+
+_watch = ParamWatch(_on_parameter)
+
+
+def watch(should_fill) -> None:
+    """Fill the NVFP4 MoE activation-scale parameters of every layer for which
+    ``should_fill(layer)`` says the plugin repairs them after loading (a sentinel no repair
+    reads would reach the kernel as NaN) with the sentinel, when they are created."""
+    global _should_fill
+    _should_fill = should_fill
+    _watch.install()
+
+
+def remove() -> None:
+    global _should_fill
+    _watch.remove()
+    _should_fill = None
+
+
+def repaired_by_plugin_class(layer) -> bool:
+    """Pre-oracle designs: the layer's quant method is one of the plugin's classes, which
+    repair every activation scale they load (``fp4_moe_repairs_activation_scales``)."""
+    method = getattr(layer, "quant_method", None)
+    return bool(getattr(type(method), "fp4_moe_repairs_activation_scales", False))
+
+
+def any_layer(_layer) -> bool:
+    """The oracle design: the wrapped oracle helpers repair every NVFP4 MoE layer's scales
+    (Marlin, which does not pass through them, never reads activation scales)."""
+    return True
+
+
+def missing_rows(stored: torch.Tensor) -> list[int]:
+    """The experts (rows of ``stored``: one layer's activation scales, ``[E]`` or ``[E, k]``)
+    with at least one entry the checkpoint did not write."""
+    t = stored.detach()
+    if t.dtype != torch.float32 or t.numel() == 0:
+        return []
+    hit = t.contiguous().view(torch.int32) == SENTINEL_BITS
+    hit = hit.reshape(t.shape[0] if t.dim() else 1, -1).any(dim=1)
+    return [int(i) for i in torch.nonzero(hit).flatten().tolist()]

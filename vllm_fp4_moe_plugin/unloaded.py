@@ -9,9 +9,10 @@ denormal, 1e21, or a plausible number no value rule can tell from a calibrated o
 
 So, with the plugin active, every such parameter of a layer whose scales the plugin repairs
 after loading is filled with a sentinel when the layer registers it (``create_weights``, before
-any weight is read): a NaN whose payload no exporter writes. After loading, the entries still holding it are the ones the checkpoint did not provide;
-:func:`missing_rows` names those experts, and the repair (``scales.repair_uncalibrated``) treats
-them as uncalibrated (a NaN is), saying "missing" in its WARNING. A checkpoint that provides
+any weight is read): a NaN whose payload no exporter writes. After loading, the entries still
+holding it are the ones the checkpoint did not provide; :func:`missing_rows` names those
+experts, and the repair (``scales.repair_uncalibrated``) treats them as uncalibrated (a NaN
+is), saying "missing" in its WARNING. A checkpoint that provides
 every tensor overwrites every sentinel, so it loads bit-identical to stock.
 """
 

@@ -67,3 +67,12 @@ def test_off_fills_nothing():
     layer = _layer()
     layer.w13_input_scale.data.fill_(1.0)
     assert unloaded.missing_rows(layer.w13_input_scale.data) == []
+
+
+def test_a_layer_without_any_activation_scale_is_refused():
+    """vllm#54189: a weight-only checkpoint has no input scale for any expert; there is no
+    calibrated expert to fall back on, so the load stops with a message, not zeros."""
+    stored = torch.full((4,), unloaded.SENTINEL)
+    with pytest.raises(scales.InvalidScaleError, match="no expert of this layer"):
+        scales.repair_uncalibrated(stored, reciprocal=False, layer="L", name="w2_input_scale",
+                                   missing=tuple(unloaded.missing_rows(stored)))

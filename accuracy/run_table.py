@@ -71,6 +71,12 @@ CHECKPOINTS = {
     # routed calibration only: its all-experts checkpoint is not committed (accuracy/README.md)
     "deepseekv3-add-nvfp4-ct-routed": ("dsv3-ct-routed", "compressed-tensors"),
     "deepseekv3-add-nvfp4-ct-routed-ep-skew4": ("dsv3-ct-routed-ep-skew4", "compressed-tensors"),
+    # LABELLED dead-scale edits (accuracy/dead_scale.py): expert 5 of every MoE layer with a
+    # value class the field reports (docs/SUPPORT.md): absent from a ModelOpt export, or NaN,
+    # +inf, denormal, 0, negative in a compressed-tensors one
+    "qwen3moe-add-nvfp4-modelopt-dead-missing": ("modelopt-dead-missing", "modelopt"),
+    **{f"qwen3moe-add-nvfp4-ct-all-dead-{c}": (f"ct-all-dead-{c}", "compressed-tensors")
+       for c in ("nan", "inf", "denormal", "zero", "negative")},
 }
 
 
@@ -368,11 +374,14 @@ def dir_of(name: str) -> str:
 
 
 def materialize_edits() -> None:
-    """The labelled skew checkpoints are generated, not committed (accuracy/skew.py)."""
-    from accuracy import skew
+    """The labelled edits are generated, not committed (accuracy/skew.py,
+    accuracy/dead_scale.py)."""
+    from accuracy import dead_scale, skew
 
     for src_name, factor in skew.OUTPUT_SHA256:
         skew.ensure(src_name, factor)
+    for src_name, case in dead_scale.OUTPUT_SHA256:
+        dead_scale.ensure(src_name, case)
 
 
 def present_checkpoints() -> list[tuple[str, str, str]]:

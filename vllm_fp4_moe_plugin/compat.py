@@ -39,7 +39,8 @@ FINDINGS: dict[Optional[Design], tuple[str, ...]] = {
     Design.INIT_PREPARE_FINALIZE: _PRE_ORACLE + ("targets_present",),
     Design.MODULAR_METHOD: _PRE_ORACLE + ("compressed_tensors_class",
                                           "compressed_tensors_dp_scale_shared",
-                                          "all2allv_tp_prequantizes"),
+                                          "all2allv_tp_prequantizes",
+                                          "modelopt_nvfp4_moe_method"),
     Design.NVFP4_ORACLE: _COMMON + ("oracle_helpers", "oracle_helpers_take_layer_and_a13_scale",
                                     "global_sf_backend_probe", "moe_parallel_config_all2all",
                                     "eplb_scale_allreduce"),
@@ -276,6 +277,10 @@ def _probe_modular_method(findings: dict) -> Observation:
     findings["all2allv_tp_prequantizes"] = (
         _has(vm.FLASHINFER_CUTLASS_PREPARE_FINALIZE, "FlashInferAllToAllMoEPrepareAndFinalize")
         and all2allv_tp_prequantizes())
+    # the ModelOpt method whose dead expert scales the plugin repairs before upstream's code
+    findings["modelopt_nvfp4_moe_method"] = _has(vm.MODELOPT, "ModelOptNvFp4FusedMoE") and \
+        not _missing_overrides(vm.MODELOPT, "ModelOptNvFp4FusedMoE",
+                               ("process_weights_after_loading",))
     if not (findings["tp_fix_present"] and findings["modelopt_dp_fix_present"]):
         return Observation(d, False, "vLLM has the 0.11.1 MoE design without the upstream TP/DP "
                            "fixes (#27223/#26135) this plugin builds on", findings)

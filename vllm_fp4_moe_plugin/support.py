@@ -381,9 +381,8 @@ def stock_wrong_with_uncalibrated(design_key: "str | Design", fmt: str,
 
 def plugin_repairs_uncalibrated(design_key: "str | Design", fmt: str) -> bool:
     """Does the plugin give uncalibrated experts the calibrated max amax on this design and
-    format? Everywhere it patches the quant method or the oracle helpers; not for ModelOpt on
-    the modular_method design (0.11.1 - 0.13.0), whose method upstream already fixed and the
-    plugin leaves alone: there an absurd ModelOpt amax (which NVIDIA's exporter never writes)
-    stays what stock makes of it (an all-zero layer), and a zero one is ignored by stock anyway
+    format? Everywhere: it patches both quant methods of the pre-oracle designs (on 0.11.1 -
+    0.13.0 the ModelOpt one only for this) and the oracle helpers from 0.14.0
     (docs/ROOT-CAUSE.md §13)."""
-    return not (design(design_key) is Design.MODULAR_METHOD and fmt == "modelopt")
+    design(design_key)  # ValueError for an unknown design
+    return fmt in ("modelopt", "compressed-tensors")

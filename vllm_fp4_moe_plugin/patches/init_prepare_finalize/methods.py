@@ -15,21 +15,13 @@ from typing import Any
 import torch
 from torch.nn import Parameter
 
-from vllm_fp4_moe_plugin import compat, consistency, scales, unloaded
-from vllm_fp4_moe_plugin.log import get_logger, layer_label, local_experts_note
+from vllm_fp4_moe_plugin import compat, consistency, scales
+from vllm_fp4_moe_plugin.log import get_logger, layer_label
+from vllm_fp4_moe_plugin.patches import checkpoint_scales
 from vllm_fp4_moe_plugin.patches.init_prepare_finalize import flashinfer_cutlass
 from vllm_fp4_moe_plugin.patching import same_named_subclass
 
 logger = get_logger("methods")
-
-# Checkpoint tensors validated before vLLM inverts them (an inverted 0 becomes inf silently).
-_RAW_SCALES = {
-    "modelopt": {"input": ("w13_input_scale", "w2_input_scale"),
-                 "weight": ("w13_weight_scale_2", "w2_weight_scale_2")},
-    "compressed-tensors": {"input": ("w13_input_global_scale", "w2_input_global_scale"),
-                           "weight": ("w13_weight_global_scale", "w2_weight_global_scale")},
-}
-
 
 # What stock vLLM 0.11.0 does with such an expert (docs/SUPPORT.md, uncalibrated experts).
 _STOCK_UNCALIBRATED = "Stock vLLM 0.11.0 uses it as it is (NaN or wrong outputs). "
@@ -103,22 +95,11 @@ class ConsistentNvFp4MoEMixin:
     def _fp4_validate_checkpoint_scales(self, layer: torch.nn.Module) -> None:
         """Refuse corrupt global scales; give uncalibrated experts the calibrated max amax
         (before vLLM inverts them, and before the DP agreement could carry them)."""
-        names = _RAW_SCALES[self._fp4_moe_format]
-        for attr in names["weight"]:
-            scales.check_positive_finite(getattr(layer, attr), layer=layer_label(layer),
-                                         name=attr)
+        checkpoint_scales.check_weight_scales(layer, self._fp4_moe_format)
         if self.use_marlin:  # Marlin never reads activation scales
             return
-        for attr in names["input"]:
-            param = getattr(layer, attr)
-            scales.check_positive_finite(param, layer=layer_label(layer), name=attr,
-                                         activation=True)
-            repaired = scales.repair_uncalibrated(
-                param.data, reciprocal=self._fp4_moe_format == "compressed-tensors",
-                layer=layer_label(layer), name=attr, index_note=local_experts_note(layer),
-                stock_effect=_STOCK_UNCALIBRATED, missing=unloaded.missing_rows(param.data))
-            if repaired is not param.data:
-                param.data.copy_(repaired)
+        checkpoint_scales.repair_activation_scales(layer, self._fp4_moe_format,
+                                                   _STOCK_UNCALIBRATED)
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         self._fp4_validate_checkpoint_scales(layer)

@@ -1,8 +1,9 @@
 """The MODULAR_METHOD design's slice of the ledger (vLLM 0.11.1-0.13.0). vLLM-free.
 
-Upstream fixed TP (#27223) and ModelOpt DP (#26135). Two holes stay: compressed-tensors under
-DP dispatch (expert 0's scale) and TP with ``--all2all-backend flashinfer_all2allv`` (the layer
-cannot run). Each entry is needed only while its behavioural probe still sees its hole.
+Upstream fixed TP (#27223) and ModelOpt DP (#26135). Three holes stay: compressed-tensors under
+DP dispatch (expert 0's scale), TP with ``--all2all-backend flashinfer_all2allv`` (the layer
+cannot run), and ModelOpt with dead or missing expert scales (one leftover value becomes the
+layer's scale). Each entry is needed only while its probe still sees its hole.
 """
 
 from __future__ import annotations
@@ -30,6 +31,18 @@ def _build_all2allv(original):
     from vllm_fp4_moe_plugin.patches.modular_method.all2allv_passthrough import (
         build_all2allv_prepare)
     return build_all2allv_prepare(original)
+
+
+def _build_modelopt(original):
+    from vllm_fp4_moe_plugin.patches.modular_method.modelopt_uncalibrated import (
+        build_modelopt_method)
+    return build_modelopt_method(original)
+
+
+def _modelopt_needed(findings) -> bool:
+    """This release has the ModelOpt NVFP4 MoE method with its process_weights_after_loading
+    (no release of the design repairs or refuses its dead expert scales)."""
+    return bool(findings["modelopt_nvfp4_moe_method"])
 
 
 def _ct_dp_needed(name: str):
@@ -74,6 +87,27 @@ LEDGER: tuple[ModulePatch, ...] = (
     ) for name, releases in zip(vm.CT_NVFP4_CLASS_NAMES,
                                 ("0.11.1 and 0.11.2",
                                  "0.12.0 and 0.13.0 (renamed there, v0120 CT:195)"))),
+    ModulePatch(
+        module=vm.MODELOPT, attr="ModelOptNvFp4FusedMoE", build=_build_modelopt, design=DESIGN,
+        needed=_modelopt_needed,
+        why=("ModelOpt exports can omit the input_scale of experts no calibration token reached "
+             "(vllm#45212); vLLM then reads what torch.empty left in the parameter, and with a "
+             "FlashInfer backend collapses every expert to the max (v0120 Q/modelopt.py:"
+             "1348-1357): one absurd or leftover value becomes every token's scale (an all-zero "
+             "layer, measured). NaN, inf, 0 and denormal input_scale values do the same or "
+             "produce NaN."),
+        how=("Same-named subclass rebound in the modelopt module, where ModelOptConfig."
+             "get_quant_method looks it up. Before upstream's process_weights_after_loading: "
+             "refuses NaN, inf, zero or negative weight global scales naming the expert, and "
+             "gives an expert whose input_scale is uncalibrated (scale_check.uncalibrated) or "
+             "absent from the checkpoint (unloaded.py) the calibrated experts' max amax (ModelOpt "
+             "exporter's own rule); a no-op for calibrated checkpoints. Marlin reads no "
+             "activation scale and is skipped. Everything else is upstream's."),
+        upstream=("vllm#45320 (open) would refuse such checkpoints with a ValueError; vllm#54444 "
+                  "(open) likewise; none in 0.11.1-0.13.0."),
+        remove_when=("the design goes (delete this folder when 0.13.0 is no longer supported), "
+                     "or compat finding 'modelopt_nvfp4_moe_method' turns false."),
+    ),
     ModulePatch(
         module=vm.FLASHINFER_CUTLASS_PREPARE_FINALIZE,
         attr="FlashInferAllToAllMoEPrepareAndFinalize", build=_build_all2allv, design=DESIGN,

@@ -17,8 +17,9 @@ from __future__ import annotations
 import torch
 from torch.nn import Parameter
 
-from vllm_fp4_moe_plugin import compat, consistency, scales, unloaded
-from vllm_fp4_moe_plugin.log import get_logger, layer_label, local_experts_note
+from vllm_fp4_moe_plugin import compat, consistency, scales
+from vllm_fp4_moe_plugin.log import get_logger, layer_label
+from vllm_fp4_moe_plugin.patches import checkpoint_scales
 from vllm_fp4_moe_plugin.patching import same_named_subclass
 
 logger = get_logger("methods")
@@ -64,16 +65,7 @@ class SharedGemm1ScaleForDpMixin:
         tensor the checkpoint lacks gets the calibrated experts' max amax, on every path that
         reads activation scales: stock inverts a 0 to inf per expert, and under DP the EP-group
         agreement would carry it to every rank."""
-        for attr in _INPUT:
-            param = getattr(layer, attr)
-            scales.check_positive_finite(param, layer=layer_label(layer), name=attr,
-                                         activation=True)
-            repaired = scales.repair_uncalibrated(param.data, reciprocal=True,
-                                                  layer=layer_label(layer), name=attr,
-                                                  index_note=local_experts_note(layer),
-                                                  missing=unloaded.missing_rows(param.data))
-            if repaired is not param.data:
-                param.data.copy_(repaired)
+        checkpoint_scales.repair_activation_scales(layer, "compressed-tensors")
 
     def _fp4_share_gemm1_scale(self, layer: torch.nn.Module) -> None:
         from vllm.distributed import get_ep_group

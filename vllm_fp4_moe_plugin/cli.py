@@ -392,7 +392,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"tokens per rank (default 32; 1 to {MAX_MATRIX_TOKENS})")
     m.add_argument("--uncalibrated", action="store_true",
                    help="instead: the uncalibrated-expert table (default layouts single and "
-                   "dp_ep_allgather; one expert's input scale 0, 1.57e-29, or legitimately large)")
+                   "dp_ep_allgather; one expert's input scale in each reported value class: 0, "
+                   "1.57e-29, NaN, inf, denormal, negative, missing; or legitimately large)")
     m.set_defaults(func=_cmd_matrix)
 
     c = sub.add_parser("make-checkpoint", help="write a tiny deterministic NVFP4 MoE checkpoint")

@@ -3,8 +3,9 @@ activation scale is what a quantizer writes for an expert that saw no calibratio
 
 Real vLLM layers of the installed release, in real gloo ranks, as the matrix runs them
 (:mod:`.layouts`); one expert planted per row (:mod:`.planted_scales`): GEMM1 (gate/up) or GEMM2
-(down_proj) input scale 0.0 or llmcompressor's 1.57e-29, or a legitimately rare expert with 20x
-the layer's largest amax (which must stay untouched). The fixture's other experts share one
+(down_proj) input scale in one value class the field reports (0.0, llmcompressor's 1.57e-29, NaN,
++inf, a denormal, a negative value, or the tensor missing from the checkpoint), or a
+legitimately rare expert with 20x the layer's largest amax (which must stay untouched). The fixture's other experts share one
 amax (``input_scale_spread=1``, as all-experts calibration writes GEMM1's), so whatever stock
 gets wrong here is the planted expert's doing. Each row is judged by the matrix's one rule
 (:func:`.judge.judge`) against the ideal NVFP4 reference of the layer a correct loader computes

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import os
 
-from vllm_fp4_moe_plugin.vllm_modules import TRIGGER_MODULES, VLLM_ENVS  # cheap, vLLM-free
+from vllm_fp4_moe_plugin.param_watch import ParamWatch  # cheap: torch's hook, installed lazily
+from vllm_fp4_moe_plugin.vllm_modules import NVFP4_MOE_MARKERS, TRIGGER_MODULES  # vLLM-free
 
 __version__ = "0.1.0"
 
@@ -39,8 +40,6 @@ def register() -> None:
 
     envs.VLLM_FP4_MOE_PLUGIN_CHECK  # validated whenever set, the plugin on or off
     envs.VLLM_FP4_MOE_PLUGIN_TIMEOUT_S
-    from vllm_fp4_moe_plugin import fleet
-
     launched_on = envs.VLLM_FP4_MOE_PLUGIN_LAUNCHER
     if not envs.VLLM_FP4_MOE_PLUGIN:  # raises ValueError on a bad value: fail loudly
         _state, _reason = "inert", "VLLM_FP4_MOE_PLUGIN is not 1"
@@ -58,17 +57,15 @@ def register() -> None:
             from vllm_fp4_moe_plugin import off_warning
 
             off_warning.install()
-        fleet.watch(_report)  # off too: a rank that is off must not serve next to one that is on
+        _fleet_watch.install()  # off too: a rank that is off must not serve next to one on
         return
     from vllm_fp4_moe_plugin import import_hook
 
     _state, _reason = "pending", "waiting for vLLM to import its NVFP4 MoE modules"
     if not launched_on:  # the first process of the deployment: what it starts inherits this
         os.environ["VLLM_FP4_MOE_PLUGIN_LAUNCHER"] = "1"
-    # vLLM must know the switch before it starts workers (Ray copies only what it lists)
-    import_hook.run_after_first_import((VLLM_ENVS,), _list_plugin_env)
     import_hook.run_after_first_import(TRIGGER_MODULES, _install)
-    fleet.watch(_report)
+    _fleet_watch.install()
 
 
 def _list_plugin_env() -> None:
@@ -93,7 +90,27 @@ def _report():
     return Report(__version__, _state, _reason, _design)
 
 
+def _on_parameter(module, name: str, param) -> None:
+    """The first NVFP4 MoE layer this process builds: check the fleet (fleet.py), once."""
+    if name in NVFP4_MOE_MARKERS:
+        _fleet_watch.stop()
+        from vllm_fp4_moe_plugin import fleet
+
+        fleet.check_now(_report)
+
+
+_fleet_watch = ParamWatch(_on_parameter)
+
+
 def _install() -> None:
+    # vLLM must know the plugin's variables before it starts workers (up to 0.13.x Ray copies
+    # only what it lists): vLLM imports the trigger modules while it builds its config, before
+    # any executor exists (a config unpickled in an engine core imports them too)
+    _list_plugin_env()
+    _install_fix()
+
+
+def _install_fix() -> None:
     """Probe the installed vLLM, let the ledger decide, apply; one line either way: INFO when
     active or when upstream already computes right, a WARNING (strict: an error) when the installed
     vLLM cannot be patched."""
@@ -175,6 +192,7 @@ def _reset_for_tests() -> None:
     from vllm_fp4_moe_plugin import fleet, unloaded
 
     patches.revert_all()
+    _fleet_watch.remove()
     fleet._reset_for_tests()
     unloaded.remove()
     _state, _reason, _design = None, "", None

@@ -8,7 +8,8 @@ other's scale agreement until a timeout.
 
 How: every process that builds an NVFP4 MoE layer -- the plugin on, off or unset -- reports its
 state once, when the first such layer registers its tensors (model construction, before any
-weight is read), and waits for every other rank of the torch world's report; then all compare.
+weight is read: ``register()`` watches for it, ``vllm_modules.NVFP4_MOE_MARKERS``), and waits
+for every other rank of the torch world's report; then all compare.
 Any difference raises :class:`FleetMismatchError` on every rank, naming the ranks, what differs
 and the fix; a rank that never reports ends the wait with :class:`FleetTimeout` after
 ``VLLM_FP4_MOE_PLUGIN_TIMEOUT_S``.
@@ -33,16 +34,12 @@ from datetime import timedelta
 from typing import Callable, Optional, Sequence
 
 from vllm_fp4_moe_plugin.log import get_logger
-from vllm_fp4_moe_plugin.param_watch import ParamWatch
 
 logger = get_logger("fleet")
 
 STORE_PREFIX = "vllm_fp4_moe_plugin/fleet/v1/"
 # What must be equal on every rank; the other fields only say where a rank is.
 AGREED = ("version", "design", "mode")
-# The tensors by which an NVFP4 MoE layer is recognised, whatever the design: the first weight
-# global scale each format's create_weights registers (ModelOpt, compressed-tensors).
-NVFP4_MOE_MARKERS = ("w13_weight_scale_2", "w13_weight_global_scale")
 DOCS = "docs/DEPLOYING.md"
 LAUNCHER = "VLLM_FP4_MOE_PLUGIN_LAUNCHER"  # envs.py: set by a deployment's first process
 
@@ -224,11 +221,12 @@ def _vllm_ranks() -> str:
 
 
 _checked: Optional[list[RankState]] = None
-_reporter: Optional[Callable[[], Report]] = None
 
 
-def check_now(timeout_s: Optional[float] = None) -> Optional[list[RankState]]:
-    """Run the fleet check once per process; None where there is no world of several ranks.
+def check_now(reporter: Callable[[], Report],
+              timeout_s: Optional[float] = None) -> Optional[list[RankState]]:
+    """Run the fleet check once per process (``reporter``: what ``register()`` decided, at this
+    moment); None where there is no world of several ranks.
 
     Raises :class:`FleetMismatchError` or :class:`FleetTimeout` (after logging it as an
     ERROR, so each rank's log carries it)."""
@@ -248,7 +246,7 @@ def check_now(timeout_s: Optional[float] = None) -> Optional[list[RankState]]:
     rank, world = dist.get_rank(), dist.get_world_size()
     store = dist.distributed_c10d._get_default_store()
     try:
-        states = exchange(store, rank, world, local_state(rank, _reporter()), timeout_s)
+        states = exchange(store, rank, world, local_state(rank, reporter()), timeout_s)
         problem = disagreement(states)
         if problem is not None:
             raise FleetMismatchError(problem)
@@ -262,25 +260,6 @@ def check_now(timeout_s: Optional[float] = None) -> Optional[list[RankState]]:
     return states
 
 
-def _on_parameter(module, name: str, param) -> None:
-    if name in NVFP4_MOE_MARKERS:
-        _watch.remove()  # once per process, whatever the outcome
-        check_now()
-
-
-_watch = ParamWatch(_on_parameter)
-
-
-def watch(reporter: Callable[[], Report]) -> None:
-    """Check the fleet when this process builds its first NVFP4 MoE layer (idempotent);
-    ``reporter`` says what ``register()`` decided, at that moment."""
-    global _reporter
-    _reporter = reporter
-    if _checked is None:
-        _watch.install()
-
-
 def _reset_for_tests() -> None:
-    global _checked, _reporter
-    _watch.remove()
-    _checked, _reporter = None, None
+    global _checked
+    _checked = None

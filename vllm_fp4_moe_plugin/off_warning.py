@@ -50,7 +50,7 @@ def _on_parameter(module, name: str, param) -> None:
         "GEMM1 input scales spread %.3gx, which this vLLM's FlashInfer NVFP4 MoE computes "
         "wrongly %s. Set VLLM_FP4_MOE_PLUGIN=1 to enable the fix "
         "(VLLM_FP4_MOE_PLUGIN=0 silences this warning).", layer, float(v.max() / v.min()), where)
-    remove()
+    _watch.stop()  # warned once: done (inside torch's hook loop, so not remove())
     return None
 
 
@@ -111,7 +111,7 @@ def _on_oracle_parameter(module) -> None:
         "`vllm-fp4-moe audit CHECKPOINT --ep-size %d`). Set VLLM_FP4_MOE_PLUGIN=1 to enable the "
         "fix (VLLM_FP4_MOE_PLUGIN=0 silences this warning).", layer_label(module),
         pc.all2all_backend, pc.ep_size)
-    remove()
+    _watch.stop()  # warned once: done (inside torch's hook loop, so not remove())
     return None
 
 

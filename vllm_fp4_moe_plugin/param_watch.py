@@ -17,16 +17,30 @@ _TORCH_MODULE = "torch.nn.modules.module"
 
 class ParamWatch:
     """Calls ``on_parameter(module, name, param)`` for every parameter registered, from
-    :meth:`install` until :meth:`remove` (both idempotent)."""
+    :meth:`install` until :meth:`stop` or :meth:`remove` (all idempotent).
+
+    A callback that is done stops its watch with :meth:`stop`: torch iterates over its global
+    hooks while it calls them, so removing one from inside a hook would change the dict under
+    that iteration ("OrderedDict mutated during iteration")."""
 
     def __init__(self, on_parameter: Callable) -> None:
         self._on_parameter = on_parameter
         self._handle = None
         self._pending = None  # import_hook's hook while torch is not imported yet
+        self._stopped = False
+
+    def _call(self, module, name: str, param) -> None:
+        if not self._stopped:
+            self._on_parameter(module, name, param)
+
+    def stop(self) -> None:
+        """No more calls; safe inside a hook (the handle stays until :meth:`remove`)."""
+        self._stopped = True
 
     def install(self) -> None:
         from vllm_fp4_moe_plugin import import_hook
 
+        self._stopped = False
         if self._handle is None and self._pending is None:
             self._pending = import_hook.run_after_first_import((_TORCH_MODULE,), self._now)
 
@@ -35,11 +49,13 @@ class ParamWatch:
         if self._handle is None:
             from torch.nn.modules.module import register_module_parameter_registration_hook
 
-            self._handle = register_module_parameter_registration_hook(self._on_parameter)
+            self._handle = register_module_parameter_registration_hook(self._call)
 
     def remove(self) -> None:
+        """Stop and unregister (not from inside a hook: :meth:`stop` there)."""
         from vllm_fp4_moe_plugin import import_hook
 
+        self._stopped = True
         import_hook.cancel(self._pending)
         self._pending = None
         if self._handle is not None:
@@ -48,4 +64,4 @@ class ParamWatch:
 
     @property
     def installed(self) -> bool:
-        return self._handle is not None or self._pending is not None
+        return not self._stopped and (self._handle is not None or self._pending is not None)

@@ -29,6 +29,11 @@ ORACLE_HELPERS = ("prepare_nvfp4_moe_layer_for_fi_or_cutlass",
                   "prepare_nvfp4_moe_layer_for_flashinfer_cutedsl")
 ORACLE_HELPER_PARAMS = ("layer", "a13_scale")
 
+# The tensors by which an NVFP4 MoE layer is recognised when it is built, whatever the design:
+# the first weight global scale each format's create_weights registers (ModelOpt,
+# compressed-tensors), in every release read (0.11.0, 0.12.0, 0.32.0, 0.34.0).
+NVFP4_MOE_MARKERS = ("w13_weight_scale_2", "w13_weight_global_scale")
+
 # Modules whose first import triggers probe + patch; vLLM imports them while verifying a
 # ModelConfig's quantization method, before any quant method is constructed. From 0.14.0 both
 # quant methods import the NVFP4 oracle (the module the patch changes) at their top.

@@ -1,8 +1,10 @@
-"""On a 0.11.1-era vLLM the plugin installs only the two fixes upstream still lacks.
+"""On a 0.11.1-era vLLM the plugin installs only the fixes upstream still lacks.
 
-ModelOpt (fixed by #27223/#26135) must stay vLLM's own class object: vLLM 0.11.1's weight loader
+ModelOpt's GEMM1 scales were fixed upstream (#27223/#26135); the plugin's ModelOpt entry there
+only repairs dead or missing expert scales, as a same-named subclass: vLLM 0.11.1's weight loader
 gates the global input-scale load on the class *name* ``ModelOptNvFp4FusedMoE`` (layer.py:968
-there), and a renamed or re-wrapped class would silently load only local rows.
+there; v0120 layer.py:1140), and a renamed or re-wrapped class would silently load only local
+rows. The plugin's every-design entry (vLLM's env registry) is not this design's.
 """
 
 import importlib
@@ -17,7 +19,7 @@ _MO = "vllm.model_executor.layers.quantization.modelopt"
 _CT = "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe"
 _PF = "vllm.model_executor.layers.fused_moe.flashinfer_cutlass_prepare_finalize"
 _FX = "vllm.model_executor.layers.fused_moe.flashinfer_cutlass_moe"
-_UNTOUCHED = ((_MO, "ModelOptNvFp4FusedMoE"), (_FX, "flashinfer_cutlass_moe_fp4"),
+_UNTOUCHED = ((_FX, "flashinfer_cutlass_moe_fp4"),
               (_FX, "FlashInferExperts"), (_PF, "FlashInferAllGatherMoEPrepareAndFinalize"),
               ("vllm.model_executor.layers.fused_moe.layer", "FusedMoE"))
 
@@ -31,7 +33,7 @@ def test_probe_sees_the_0_11_1_design_and_its_two_holes():
     ct = compat.compressed_tensors_nvfp4_class_name()
     assert result.install and result.design == "modular_method", result.reason
     assert result.findings["tp_fix_present"] and result.findings["modelopt_dp_fix_present"]
-    assert set(result.patches) == {f"{_CT}.{ct}",
+    assert set(result.patches) == {f"{_CT}.{ct}", f"{_MO}.ModelOptNvFp4FusedMoE",
                                    f"{_PF}.FlashInferAllToAllMoEPrepareAndFinalize"}
 
 
@@ -39,18 +41,19 @@ def test_register_leaves_upstream_fixed_symbols_alone(fresh_plugin, monkeypatch,
     before = {t: _get(*t) for t in _UNTOUCHED}
     ct_name = compat.compressed_tensors_nvfp4_class_name()
     ct_before = _get(_CT, ct_name)
+    mo_before = _get(_MO, "ModelOptNvFp4FusedMoE")
     monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN", "1")
     fresh_plugin.register()
     assert fresh_plugin.state()[0] == "active"
     for target, obj in before.items():
         assert _get(*target) is obj, f"{'.'.join(target)} was replaced"
-    assert _get(_MO, "ModelOptNvFp4FusedMoE").__name__ == "ModelOptNvFp4FusedMoE"
-    ct_after = _get(_CT, ct_name)
-    assert ct_after is not ct_before and ct_after.__name__ == ct_name
-    assert issubclass(ct_after, ct_before)
-    assert sorted(patches.applied_targets()) == sorted(patches.plan().patches)
+    for module, name, old in ((_MO, "ModelOptNvFp4FusedMoE", mo_before), (_CT, ct_name, ct_before)):
+        new = _get(module, name)
+        assert new is not old and new.__name__ == name and issubclass(new, old)
+    every_design = {p.target for p in patches.EVERY_DESIGN}
+    assert sorted(set(patches.applied_targets()) - every_design) == sorted(patches.plan().patches)
     lines = [r.getMessage() for r in caplog_plugin.records if "plugin active" in r.getMessage()]
-    assert len(lines) == 1 and "ModelOpt" not in lines[0]
+    assert len(lines) == 1 and "ModelOptNvFp4FusedMoE" in lines[0]
 
 
 def test_no_0_11_0_patch_applies_on_this_design(fresh_plugin, monkeypatch):
@@ -59,8 +62,10 @@ def test_no_0_11_0_patch_applies_on_this_design(fresh_plugin, monkeypatch):
     monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN", "1")
     fresh_plugin.register()
     ours = {"vllm_fp4_moe_plugin.patches.modular_method.compressed_tensors_dp",
-            "vllm_fp4_moe_plugin.patches.modular_method.all2allv_passthrough"}
-    for target in patches.applied_targets():
+            "vllm_fp4_moe_plugin.patches.modular_method.all2allv_passthrough",
+            "vllm_fp4_moe_plugin.patches.modular_method.modelopt_uncalibrated"}
+    every_design = {p.target for p in patches.EVERY_DESIGN}
+    for target in set(patches.applied_targets()) - every_design:
         module, _, attr = target.rpartition(".")
         assert _get(module, attr).__module__ in ours, target
     assert not any(t.endswith("flashinfer_cutlass_moe_fp4") for t in patches.applied_targets())

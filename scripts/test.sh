@@ -18,7 +18,7 @@ status=0
 # The default suite includes the accuracy slice (tests/engine/test_accuracy_slice.py, ~4 min:
 # lm-eval through six OpenAI-server starts on the labelled EP-skew checkpoint; docs/ACCURACY.md)
 # and the deployments marked deploy_ci (the whole deployment suite: -m deploy, docs/DEPLOYING.md).
-.venv/bin/python -m pytest -m "not deploy or deploy_ci" "$@" || status=$?
+.venv/bin/python -m pytest -m "not deploy or deploy_ci" --durations=15 "$@" || status=$?
 # The focused suites refuse to run (pytest exit 4) in a virtualenv of another MoE design.
 VLLM_FP4_MOE_EXPECT_DESIGN=modular_method .venv-vllm-0.12.0/bin/python -m pytest tests/upstream \
   -p no:cacheprovider || status=$?

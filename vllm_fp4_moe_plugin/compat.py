@@ -40,7 +40,8 @@ FINDINGS: dict[Optional[Design], tuple[str, ...]] = {
     Design.MODULAR_METHOD: _PRE_ORACLE + ("compressed_tensors_class",
                                           "compressed_tensors_dp_scale_shared",
                                           "all2allv_tp_prequantizes",
-                                          "modelopt_nvfp4_moe_method"),
+                                          "modelopt_nvfp4_moe_method",
+                                          "modelopt_method_cls_attr"),
     Design.NVFP4_ORACLE: _COMMON + ("oracle_helpers", "oracle_helpers_take_layer_and_a13_scale",
                                     "global_sf_backend_probe", "moe_parallel_config_all2all",
                                     "eplb_scale_allreduce"),
@@ -281,6 +282,11 @@ def _probe_modular_method(findings: dict) -> Observation:
     findings["modelopt_nvfp4_moe_method"] = _has(vm.MODELOPT, "ModelOptNvFp4FusedMoE") and \
         not _missing_overrides(vm.MODELOPT, "ModelOptNvFp4FusedMoE",
                                ("process_weights_after_loading",))
+    # ... which the config may create from a class attribute bound at import (v0120 :1636)
+    findings["modelopt_method_cls_attr"] = (
+        _has(vm.MODELOPT, "ModelOptNvFp4Config")
+        and original_attr(vm.MODELOPT, "ModelOptNvFp4Config").__dict__.get("FusedMoEMethodCls")
+        is original_attr(vm.MODELOPT, "ModelOptNvFp4FusedMoE"))
     if not (findings["tp_fix_present"] and findings["modelopt_dp_fix_present"]):
         return Observation(d, False, "vLLM has the 0.11.1 MoE design without the upstream TP/DP "
                            "fixes (#27223/#26135) this plugin builds on", findings)

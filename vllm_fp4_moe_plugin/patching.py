@@ -1,8 +1,9 @@
 """A small, reversible patch primitive: rebind one module attribute, remember the original.
 
 Mirrors the shape of ArcticInference's ``patching.py`` (one object per replaced symbol, a
-double-patch guard), but patches *module attributes*, because that is how vLLM looks up every
-symbol the plugin replaces (docs/PATCHES.md). The ledger (``patches/``) is built from these
+double-patch guard), but patches *module attributes*, because that is how vLLM looks up almost
+every symbol the plugin replaces (docs/PATCHES.md); ``attr`` may be dotted
+(``Config.FusedMoEMethodCls``) for the one vLLM reads from a class attribute. The ledger (``patches/``) is built from these
 objects; ``compat`` reads :func:`original_attr` to probe what vLLM itself defines. vLLM-free.
 """
 
@@ -49,8 +50,8 @@ class ModulePatch:
     def apply(self) -> bool:
         """Install the replacement. Returns False if it was already installed (idempotent)."""
         key = (self.module, self.attr)
-        mod = importlib.import_module(self.module)
-        current = getattr(mod, self.attr)
+        owner, name = _owner(self.module, self.attr)
+        current = getattr(owner, name)
         if key in _APPLIED:
             original, replacement = _APPLIED[key]
             if current is replacement:
@@ -60,7 +61,7 @@ class ModulePatch:
                 "another plugin is patching the same symbol."
             )
         replacement = self.build(current)
-        setattr(mod, self.attr, replacement)
+        setattr(owner, name, replacement)
         _APPLIED[key] = (current, replacement)
         return True
 
@@ -70,7 +71,7 @@ class ModulePatch:
         if key not in _APPLIED:
             return False
         original, _ = _APPLIED.pop(key)
-        setattr(importlib.import_module(self.module), self.attr, original)
+        setattr(*_owner(self.module, self.attr), original)
         return True
 
     def original(self) -> Any:
@@ -82,7 +83,17 @@ def original_attr(module: str, attr: str) -> Any:
     """What vLLM defines under ``module.attr``, looking through our own patch if applied."""
     if (module, attr) in _APPLIED:
         return _APPLIED[(module, attr)][0]
-    return getattr(importlib.import_module(module), attr)
+    return getattr(*_owner(module, attr))
+
+
+def _owner(module: str, attr: str) -> tuple[Any, str]:
+    """(the object holding the attribute, its name): the module, or the class a dotted ``attr``
+    names inside it (a class attribute is set on that very class)."""
+    owner = importlib.import_module(module)
+    *path, name = attr.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    return owner, name
 
 
 def applied_targets() -> list[str]:

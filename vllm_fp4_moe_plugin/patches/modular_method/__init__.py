@@ -45,6 +45,19 @@ def _modelopt_needed(findings) -> bool:
     return bool(findings["modelopt_nvfp4_moe_method"])
 
 
+def _the_patched_modelopt_method(_original):
+    import importlib
+
+    return getattr(importlib.import_module(vm.MODELOPT), "ModelOptNvFp4FusedMoE")
+
+
+def _modelopt_method_cls_needed(findings) -> bool:
+    """This release's ModelOpt NVFP4 config creates its MoE method from the class attribute
+    FusedMoEMethodCls (v0120 Q/modelopt.py:181, :1636), bound at import."""
+    return bool(findings["modelopt_nvfp4_moe_method"]
+                and findings["modelopt_method_cls_attr"])
+
+
 def _ct_dp_needed(name: str):
     def needed(findings) -> bool:
         """This release names the method so, and it still hands DP a per-expert scale (P4)."""
@@ -107,6 +120,19 @@ LEDGER: tuple[ModulePatch, ...] = (
                   "(open) likewise; none in 0.11.1-0.13.0."),
         remove_when=("the design goes (delete this folder when 0.13.0 is no longer supported), "
                      "or compat finding 'modelopt_nvfp4_moe_method' turns false."),
+    ),
+    ModulePatch(
+        module=vm.MODELOPT, attr="ModelOptNvFp4Config.FusedMoEMethodCls",
+        build=_the_patched_modelopt_method, design=DESIGN, needed=_modelopt_method_cls_needed,
+        why=("ModelOptNvFp4Config.get_quant_method instantiates self.FusedMoEMethodCls, a class "
+             "attribute bound to ModelOptNvFp4FusedMoE when the module is imported (v0120 "
+             "Q/modelopt.py:181, :1636): rebinding the module attribute alone leaves vLLM "
+             "creating the unpatched method."),
+        how=("The class attribute is rebound to the same subclass the entry above installs "
+             "(applied after it, reverted before it); nothing else."),
+        upstream="None (the binding is how the design picks the method class).",
+        remove_when=("with the entry above, or when compat finding 'modelopt_method_cls_attr' "
+                     "turns false (vLLM looks the method up by module name again)."),
     ),
     ModulePatch(
         module=vm.FLASHINFER_CUTLASS_PREPARE_FINALIZE,

@@ -285,7 +285,8 @@ def _probe_modular_method(findings: dict) -> Observation:
     # ... which the config may create from a class attribute bound at import (v0120 :1636)
     findings["modelopt_method_cls_attr"] = (
         _has(vm.MODELOPT, "ModelOptNvFp4Config")
-        and original_attr(vm.MODELOPT, "ModelOptNvFp4Config").__dict__.get("FusedMoEMethodCls")
+        and "FusedMoEMethodCls" in vars(original_attr(vm.MODELOPT, "ModelOptNvFp4Config"))
+        and original_attr(vm.MODELOPT, "ModelOptNvFp4Config.FusedMoEMethodCls")
         is original_attr(vm.MODELOPT, "ModelOptNvFp4FusedMoE"))
     if not (findings["tp_fix_present"] and findings["modelopt_dp_fix_present"]):
         return Observation(d, False, "vLLM has the 0.11.1 MoE design without the upstream TP/DP "

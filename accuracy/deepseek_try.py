@@ -60,7 +60,7 @@ outs = llm.generate([{"prompt_token_ids": p} for p in json.loads(sys.argv[2])],
                                    detokenize=False))
 print("RESULT " + json.dumps([{"tokens": list(o.outputs[0].token_ids), "logprobs": []}
                               for o in outs]), flush=True)
-""" % MAX_TOKENS
+""" % MAX_TOKENS  # noqa: UP031 (the template is Python source full of {}: % keeps it readable)
 
 INTERESTING = re.compile(r"(Using .*backend|MLA|Attention backend|Resolved architecture|"
                          r"plugin active|plugin check|CPU shims installed|agreed over)", re.I)

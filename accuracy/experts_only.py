@@ -121,7 +121,8 @@ def derive(src: Path, bf16: Path, out: Path, ct_compat_011: bool = False) -> Pat
     if hq.exists():
         d = json.loads(hq.read_text())
         qd = d.get("quantization", d)
-        qd["exclude_modules"] = list(qd.get("exclude_modules") or []) + ["model.layers.*.self_attn*"]
+        qd["exclude_modules"] = (list(qd.get("exclude_modules") or [])
+                                 + ["model.layers.*.self_attn*"])
         (out / "hf_quant_config.json").write_text(json.dumps(d, indent=2) + "\n")
     tmp = out / "model.safetensors.tmp"
     with open(tmp, "wb") as w:

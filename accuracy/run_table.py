@@ -33,8 +33,8 @@ import functools
 import glob
 import json
 import math
-import signal
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -237,7 +237,8 @@ def _run_cell(world, layout, model, served, column, limit, log_dir, tp, dp, ep, 
     res.update({
         "world": world, "layout": layout, "tp": tp, "dp": dp, "ep": ep, "column": column,
         "checkpoint": str(model.relative_to(REPO)),
-        "served": str(served.relative_to(REPO)) if served != model else None, "plugin": plugin, "kernel": kernel,
+        "served": str(served.relative_to(REPO)) if served != model else None,
+        "plugin": plugin, "kernel": kernel,
         "env": {k: v for k, v in env_extra.items()},
         "extra_args": list(WORLD_ARGS[world] if column != "bf16" else ()),
         "accuracy": res["correct"] / res["n"] if res["n"] else None, "wilson95": [lo, hi],
@@ -294,7 +295,7 @@ def scales_info(ckpt_dir: str) -> dict:
 AUDIT_LAYOUT = {"single": "single", "tp2ep": "tp_ep", "dp2ep": "dp_ep_allgather", "dp2": "dp"}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def audit_holes(world: str, ckpt_dir: str) -> dict | None:
     """``vllm-fp4-moe audit --json --vllm WORLD`` of the checkpoint (the main .venv's, the
     plugin's one model of where stock is wrong): affected MoE layers per audit layout, run
@@ -419,7 +420,8 @@ def failure_reason(text: str) -> str:
     import re
 
     text = "\n".join(ln for ln in text.splitlines() if "ulimit" not in ln)
-    for pat in (r"(InvalidScaleError|UncalibratedScaleError|InconsistentMoELayerError): ([^\n]{0,120})",
+    for pat in (r"(InvalidScaleError|UncalibratedScaleError|InconsistentMoELayerError): "
+                r"([^\n]{0,120})",
                 r"(\w+Error): ((?!Engine core initialization failed)[^\n]{0,120})"):
         m = re.search(pat, text)
         if m:
@@ -431,7 +433,8 @@ def table_rows(data: dict) -> list[dict]:
     cells = data.get("cells", {})
     fails = data.get("failures", {})
     rows = []
-    for world, layout in sorted(PRIORITY, key=lambda wl: (wl[0], WORLD_LAYOUTS[wl[0]].index(wl[1]))):
+    for world, layout in sorted(PRIORITY,
+                                key=lambda wl: (wl[0], WORLD_LAYOUTS[wl[0]].index(wl[1]))):
         for d, name, fmt in present_checkpoints():
             got = {col: cells.get(cell_key(world, layout, name, col)) for col in COLUMNS}
             failed = {col: fails[cell_key(world, layout, name, col)].get("reason") or
@@ -473,10 +476,12 @@ def write_markdown(data: dict) -> None:
                      f"(`{layout_flags(r['tp'], r['dp'], r['ep'])}`) | {ratio} | "
                      f"{hole_text(data, r['world'], r['layout'], dir_of(r['checkpoint']))} | "
                      + " | ".join(_fmt(r["cells"][c]) if r["cells"][c] or c not in r["failed"]
-                                  else f"server failed to start: {r['failed'][c][:110]}" for c in COLUMNS)
+                                  else f"server failed to start: {r['failed'][c][:110]}"
+                                  for c in COLUMNS)
                      + f" | {r['row_wall_s']/60:.1f} min |")
     table = "\n".join(lines)
-    text = MD_OUT.read_text() if MD_OUT.exists() else "# Accuracy\n\n<!-- table -->\n<!-- /table -->\n"
+    text = (MD_OUT.read_text() if MD_OUT.exists()
+            else "# Accuracy\n\n<!-- table -->\n<!-- /table -->\n")
     begin, end = "<!-- table -->", "<!-- /table -->"
     if begin in text and end in text:
         head, rest = text.split(begin, 1)
@@ -520,7 +525,8 @@ for j, c in enumerate(cols):
         hi.append(max(0.0, cell["wilson95"][1] - cell["accuracy"]))
     ax.barh(ys, xs, h, xerr=[lo, hi], capsize=1.5, label=c, color=colors[c])
 ax.set_yticks(range(len(rows)))
-ax.set_yticklabels([f"{r['world']} {r['layout']}  {r['checkpoint']}{' (EDITED)' if r.get('edited') else ''}"
+ax.set_yticklabels([f"{r['world']} {r['layout']}  {r['checkpoint']}"
+                    f"{' (EDITED)' if r.get('edited') else ''}"
                     for r in rows], fontsize=7.5)
 ax.invert_yaxis()
 ax.set_xlim(0, 1.0); ax.set_xlabel("exact match (95 % Wilson)")
@@ -588,7 +594,8 @@ def main() -> int:
         except Exception as e:  # record the failure, keep going with the next cell
             print(f"    FAILED: {str(e)[-1500:]}", flush=True)
             data.setdefault("failures", {})[key] = {
-                "error": str(e)[-3000:], "reason": failure_reason(str(e)), "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                "error": str(e)[-3000:], "reason": failure_reason(str(e)),
+                "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
             save(data)
             continue
         data["cells"][key] = cell

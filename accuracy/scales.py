@@ -3,10 +3,11 @@
 Why: the plugin's bugs are all about how vLLM combines the experts' activation scales, so the
 numbers that matter for a checkpoint are, per MoE layer, how far its experts' GEMM1 (gate/up,
 "w13") and GEMM2 (down, "w2") input scales spread, and, for expert parallelism over 2 ranks
-(the first half of the experts on rank 0, the second on rank 1: 0-3 / 4-7 of 8), how far apart the two ranks' largest amax are: vLLM
-0.14.0+ collapses GEMM1's activation scale to the max amax over a rank's loaded experts, so
-under DP+EP a token from rank r on an expert of rank s is off by amax_s / amax_r (README,
-docs/ROOT-CAUSE.md §12). Experts that calibration never reached are flagged.
+(the first half of the experts on rank 0, the second on rank 1: 0-3 / 4-7 of 8), how far apart the
+two ranks' largest amax are: vLLM 0.14.0+ collapses GEMM1's activation scale to the max amax
+over a rank's loaded experts, so under DP+EP a token from rank r on an expert of rank s is off by
+amax_s / amax_r (README, docs/ROOT-CAUSE.md §12). Experts that calibration never reached are
+flagged.
 
 Reads safetensors only (no torch model). Conventions:
   compressed-tensors: input_global_scale = 448 * 6 / amax  -> amax = 2688 / scale
@@ -129,7 +130,8 @@ def render(all_res: dict) -> str:
         "amax is implied by the stored scale: compressed-tensors `input_global_scale` = 2688 / "
         "amax, ModelOpt `input_scale` = amax / 2688. w13 = gate/up (GEMM1 input; per expert the "
         "larger amax of gate and up), w2 = down (GEMM2 input). spread = max/min amax over the "
-        "calibrated experts. EP=2: the first half of the experts on rank 0, the second on rank 1 (0-3 / 4-7 of 8, 0-7 / 8-15 of 16); factor = larger / "
+        "calibrated experts. EP=2: the first half of the experts on rank 0, the second on rank 1 "
+        "(0-3 / 4-7 of 8, 0-7 / 8-15 of 16); factor = larger / "
         "smaller of the two ranks' max amax (vLLM >= 0.14.0's DP+EP GEMM1 error for "
         "compressed-tensors). Experts whose scale is not a calibration (<= 0, not finite, "
         f"or more than {UNCALIBRATED_MARGIN:g}x from the layer's median amax: the plugin's rule, "

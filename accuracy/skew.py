@@ -24,8 +24,8 @@ stock 0.11.0 (expert 0's scale for every expert) tokens routed to rank 1's exper
 Standard library only (F32 scalars in safetensors: JSON header + raw little-endian bytes).
 Writes ``skew-log.json`` (source checksum, factor, every edited value) next to the weights.
 
-Not committed (they would be megabytes of near-copies of their source, and the repository must stay under
-the device tool's 64 MiB working-tree limit): ``ensure(src, factor)`` writes
+Not committed (they would be megabytes of near-copies of their source, and the repository must stay
+under the device tool's 64 MiB working-tree limit): ``ensure(src, factor)`` writes
 ``models/SRC-ep-skewF/``
 when it is missing or stale, and checks the result against ``OUTPUT_SHA256``, the bytes the
 published table was measured on. accuracy/run_table.py and the CI slice call it.
@@ -99,7 +99,8 @@ def skew(src: Path, out: Path, factor: float) -> dict:
         if not m or int(m[2]) not in rank1:
             continue
         if meta["dtype"] != "F32" or meta["shape"] not in ([1], []):
-            raise SystemExit(f"{key}: expected one F32 scalar, found {meta['dtype']} {meta['shape']}")
+            raise SystemExit(f"{key}: expected one F32 scalar, "
+                             f"found {meta['dtype']} {meta['shape']}")
         begin = base + meta["data_offsets"][0]
         (old,) = struct.unpack_from("<f", data, begin)
         struct.pack_into("<f", data, begin, old / factor)
@@ -113,13 +114,15 @@ def skew(src: Path, out: Path, factor: float) -> dict:
             shutil.copy2(f, out / f.name)
     (out / "model.safetensors").write_bytes(bytes(data))
     log = {
-        "label": f"EDITED: experts {rank1[0]}-{rank1[-1]}'s gate/up input_global_scale / {factor:g} "
-                 "(the EP=2 GEMM1 slice-max ratio times the factor); not a quantizer's output",
+        "label": f"EDITED: experts {rank1[0]}-{rank1[-1]}'s gate/up input_global_scale / "
+                 f"{factor:g} (the EP=2 GEMM1 slice-max ratio times the factor); "
+                 "not a quantizer's output",
         "source": str(src.relative_to(HERE.parent)),
         "source_sha256": sha256(src / "model.safetensors"),
         "factor": factor, "experts": rank1, "edits": edits,
         "command": f"python accuracy/skew.py {factor:g}"
-                   + ("" if src.resolve() == SRC.resolve() else f" --src {src.relative_to(HERE.parent)}"),
+                   + ("" if src.resolve() == SRC.resolve()
+                      else f" --src {src.relative_to(HERE.parent)}"),
     }
     (out / "skew-log.json").write_text(json.dumps(log, indent=1) + "\n")
     return log

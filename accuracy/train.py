@@ -174,9 +174,9 @@ def make_batch(pairs, device):
     ids = torch.full((len(seqs), width), v[task.PAD], dtype=torch.long)
     lab = torch.full((len(seqs), width), -100, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, (s, l) in enumerate(zip(seqs, labs)):
+    for i, (s, y) in enumerate(zip(seqs, labs)):
         ids[i, :len(s)] = torch.tensor(s)
-        lab[i, :len(l)] = torch.tensor(l)
+        lab[i, :len(y)] = torch.tensor(y)
         mask[i, :len(s)] = 1
     return ids.to(device), lab.to(device), mask.to(device)
 
@@ -271,7 +271,7 @@ def greedy_exact_match(model, problems, device, max_new=5, batch=1024):
                         out[i].append(t)
                 done |= nxt == v[task.EOS]
                 ids = torch.cat([ids, nxt[:, None]], 1)
-            for (p, ans), toks in zip(chunk, out):
+            for (_p, ans), toks in zip(chunk, out):
                 text = "".join(inv[t] for t in toks if t != v[task.EOS])
                 good += int(text == ans and toks and toks[-1] == v[task.EOS])
                 total += 1
@@ -386,7 +386,8 @@ def main() -> None:
     log = {"arch": args.arch, "seed": SEED, "params": n_params, "batch": args.batch,
            "lr": args.lr,
            **({"balance": "correction-bias", "bias_rate": BIAS_RATE} if deepseek
-              else {"balance": args.balance, "aux_coef": AUX_COEF}), "torch": torch.__version__, "transformers": transformers.__version__,
+              else {"balance": args.balance, "aux_coef": AUX_COEF}),
+           "torch": torch.__version__, "transformers": transformers.__version__,
            "device": str(torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"),
            "history": []}
     t0 = time.time()

@@ -17,8 +17,8 @@ rank. The fixture is the project's (``Scenario``) with per-expert input-scale sp
 from __future__ import annotations
 
 from benchmarks.rows import Row
-from vllm_fp4_moe_plugin.simulation.layouts import LAYOUTS, Scenario
 from vllm_fp4_moe_plugin.simulation.judge import rel_err
+from vllm_fp4_moe_plugin.simulation.layouts import LAYOUTS, Scenario
 
 # "plugin <= upstream" allows this much relative slack for bf16 output rounding and
 # reduction order (both schemes give the kernel bit-identical inputs in DP layouts).

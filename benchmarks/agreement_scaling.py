@@ -5,8 +5,8 @@ progress key in the world's rendezvous store, then one MAX all-reduce of one flo
 group, its wait bounded by the timeout), next to as many bare gloo all-reduces and as many
 ``dist.barrier`` round trips, and the agreement's earlier form (a gloo
 ``monitored_barrier`` before each all-reduce: "monitored"). DeepSeek-R1 has 58 MoE layers. Each
-rank is a spawned process in a gloo world over TCP on loopback, as vLLM's CPU groups are. Prints one JSON line per world
-size: the worst rank's median over ``--repeats`` interleaved runs, in ms.
+rank is a spawned process in a gloo world over TCP on loopback, as vLLM's CPU groups are. Prints one
+JSON line per world size: the worst rank's median over ``--repeats`` interleaved runs, in ms.
 
     python benchmarks/agreement_scaling.py --ranks 2 4 8 [--layers 58] [--repeats 5]
 

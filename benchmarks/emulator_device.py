@@ -27,8 +27,12 @@ import time
 
 import torch
 
-from vllm_fp4_moe_plugin.nvfp4 import (QuantizedExperts, cutlass_fused_moe,
-                                       moe_reference_nvfp4, to_flashinfer_inputs)
+from vllm_fp4_moe_plugin.nvfp4 import (
+    QuantizedExperts,
+    cutlass_fused_moe,
+    moe_reference_nvfp4,
+    to_flashinfer_inputs,
+)
 
 DEEPSEEK = {"experts": 256, "hidden": 7168, "intermediate": 2048, "top_k": 8}
 

@@ -149,7 +149,8 @@ def load_time(ctx, num_layers: int, num_experts: int) -> dict:
 
     from vllm_fp4_moe_plugin import consistency
     from vllm_fp4_moe_plugin.patches.init_prepare_finalize.flashinfer_cutlass import (
-        KernelQuantizedPrepareAndFinalize)
+        KernelQuantizedPrepareAndFinalize,
+    )
 
     group = get_ep_group().cpu_group
     world = dist.get_world_size(group)

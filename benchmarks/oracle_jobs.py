@@ -136,8 +136,8 @@ def load_cost(ctx, num_layers: int, num_experts: int, experts=None, pwal_layers:
               top_k: int = 8, repeats: int = 3) -> dict:
     """What the plugin adds at load, per rank (median of ``repeats``): ``num_layers`` x
     ``scales.agree_max`` (the wrapper's one MAX all-reduce of one float over the EP group's CPU
-    group, after a progress key in the rendezvous store), next to as many bare all-reduces and as many
-    plain ``dist.barrier`` round trips; and the layer's own
+    group, after a progress key in the rendezvous store), next to as many bare all-reduces and as
+    many plain ``dist.barrier`` round trips; and the layer's own
     ``process_weights_after_loading`` (compressed-tensors, ``experts``: all ``num_experts``)
     timed on ``pwal_layers`` real layers stock and with the plugin (which then runs the
     agreement inside it)."""

@@ -75,7 +75,8 @@ def test_vllm_with_an_unknown_moe_design(blackwell_env, checkpoints):
     blackwell_env.setattr(FusedMoE, "maybe_init_modular_kernel", lambda self: None, raising=False)
     blackwell_env.setenv("VLLM_FP4_MOE_PLUGIN", "1")
     r = doctor.run_doctor(str(checkpoints["spread"]), TP4_EP, capability="10.0")
-    assert not r["probes"]["would_install"] and "none of the designs this plugin knows" in r["probes"]["reason"]
+    assert (not r["probes"]["would_install"]
+            and "none of the designs this plugin knows" in r["probes"]["reason"])
     # Neither design the plugin models: doctor will not guess whether stock is consistent.
     assert not r["plugin"]["would_be_active"] and r["verdict"] == doctor.CANNOT_TELL
     assert all("not modelled" in row["note"] for row in r["layers"])

@@ -91,7 +91,8 @@ def test_dedupe_links_only_true_twins(tmp_path):
 
 
 def test_disk_check_names_what_to_free(tmp_path):
-    r = subprocess.run(["bash", "-c", '. scripts/disk.sh; require_free_gib 100000000 "installing X"'],
+    r = subprocess.run(["bash", "-c",
+                        '. scripts/disk.sh; require_free_gib 100000000 "installing X"'],
                        cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 1
     assert "installing X needs ~100000000 GiB free" in r.stderr and "rm -rf .venv-*" in r.stderr

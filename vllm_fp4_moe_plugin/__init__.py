@@ -38,8 +38,8 @@ def register() -> None:
         return
     from vllm_fp4_moe_plugin import envs
 
-    envs.VLLM_FP4_MOE_PLUGIN_CHECK  # validated whenever set, the plugin on or off
-    envs.VLLM_FP4_MOE_PLUGIN_TIMEOUT_S
+    envs.VLLM_FP4_MOE_PLUGIN_CHECK  # noqa: B018 (validated whenever set, the plugin on or off)
+    envs.VLLM_FP4_MOE_PLUGIN_TIMEOUT_S  # noqa: B018 (the read validates it, as above)
     launched_on = envs.VLLM_FP4_MOE_PLUGIN_LAUNCHER
     if not envs.VLLM_FP4_MOE_PLUGIN:  # raises ValueError on a bad value: fail loudly
         _state, _reason = "inert", "VLLM_FP4_MOE_PLUGIN is not 1"

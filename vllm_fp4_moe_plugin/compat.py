@@ -226,8 +226,7 @@ def compressed_tensors_dp_scale_shared(cls_name: str) -> bool:
     import types
 
     import torch
-    from vllm.model_executor.layers.quantization.utils.flashinfer_utils import (
-        FlashinferMoeBackend)
+    from vllm.model_executor.layers.quantization.utils.flashinfer_utils import FlashinferMoeBackend
 
     cls = original_attr(vm.COMPRESSED_TENSORS_MOE, cls_name)
     method = object.__new__(cls)

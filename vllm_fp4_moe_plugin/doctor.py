@@ -184,8 +184,9 @@ def _stock_hole(design: Optional[Design], fmt: str, layout: Layout, path: Option
     if design is None:
         return None
     try:
-        hole = support.stock_hole(design, fmt, layout, path, deepep_ll_nvfp4_dispatch=os.environ.get(
-            "VLLM_DEEPEPLL_NVFP4_DISPATCH") == "1")
+        hole = support.stock_hole(design, fmt, layout, path,
+                                  deepep_ll_nvfp4_dispatch=os.environ.get(
+                                      "VLLM_DEEPEPLL_NVFP4_DISPATCH") == "1")
     except ValueError:  # a layout this design does not have (e.g. an all2all backend it lacks)
         return None
     return hole == support.FAILS or (hole == support.WRONG and affected)

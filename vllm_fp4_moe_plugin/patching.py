@@ -3,8 +3,9 @@
 Mirrors the shape of ArcticInference's ``patching.py`` (one object per replaced symbol, a
 double-patch guard), but patches *module attributes*, because that is how vLLM looks up almost
 every symbol the plugin replaces (docs/PATCHES.md); ``attr`` may be dotted
-(``Config.FusedMoEMethodCls``) for the one vLLM reads from a class attribute. The ledger (``patches/``) is built from these
-objects; ``compat`` reads :func:`original_attr` to probe what vLLM itself defines. vLLM-free.
+(``Config.FusedMoEMethodCls``) for the one vLLM reads from a class attribute. The ledger
+(``patches/``) is built from these objects; ``compat`` reads :func:`original_attr` to probe what
+vLLM itself defines. vLLM-free.
 """
 
 from __future__ import annotations

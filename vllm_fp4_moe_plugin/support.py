@@ -94,7 +94,7 @@ def design_for_release(version: str) -> Optional[Design]:
     return found
 
 
-def design(key: "str | Design") -> Design:
+def design(key: str | Design) -> Design:
     """A design from its name; ValueError listing the names otherwise."""
     try:
         return Design(key)
@@ -219,7 +219,7 @@ class Layout:
 
     @classmethod
     def deployed(cls, tp: int = 1, dp: int = 1, pp: int = 1, ep: bool = False,
-                 all2all: Optional[str] = None, placement: str = "linear") -> "Layout":
+                 all2all: Optional[str] = None, placement: str = "linear") -> Layout:
         """The layout of a real deployment, named by the matrix layout it behaves like."""
         all2all = all2all or DEFAULT_ALL2ALL
         two_sided = all2all in ("flashinfer_all2allv", "flashinfer_nvlink_two_sided")
@@ -279,7 +279,7 @@ WHERE_WRONG = {
 }
 
 
-def stock_hole(design_key: "str | Design", fmt: str, layout: "str | Layout",
+def stock_hole(design_key: str | Design, fmt: str, layout: str | Layout,
                kernel: str = "flashinfer_cutlass", *, deepep_ll_nvfp4_dispatch: bool = False,
                enable_eplb: bool = False, eplb_agrees: bool = False) -> Optional[str]:
     """Where stock vLLM of a design computes an NVFP4 MoE layer on ``kernel`` wrongly.
@@ -333,7 +333,7 @@ def ep_layout_problem(num_experts: int, ep_size: int, placement: str) -> Optiona
     return None
 
 
-def stock_wrong_with_scales(design_key: "str | Design", fmt: str, stored: Sequence[float],
+def stock_wrong_with_scales(design_key: str | Design, fmt: str, stored: Sequence[float],
                             amax: Sequence[float], ep_size: int, placement: str,
                             layouts: Sequence[str]) -> dict[str, bool]:
     """Per layout, does stock vLLM of a design compute a layer with these scales wrongly?
@@ -363,7 +363,7 @@ def stock_wrong_with_scales(design_key: "str | Design", fmt: str, stored: Sequen
 # compressed-tensors input_global_scale 0 or ~1e-29) or "low" (0, negative or far below:
 # ModelOpt input_scale 0, compressed-tensors 2.3e23 or a negative value).
 
-def stock_wrong_with_uncalibrated(design_key: "str | Design", fmt: str,
+def stock_wrong_with_uncalibrated(design_key: str | Design, fmt: str,
                                   kinds: Sequence[str]) -> bool:
     """Does stock vLLM of a design compute a layer with uncalibrated experts wrongly, in every
     FlashInfer layout? (measured: docs/ROOT-CAUSE.md §13). The 0.11.x designs keep per-expert
@@ -379,7 +379,7 @@ def stock_wrong_with_uncalibrated(design_key: "str | Design", fmt: str,
     return "high" in kinds if collapses else True
 
 
-def plugin_repairs_uncalibrated(design_key: "str | Design", fmt: str) -> bool:
+def plugin_repairs_uncalibrated(design_key: str | Design, fmt: str) -> bool:
     """Does the plugin give uncalibrated experts the calibrated max amax on this design and
     format? Everywhere: it patches both quant methods of the pre-oracle designs (on 0.11.1 -
     0.13.0 the ModelOpt one only for this) and the oracle helpers from 0.14.0

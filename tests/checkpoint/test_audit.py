@@ -10,8 +10,13 @@ import pytest
 from safetensors.numpy import save_file
 
 from vllm_fp4_moe_plugin.checkpoint import tensor_index
-from vllm_fp4_moe_plugin.checkpoint.audit import (LAYOUTS, CheckpointAuditError,
-                                                  audit_checkpoint, ep_slices, format_audit)
+from vllm_fp4_moe_plugin.checkpoint.audit import (
+    LAYOUTS,
+    CheckpointAuditError,
+    audit_checkpoint,
+    ep_slices,
+    format_audit,
+)
 from vllm_fp4_moe_plugin.checkpoint.writer import write_checkpoint
 
 from .conftest import ARCHS, FORMATS
@@ -395,9 +400,6 @@ def _rewrite(root, name, array):
     save_file(tensors, str(shard))
 
 
-WEIGHT_GLOBAL = {"modelopt": "weight_scale_2", "compressed-tensors": "weight_global_scale"}
-
-
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("kind", ["nan", "zero"])
 def test_bad_weight_global_scale_is_a_bad_checkpoint(tmp_path, fmt, kind):
@@ -556,7 +558,8 @@ def test_layer_without_any_calibrated_expert_is_a_bad_checkpoint(tmp_path):
 def test_float8_input_scale_names_dtype_and_allowed_ones(tmp_path):
     """numpy cannot hold float8: the audit reads the dtype from the header and names it."""
     import torch
-    from safetensors.torch import load_file, save_file as save_torch
+    from safetensors.torch import load_file
+    from safetensors.torch import save_file as save_torch
 
     write_scales_only(tmp_path, "compressed-tensors", {LAYER: _uniform("compressed-tensors")})
     shard = tmp_path / "model-00001-of-00001.safetensors"
@@ -640,7 +643,8 @@ def test_llmcompressor_014_quantization_args_named_for_vllm_0_11(tmp_path):
     """llmcompressor 0.14 writes scale_dtype/zp_dtype, which compressed-tensors 0.11.0 (vLLM
     0.11.0) refuses at startup: the audit names them and the fix."""
     from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import (
-        CompressedTensorsConfig)
+        CompressedTensorsConfig,
+    )
 
     qc = json.loads((MODELS / "qwen3moe-add-nvfp4-ct-all" / "config.json").read_text())[
         "quantization_config"]

@@ -139,8 +139,7 @@ def test_compressed_tensors_config_is_nvfp4_pack_quantized(written, arch):
 def test_exclude_lists_keep_every_linear_but_the_experts_bf16(written, arch, fmt):
     """vLLM's own matchers on every Linear prefix the model builds (the load test proves the
     same through the model class)."""
-    from vllm.model_executor.layers.quantization.compressed_tensors.utils import (
-        should_ignore_layer)
+    from vllm.model_executor.layers.quantization.compressed_tensors.utils import should_ignore_layer
     from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4Config
 
     m = written[(arch, fmt)]

@@ -81,12 +81,20 @@ def load_model(path: str, parallel_config, *, process: bool = True) -> LoadedMod
     """Build ``config.json``'s architecture with vLLM's ModelConfig/VllmConfig and load
     ``path`` through ``DefaultModelLoader``'s safetensors iterator and ``model.load_weights``;
     then (``process``) ``process_weights_after_loading``, as an engine's worker does."""
-    from vllm.config import (CacheConfig, DeviceConfig, LoadConfig, ModelConfig, VllmConfig,
-                             set_current_vllm_config)
+    from vllm.config import (
+        CacheConfig,
+        DeviceConfig,
+        LoadConfig,
+        ModelConfig,
+        VllmConfig,
+        set_current_vllm_config,
+    )
     from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
-    from vllm.model_executor.model_loader.utils import (initialize_model,
-                                                        process_weights_after_loading,
-                                                        set_default_torch_dtype)
+    from vllm.model_executor.model_loader.utils import (
+        initialize_model,
+        process_weights_after_loading,
+        set_default_torch_dtype,
+    )
 
     model_config = ModelConfig(model=str(path), skip_tokenizer_init=True, dtype="bfloat16",
                                enforce_eager=True, max_model_len=256)

@@ -54,8 +54,8 @@ def run_engine(checkpoint, *, plugin: str, kernel: str = "emulator", tp: int = 1
     # the world's installed plugin wheel, not the checkout: no PYTHONPATH, cwd outside it
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("VLLM_") and k != "PYTHONPATH"}
-    cmd = [str(python), str(RUNNER), "--checkpoint", str(Path(checkpoint).resolve()), "--plugin", plugin,
-           "--kernel", kernel, "--tp", str(tp), "--pp", str(pp),
+    cmd = [str(python), str(RUNNER), "--checkpoint", str(Path(checkpoint).resolve()),
+           "--plugin", plugin, "--kernel", kernel, "--tp", str(tp), "--pp", str(pp),
            "--prompts", json.dumps(prompts), "--max-tokens", str(max_tokens)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s,
                           cwd=tempfile.gettempdir())

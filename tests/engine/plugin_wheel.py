@@ -85,7 +85,7 @@ PROBE = (f"import importlib.metadata as m, {PACKAGE} as p; "
          f"print(p.__file__); print(d.read_text('direct_url.json') or '')")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def check(venv: Path, world: str) -> None:
     """Raise unless ``venv`` imports the plugin from the wheel of the current source, the way
     the drivers start engines (cwd outside the checkout, no PYTHONPATH)."""

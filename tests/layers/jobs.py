@@ -175,14 +175,15 @@ def placement_guards(ctx) -> dict:
     experts7 = random_experts(7, 256, 512, seed=3)
     for fmt in FORMATS:
         for mode in ("stock", "plugin"):
-            def build_grouped():
+            def build_grouped(fmt=fmt, mode=mode):
                 b = _build(experts8, fmt, plugin=mode == "plugin", **grouped)
                 out[f"round_robin/{fmt}/{mode}/map"] = b.layer.expert_map.tolist()
             out[f"round_robin/{fmt}/{mode}"] = _error_of(build_grouped)
             out[f"uneven/{fmt}/{mode}"] = _error_of(
-                lambda: _build(experts7, fmt, plugin=mode == "plugin"))
+                lambda fmt=fmt, mode=mode: _build(experts7, fmt, plugin=mode == "plugin"))
             out[f"eplb/{fmt}/{mode}"] = _error_of(
-                lambda: _build(experts8, fmt, plugin=mode == "plugin", enable_eplb=True))
+                lambda fmt=fmt, mode=mode: _build(experts8, fmt, plugin=mode == "plugin",
+                                                  enable_eplb=True))
     return out
 
 

@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from tests import uncalibrated_checks
-
-from vllm_fp4_moe_plugin.simulation.layouts import LAYOUTS, Layout, Scenario, spawn
 from tests.pass_marks import PLUGIN_BOUND
 from vllm_fp4_moe_plugin.simulation.judge import rel_err
+from vllm_fp4_moe_plugin.simulation.layouts import LAYOUTS, Layout, Scenario, spawn
 from vllm_fp4_moe_plugin.simulation.matrix import references
+
 pytestmark = [pytest.mark.cpu, pytest.mark.multiproc]
 
 JOBS = "tests.layers.jobs"

@@ -18,8 +18,8 @@ there, ``pip download --no-deps``).
 """
 
 from __future__ import annotations
-
 import __future__
+
 import ast
 import os
 import sys

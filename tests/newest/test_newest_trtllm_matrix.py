@@ -19,8 +19,8 @@ classes vLLM built are not in the rows.
 
 import pytest
 
-from vllm_fp4_moe_plugin.simulation.layouts import LAYOUTS, Scenario, run_layout
 from tests.pass_marks import AFFECTED_FACTOR, FP32_FACTOR, PLUGIN_BOUND
+from vllm_fp4_moe_plugin.simulation.layouts import LAYOUTS, Scenario, run_layout
 from vllm_fp4_moe_plugin.simulation.matrix import trtllm_layer_kwargs, trtllm_routes_itself
 
 pytestmark = [pytest.mark.cpu, pytest.mark.multiproc, pytest.mark.slow]

@@ -20,9 +20,16 @@ os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")  # CT's cast_to_fp4 is @torch.
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from vllm_fp4_moe_plugin.nvfp4 import (dequantize, e2m1_decode, global_scale,  # noqa: E402
-                                       quantize, quantize_codes, random_master, swizzle_128x4,
-                                       unpack_fp4)
+from vllm_fp4_moe_plugin.nvfp4 import (  # noqa: E402
+    dequantize,
+    e2m1_decode,
+    global_scale,
+    quantize,
+    quantize_codes,
+    random_master,
+    swizzle_128x4,
+    unpack_fp4,
+)
 
 ct_helpers = pytest.importorskip("compressed_tensors.quantization.utils.helpers")
 ct_forward = pytest.importorskip("compressed_tensors.quantization.lifecycle.forward")
@@ -39,7 +46,8 @@ SHAPE = (256, 2048)  # 512k elements per seed, 1.5M in all
 # vLLM's convert_swizzled_to_linear takes K in elements and slices [:, :K] of a padded scale
 # matrix, so its dequantize_to_dtype only works for K % 64 == 0; stay inside that.
 SMALL_SHAPES = [(1, 64), (7, 128), (130, 192)]
-# Cross-order disagreement bound: docs/NVFP4-FORMAT.md §3.6 measured 0.06-0.11 % on bf16 randn; ≲0.2 %.
+# Cross-order disagreement bound: docs/NVFP4-FORMAT.md §3.6 measured 0.06-0.11 % on bf16 randn;
+# ≲0.2 %.
 CROSS_ORDER_MAX_FRACTION = 2e-3
 MIDPOINTS = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], dtype=torch.float64)
 # |q - midpoint| / midpoint for a disagreement: two orders of 3 fp32 roundings each.

@@ -3,8 +3,15 @@
 import pytest
 import torch
 
-from vllm_fp4_moe_plugin.nvfp4 import (dequantize, fp4_quantize, global_scale, quantize,
-                                       random_master, swizzle_128x4, unswizzle_128x4)
+from vllm_fp4_moe_plugin.nvfp4 import (
+    dequantize,
+    fp4_quantize,
+    global_scale,
+    quantize,
+    random_master,
+    swizzle_128x4,
+    unswizzle_128x4,
+)
 
 pytestmark = pytest.mark.cpu
 

@@ -3,8 +3,12 @@
 import pytest
 import torch
 
-from vllm_fp4_moe_plugin.nvfp4 import (block_scale_interleave, sf_offset_128x4, swizzle_128x4,
-                                       unswizzle_128x4)
+from vllm_fp4_moe_plugin.nvfp4 import (
+    block_scale_interleave,
+    sf_offset_128x4,
+    swizzle_128x4,
+    unswizzle_128x4,
+)
 
 pytestmark = pytest.mark.cpu
 

@@ -21,8 +21,13 @@ import dataclasses
 import pytest
 import torch
 
-from vllm_fp4_moe_plugin.nvfp4 import (cutlass_fused_moe, fp4_quantize, moe_reference_fp32,
-                                       moe_reference_nvfp4, to_flashinfer_inputs)
+from vllm_fp4_moe_plugin.nvfp4 import (
+    cutlass_fused_moe,
+    fp4_quantize,
+    moe_reference_fp32,
+    moe_reference_nvfp4,
+    to_flashinfer_inputs,
+)
 
 from .moe_cases import make_case, rel_err, with_first_expert_extreme
 

@@ -3,9 +3,18 @@
 import pytest
 import torch
 
-from vllm_fp4_moe_plugin.nvfp4 import (BLOCK_SIZE, E4M3_MAX, FP4_MAX, dequantize, e2m1_decode,
-                                       global_scale, quantize, quantize_codes, random_master,
-                                       unpack_fp4)
+from vllm_fp4_moe_plugin.nvfp4 import (
+    BLOCK_SIZE,
+    E4M3_MAX,
+    FP4_MAX,
+    dequantize,
+    e2m1_decode,
+    global_scale,
+    quantize,
+    quantize_codes,
+    random_master,
+    unpack_fp4,
+)
 
 pytestmark = pytest.mark.cpu
 

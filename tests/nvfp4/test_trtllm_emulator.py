@@ -25,15 +25,22 @@ import dataclasses  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from vllm_fp4_moe_plugin.nvfp4 import (fp4_quantize, moe_reference_nvfp4,  # noqa: E402
-                                       trtllm_fp4_block_scale_moe)
+from vllm_fp4_moe_plugin.nvfp4 import fp4_quantize, moe_reference_nvfp4, trtllm_fp4_block_scale_moe  # noqa: E402
 from vllm_fp4_moe_plugin.nvfp4 import layout as nvfp4_layout  # noqa: E402
 from vllm_fp4_moe_plugin.nvfp4.trtllm_emulator import (  # noqa: E402
-    route, trtllm_fp4_block_scale_moe_0_7, trtllm_fp4_block_scale_routed_moe_0_7)
-from vllm_fp4_moe_plugin.nvfp4.trtllm_layout import (gated_row_sources,  # noqa: E402
-                                                     gemm1_row_sources, shuffle_gemm1,
-                                                     shuffle_gemm2, to_trtllm_inputs,
-                                                     unshuffle_gemm1, unshuffle_gemm2)
+    route,
+    trtllm_fp4_block_scale_moe_0_7,
+    trtllm_fp4_block_scale_routed_moe_0_7,
+)
+from vllm_fp4_moe_plugin.nvfp4.trtllm_layout import (  # noqa: E402
+    gated_row_sources,
+    gemm1_row_sources,
+    shuffle_gemm1,
+    shuffle_gemm2,
+    to_trtllm_inputs,
+    unshuffle_gemm1,
+    unshuffle_gemm2,
+)
 
 from .moe_cases import make_case, rel_err  # noqa: E402
 

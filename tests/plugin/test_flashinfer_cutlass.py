@@ -5,7 +5,7 @@ import torch
 
 pytestmark = pytest.mark.cpu
 
-M, H, I, E = 5, 256, 256, 4
+M, H, I, E = 5, 256, 256, 4  # noqa: E741 (I: the MoE intermediate size, next to M, H, E)
 
 
 def _quant_config():
@@ -21,7 +21,8 @@ def test_workspace_output_shape_for_bf16_input():
     from vllm.model_executor.layers.fused_moe.flashinfer_cutlass_moe import FlashInferExperts
 
     from vllm_fp4_moe_plugin.patches.init_prepare_finalize.flashinfer_cutlass import (
-        KernelOutputShapeFlashInferExperts)
+        KernelOutputShapeFlashInferExperts,
+    )
 
     a = torch.zeros(M, H, dtype=torch.bfloat16)
     packed = torch.zeros(3 * M, H // 2, dtype=torch.uint8)  # e.g. after a DP all-gather
@@ -38,7 +39,8 @@ def test_workspace_output_shape_for_bf16_input():
 
 def test_non_dp_prepare_passes_bf16_through():
     from vllm_fp4_moe_plugin.patches.init_prepare_finalize.flashinfer_cutlass import (
-        KernelQuantizedPrepareAndFinalize)
+        KernelQuantizedPrepareAndFinalize,
+    )
 
     a1 = torch.randn(M, H).to(torch.bfloat16)
     ids = torch.zeros(M, 1, dtype=torch.int32)
@@ -54,10 +56,11 @@ def test_non_dp_prepare_passes_bf16_through():
 def test_stock_prepare_quantizes_before_the_kernel():
     """The behaviour the fix removes: stock calls fp4_quantize in prepare (CPU: it raises)."""
     from vllm.model_executor.layers.fused_moe.flashinfer_cutlass_prepare_finalize import (
-        FlashInferAllGatherMoEPrepareAndFinalize)
+        FlashInferAllGatherMoEPrepareAndFinalize,
+    )
 
     a1 = torch.randn(M, H).to(torch.bfloat16)
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 (any error: the point is that prepare calls it)
         FlashInferAllGatherMoEPrepareAndFinalize(use_dp=False).prepare(
             a1, torch.ones(M, 1), torch.zeros(M, 1, dtype=torch.int32), E, None, False,
             _quant_config())

@@ -4,14 +4,20 @@ emulator's code, must agree with the emulator on the plugin's (bf16, per-expert)
 import pytest
 import torch
 
-from vllm_fp4_moe_plugin.nvfp4 import (cutlass_fused_moe, moe_reference_nvfp4, random_experts,
-                                       to_flashinfer_inputs)
-from vllm_fp4_moe_plugin.simulation.reference_kernel import (experts_from_kernel_args,
-                                                            reference_cutlass_fused_moe)
+from vllm_fp4_moe_plugin.nvfp4 import (
+    cutlass_fused_moe,
+    moe_reference_nvfp4,
+    random_experts,
+    to_flashinfer_inputs,
+)
+from vllm_fp4_moe_plugin.simulation.reference_kernel import (
+    experts_from_kernel_args,
+    reference_cutlass_fused_moe,
+)
 
 pytestmark = pytest.mark.cpu
 
-E, H, I, TOP_K, M = 8, 256, 256, 2, 24
+E, H, I, TOP_K, M = 8, 256, 256, 2, 24  # noqa: E741 (I: the MoE intermediate size, next to M, H, E)
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +86,8 @@ def test_prequantized_matches_emulator_and_ideal_with_one_shared_scale(case, ep_
     GEMM1 scale = the ideal loop with that shared scale, and = the emulator given the same
     pre-quantized input."""
     from vllm_fp4_moe_plugin.simulation.reference_kernel import (
-        reference_cutlass_fused_moe_prequantized)
+        reference_cutlass_fused_moe_prequantized,
+    )
 
     experts, x, w, ids = case
     gs = experts.w13_input_gs.min().reshape(())
@@ -106,7 +113,8 @@ def test_prequantized_sees_a_sender_with_another_scale(case):
     2x larger): the reference decodes with the kernel's scale and is off by 2x in GEMM1, like the
     kernel -- which is why the reference engine runs with the plugin on."""
     from vllm_fp4_moe_plugin.simulation.reference_kernel import (
-        reference_cutlass_fused_moe_prequantized)
+        reference_cutlass_fused_moe_prequantized,
+    )
 
     experts, x, w, ids = case
     gs = experts.w13_input_gs.min().reshape(())
@@ -122,7 +130,8 @@ def test_prequantized_sees_a_sender_with_another_scale(case):
 
 def test_prequantized_refuses_per_expert_scales(case):
     from vllm_fp4_moe_plugin.simulation.reference_kernel import (
-        reference_cutlass_fused_moe_prequantized)
+        reference_cutlass_fused_moe_prequantized,
+    )
 
     experts, x, w, ids = case
     kw = to_flashinfer_inputs(experts, a1_gs=experts.w13_input_gs)

@@ -23,7 +23,10 @@ def watching():
     unloaded.remove()
 
 
-def _layer(method=Method()) -> torch.nn.Module:
+_METHOD = Method()
+
+
+def _layer(method=_METHOD) -> torch.nn.Module:
     layer = torch.nn.Module()
     layer.quant_method = method
     layer.register_parameter("w13_input_scale", torch.nn.Parameter(

@@ -8,8 +8,8 @@ could show.
 
 import pytest
 
-from vllm_fp4_moe_plugin.simulation.layouts import LAYOUT_NAMES, Scenario
 from tests.pass_marks import AFFECTED_FACTOR, FP32_FACTOR, PLUGIN_BOUND
+from vllm_fp4_moe_plugin.simulation.layouts import LAYOUT_NAMES, Scenario
 from vllm_fp4_moe_plugin.simulation.matrix import rows_for_layout
 
 pytestmark = [pytest.mark.cpu, pytest.mark.multiproc, pytest.mark.slow]

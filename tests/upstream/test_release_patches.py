@@ -106,10 +106,11 @@ def test_compressed_tensors_without_backend_attribute_means_cutlass():
     """0.11.1/0.11.2's compressed-tensors method has no ``flashinfer_moe_backend`` (it has no
     TRT-LLM path): FlashInfer there is CUTLASS, so the DP fix must still apply. (Found by the
     matrix run on 0.11.1, where it first did not.)"""
-    from vllm.model_executor.layers.quantization.utils.flashinfer_utils import (
-        FlashinferMoeBackend)
+    from vllm.model_executor.layers.quantization.utils.flashinfer_utils import FlashinferMoeBackend
 
-    from vllm_fp4_moe_plugin.patches.modular_method.compressed_tensors_dp import SharedGemm1ScaleForDpMixin
+    from vllm_fp4_moe_plugin.patches.modular_method.compressed_tensors_dp import (
+        SharedGemm1ScaleForDpMixin,
+    )
 
     method = object.__new__(SharedGemm1ScaleForDpMixin)
     method.allow_flashinfer, method.use_marlin = True, False

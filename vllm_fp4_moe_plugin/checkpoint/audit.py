@@ -52,13 +52,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Iterator, Optional
 
-from vllm_fp4_moe_plugin.scale_check import InvalidScaleError, check_scale, uncalibrated
-
 from vllm_fp4_moe_plugin import support
+from vllm_fp4_moe_plugin.scale_check import InvalidScaleError, check_scale, uncalibrated
 from vllm_fp4_moe_plugin.support import Design
 
-from .tensor_index import CheckpointError, checkpoint_dir, open_safetensors, read_json, \
-    tensor_files
+from .tensor_index import CheckpointError, checkpoint_dir, open_safetensors, read_json, tensor_files
 
 LAYOUTS = ("single", "pp", "tp", "tp_ep", "dp_ep_allgather", "dp_ep_all2allv", "dp")
 

@@ -195,7 +195,8 @@ def hf_quant_config(arch: str, cfg: dict) -> dict:
 
 
 def compressed_tensors_quantization_config(arch: str, cfg: dict) -> dict:
-    """llm-compressor's NVFP4 preset as config.json ``quantization_config`` (docs/NVFP4-FORMAT.md §2)."""
+    """llm-compressor's NVFP4 preset as config.json ``quantization_config``
+    (docs/NVFP4-FORMAT.md §2)."""
     q = copy.deepcopy(COMPRESSED_TENSORS_NVFP4)
     q["ignore"] = compressed_tensors_ignore(arch, cfg)
     return q

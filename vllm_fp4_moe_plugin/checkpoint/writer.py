@@ -26,7 +26,12 @@ from vllm_fp4_moe_plugin.nvfp4 import E4M3_MAX, FP4_MAX, quantize_experts, rando
 from . import configs
 from .expert_tensors import FORMATS, INPUT_SCALE_SUFFIX, expert_tensors, stored_input_scale_tensors
 from .writer_limits import (  # noqa: F401  (re-exported: the writer's public limits)
-    MAX_CHECKPOINT_BYTES, MAX_INPUT_SCALE_SPREAD, OWN_FILES, is_own_file, output_dir_problem)
+    MAX_CHECKPOINT_BYTES,
+    MAX_INPUT_SCALE_SPREAD,
+    OWN_FILES,
+    is_own_file,
+    output_dir_problem,
+)
 
 # Which quantize() operation order each format's real exporter uses (nvfp4/quantize.py):
 # compressed-tensors is reproduced bit-exactly; ModelOpt's own order is not implemented there,

@@ -8,7 +8,6 @@ from .constants import BLOCK_SIZE, E2M1_VALUES, E4M3_MAX, FP4_MAX
 from .e2m1 import e2m1_decode, e2m1_round, pack_fp4, unpack_fp4
 from .flashinfer_contract import fp4_quantize
 from .fused_moe_emulator import cutlass_fused_moe
-from .trtllm_emulator import trtllm_fp4_block_scale_moe
 from .kernel_inputs import to_flashinfer_inputs
 from .layout import block_scale_interleave, sf_offset_128x4, swizzle_128x4, unswizzle_128x4
 from .quantize import CONVENTIONS, dequantize, e4m3_rne_sat, global_scale, quantize, quantize_codes
@@ -20,6 +19,7 @@ from .reference import (
     random_experts,
     random_master,
 )
+from .trtllm_emulator import trtllm_fp4_block_scale_moe
 
 __all__ = [
     "BLOCK_SIZE", "CONVENTIONS", "E2M1_VALUES", "E4M3_MAX", "FP4_MAX",

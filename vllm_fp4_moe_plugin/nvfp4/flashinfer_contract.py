@@ -18,7 +18,7 @@ Contract mirrored (``flashinfer/fp4_quantization.py:313-375``, C++ ``thop/fp4Qua
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 
@@ -35,7 +35,7 @@ def fp4_quantize(
     is_sf_swizzled_layout: bool = True,
     is_sf_8x4_layout: bool = False,
     enable_pdl: Optional[bool] = None,
-) -> Tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Emulates ``flashinfer.fp4_quantize`` (NVFP4, 128x4 or linear SF). ``enable_pdl`` is a
     launch detail and is ignored."""
     if sf_vec_size != 16 and sf_vec_size != 32:

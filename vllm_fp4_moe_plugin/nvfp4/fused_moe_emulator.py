@@ -37,7 +37,7 @@ MXFP8 modes are not emulated (they raise).
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Optional
 
 import torch
 
@@ -101,11 +101,11 @@ def _bytes_behind_pointer(input_sf: torch.Tensor, m: int, ks: int) -> torch.Tens
     """The swizzled SF bytes the kernel reads for ``m`` rows, as the kernel reads them.
 
     The binding passes only ``input_sf.data_ptr()`` to the kernel (fi.ops:351, 368 in 0.3.1;
-    fi 0.5.3 flashinfer_cutlass_fused_moe_sm100_binding.cu:386), with no shape check. vLLM 0.12.0 hands
-    it ``a1q_scale[0:M]`` of the 1-D interleaved buffer (modular_kernel.py:1134, _slice_scales,
-    even with one chunk); on the GPU that is harmless because the storage behind the pointer is
-    whole. So when the view is shorter than the 128x4 buffer, read the same bytes from its
-    storage, and fail only where the real kernel would read past the allocation.
+    fi 0.5.3 flashinfer_cutlass_fused_moe_sm100_binding.cu:386), with no shape check. vLLM 0.12.0
+    hands it ``a1q_scale[0:M]`` of the 1-D interleaved buffer (modular_kernel.py:1134,
+    _slice_scales, even with one chunk); on the GPU that is harmless because the storage behind the
+    pointer is whole. So when the view is shorter than the 128x4 buffer, read the same bytes from
+    its storage, and fail only where the real kernel would read past the allocation.
     """
     raw = input_sf.view(torch.uint8) if input_sf.dtype.itemsize == 1 else input_sf
     need = ((m + 127) // 128 * 128) * ((ks + 3) // 4 * 4)
@@ -180,7 +180,7 @@ def cutlass_fused_moe(
     fc1_expert_weights: torch.Tensor,
     fc2_expert_weights: torch.Tensor,
     output_dtype: torch.dtype,
-    quant_scales: List[torch.Tensor],
+    quant_scales: list[torch.Tensor],
     fc1_expert_biases: Optional[torch.Tensor] = None,
     fc2_expert_biases: Optional[torch.Tensor] = None,
     input_sf: Optional[torch.Tensor] = None,
@@ -201,7 +201,7 @@ def cutlass_fused_moe(
     min_latency_mode: bool = False,
     tune_max_num_tokens: int = 8192,
     enable_pdl: Optional[bool] = None,
-) -> List[torch.Tensor]:
+) -> list[torch.Tensor]:
     """Same signature as FlashInfer 0.3.1 (fi.core:709-734). Like the real function it returns
     a one-element LIST ``[output]`` (fi.core:653, despite its ``-> torch.Tensor`` annotation).
     ``tune_max_num_tokens`` / ``enable_pdl`` are perf-only; ``tp_size/tp_rank`` only gate biases

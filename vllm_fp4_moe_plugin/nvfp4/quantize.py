@@ -1,8 +1,8 @@
 """NVFP4 quantize / dequantize with a linear block-scale layout (docs/NVFP4-FORMAT.md §3.2).
 
 Why two conventions: the tools compute the same recipe with different IEEE operation orders, and
-the order decides a code at a rounding boundary (~0.06 % of codes, docs/NVFP4-FORMAT.md §3.6). A test that wants bit
-equality must pick the order of the thing it is compared with:
+the order decides a code at a rounding boundary (~0.06 % of codes, docs/NVFP4-FORMAT.md §3.6). A
+test that wants bit equality must pick the order of the thing it is compared with:
 
 * ``"flashinfer"`` -- the kernel (FlashInfer 0.3.1 ``quantization.cuh:438-448``,
   ``cvt_warp_fp16_to_fp4``)::

@@ -64,12 +64,12 @@ class QuantizedExperts:
         """fp32 ``[E, H, I]``."""
         return dequantize(self.w2, self.w2_sf, self.w2_weight_gs.reshape(-1, 1))
 
-    def experts_slice(self, start: int, stop: int) -> "QuantizedExperts":
+    def experts_slice(self, start: int, stop: int) -> QuantizedExperts:
         """Experts ``[start, stop)`` -- what one EP rank holds."""
         return dataclasses.replace(
             self, **{f.name: getattr(self, f.name)[start:stop] for f in dataclasses.fields(self)})
 
-    def intermediate_slice(self, start: int, stop: int) -> "QuantizedExperts":
+    def intermediate_slice(self, start: int, stop: int) -> QuantizedExperts:
         """Columns ``[start, stop)`` of the intermediate dim -- what one TP rank holds. Bounds
         must be multiples of 16 so whole scale blocks (of w2's K) move with their values."""
         if start % BLOCK_SIZE or stop % BLOCK_SIZE:

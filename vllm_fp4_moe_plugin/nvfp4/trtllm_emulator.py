@@ -74,12 +74,13 @@ and ``Renormalize`` with fp32 logits (the kernel would misread those buffers: se
 from __future__ import annotations
 
 from enum import IntEnum
-from typing import List, Optional
+from typing import Optional
 
 import torch
 
 from .constants import BLOCK_SIZE
 from .e2m1 import unpack_fp4
+
 # The same block arithmetic and TORCH_CHECK-as-RuntimeError as the CUTLASS emulator.
 from .fused_moe_emulator import _block_values, _check
 from .quantize import quantize_codes
@@ -332,7 +333,7 @@ def trtllm_fp4_block_scale_moe(
     gated_act_type: int = 0,
     output: Optional[torch.Tensor] = None,
     tune_max_num_tokens: int = 8192,
-) -> List[torch.Tensor]:
+) -> list[torch.Tensor]:
     """Same signature as FlashInfer 0.3.1 (fi.core:1756-1787); returns ``[output]`` (bf16
     ``[M, hidden]``). ``tile_tokens_dim`` only pads the permuted buffers, ``enable_pdl`` and
     ``tune_max_num_tokens`` are launch/tuning details: none changes the result."""
@@ -389,7 +390,7 @@ def trtllm_fp4_block_scale_moe_0_7(
     hidden_states_scale_layout: Optional[int] = None,
     workspace_buffer: Optional[torch.Tensor] = None,
     nvfp4_4over6=None,
-) -> List[torch.Tensor]:
+) -> list[torch.Tensor]:
     """The same contract for FlashInfer 0.7.x. vLLM 0.34.0 pins 0.7.3, which is neither on the
     package index nor tagged in FlashInfer's repository, so this follows the 0.7.2.post1 wheel
     (``flashinfer/fused_moe/core.py:6330-6602``; under ``flashinfer/data/``: ``fi7.runner`` =
@@ -500,7 +501,7 @@ def trtllm_fp4_block_scale_routed_moe_0_7(
     output: Optional[torch.Tensor] = None,
     tune_max_num_tokens: int = 8192,
     gemm1_lora_delta: Optional[torch.Tensor] = None,
-) -> List[torch.Tensor]:
+) -> list[torch.Tensor]:
     """``trtllm_fp4_block_scale_routed_moe`` (fi 0.6.18 flashinfer/fused_moe/core.py:6254-6475):
     the same kernel as :func:`trtllm_fp4_block_scale_moe_0_7` with the routing precomputed by
     the caller (vLLM 0.34.0's modular ``TrtLlmNvFp4ExpertsModular``, FM/experts/

@@ -13,8 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from vllm_fp4_moe_plugin.patches import (init_prepare_finalize, modular_method, nvfp4_oracle,
-                                         plugin_env)
+from vllm_fp4_moe_plugin.patches import (
+    init_prepare_finalize,
+    modular_method,
+    nvfp4_oracle,
+    plugin_env,
+)
 from vllm_fp4_moe_plugin.patching import ModulePatch, applied_targets
 from vllm_fp4_moe_plugin.support import Design
 
@@ -161,5 +165,5 @@ def render_ledger_markdown() -> str:
 
 
 __all__ = ["EVERY_DESIGN", "LEDGER", "ModulePatch", "PatchInstallError", "Plan", "apply_all",
-           "apply_targets", "applied_targets", "entries_for_design", "list_plugin_env", "plan", "revert_all",
-           "render_ledger_markdown"]
+           "apply_targets", "applied_targets", "entries_for_design", "list_plugin_env", "plan",
+           "revert_all", "render_ledger_markdown"]

@@ -218,7 +218,8 @@ def simulated_blackwell(*, backend: str = "throughput",
         moe_kernel = nvfp4.cutlass_fused_moe
     import flashinfer
     from vllm.distributed.device_communicators.base_device_communicator import (
-        DeviceCommunicatorBase)
+        DeviceCommunicatorBase,
+    )
 
     saved_env = {k: os.environ.get(k) for k in
                  ("VLLM_USE_FLASHINFER_MOE_FP4", "VLLM_FLASHINFER_MOE_BACKEND")}

@@ -176,8 +176,7 @@ def simulates_one_sided() -> bool:
     ``moe_alltoall`` API instead
     (v0.28.0 prepare_finalize/flashinfer_nvlink_one_sided.py:117-124), which is not simulated."""
     try:
-        from vllm.distributed.device_communicators.all2all import (
-            FlashInferNVLinkOneSidedManager)
+        from vllm.distributed.device_communicators.all2all import FlashInferNVLinkOneSidedManager
     except ImportError:
         return False
     return hasattr(FlashInferNVLinkOneSidedManager, "get_communication")
@@ -247,8 +246,7 @@ class QuantFormat(enum.Enum):
 def _one_sided_dispatch_layout(hidden_dim: int, quant_config, input_dtype=None):
     """v0.34.0 FM/all2all_utils.py:56-104 for NVFP4 dispatch, the case simulated; the import
     of FlashInfer's enum (:68) is what cannot run here."""
-    from vllm.model_executor.layers.fused_moe.all2all_utils import (
-        FlashInferOneSidedDispatchLayout)
+    from vllm.model_executor.layers.fused_moe.all2all_utils import FlashInferOneSidedDispatchLayout
 
     if input_dtype is not None or quant_config.quant_dtype != "nvfp4":
         raise NotImplementedError("the one-sided twin covers NVFP4 dispatch only")
@@ -390,7 +388,10 @@ def _gloo_nvlink_managers():
     ``__init__`` skips only the FlashInfer-installed assert and the MNNVL workspace, and
     ``get_communication`` / ``initialize`` hand out a :class:`_GlooAllToAll`."""
     from vllm.distributed.device_communicators.all2all import (
-        All2AllManagerBase, FlashInferNVLinkOneSidedManager, FlashInferNVLinkTwoSidedManager)
+        All2AllManagerBase,
+        FlashInferNVLinkOneSidedManager,
+        FlashInferNVLinkTwoSidedManager,
+    )
 
     class GlooTwoSided(FlashInferNVLinkTwoSidedManager):
         def __init__(self, cpu_group, tcp_store_group=None):
@@ -435,7 +436,8 @@ def _gloo_nvlink_managers():
 
 def _communicator_class():
     from vllm.distributed.device_communicators.base_device_communicator import (
-        DeviceCommunicatorBase)
+        DeviceCommunicatorBase,
+    )
 
     class CpuDeviceCommunicator(DeviceCommunicatorBase):
         """The MoE half of ``CudaCommunicator`` (v0.34.0 distributed/device_communicators/
@@ -641,7 +643,8 @@ def simulated_blackwell(*, backend: str = "throughput",
         p.set(fx, "flashinfer_cutlass_fused_moe", _fi_cutlass_fused_moe)
         if kernel == "reference":
             from vllm_fp4_moe_plugin.simulation.reference_kernel import (
-                reference_cutlass_fused_moe_prequantized)
+                reference_cutlass_fused_moe_prequantized,
+            )
 
             p.set(sys.modules[__name__], "_KERNEL",
                   {"cutlass": reference_cutlass_fused_moe_prequantized})

@@ -204,7 +204,8 @@ def rows_for_layout(layout_name: str, scenario: Scenario,
         scheme = reference_scheme(design, fmt, layout)
         rows.append(judge(fmt, layout_name, backend, ranks, refs_for(scheme), scheme=scheme,
                           release=(version, design),
-                          check=lambda r: (r.info[f"{fmt}/plugin"].get("check") or (None,))[0]))
+                          check=lambda r, fmt=fmt: (r.info[f"{fmt}/plugin"].get("check")
+                                                    or (None,))[0]))
     return rows
 
 

@@ -35,7 +35,8 @@ def make_quant_config(fmt: str):
                                    kv_cache_quant_algo=None, exclude_modules=[], group_size=16)
     if fmt == "compressed-tensors":
         from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import (
-            CompressedTensorsConfig)
+            CompressedTensorsConfig,
+        )
 
         return CompressedTensorsConfig.from_config(COMPRESSED_TENSORS_NVFP4)
     raise ValueError(f"unknown checkpoint format {fmt!r}")

@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from vllm_fp4_moe_plugin.checkpoint.expert_tensors import (GEMM1_PROJECTIONS, input_scale_name)
+from vllm_fp4_moe_plugin.checkpoint.expert_tensors import GEMM1_PROJECTIONS, input_scale_name
 from vllm_fp4_moe_plugin.nvfp4 import QuantizedExperts
 
 GEMMS = ("w13", "w2")

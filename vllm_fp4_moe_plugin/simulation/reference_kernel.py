@@ -23,8 +23,12 @@ from typing import Optional
 
 import torch
 
-from vllm_fp4_moe_plugin.nvfp4 import (QuantizedExperts, dequantize, moe_reference_nvfp4,
-                                       unswizzle_128x4)
+from vllm_fp4_moe_plugin.nvfp4 import (
+    QuantizedExperts,
+    dequantize,
+    moe_reference_nvfp4,
+    unswizzle_128x4,
+)
 
 
 def _per_expert(t: torch.Tensor, n: int) -> torch.Tensor:

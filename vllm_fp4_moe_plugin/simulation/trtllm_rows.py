@@ -13,8 +13,12 @@ import torch
 from vllm_fp4_moe_plugin import nvfp4
 from vllm_fp4_moe_plugin.nvfp4.trtllm_emulator import route
 from vllm_fp4_moe_plugin.simulation.judge import installed_release, judge
-from vllm_fp4_moe_plugin.simulation.trtllm_seam import (NUM_EXPERT_GROUP, TOPK_GROUP,
-                                                        layer_kwargs, routing_bias)
+from vllm_fp4_moe_plugin.simulation.trtllm_seam import (
+    NUM_EXPERT_GROUP,
+    TOPK_GROUP,
+    layer_kwargs,
+    routing_bias,
+)
 from vllm_fp4_moe_plugin.support import Design
 
 BACKEND = "flashinfer_trtllm"
@@ -60,7 +64,8 @@ def references(scenario, dp_rank: int, ep_size: int):
 
 def run_layout(layout_name: str, scenario) -> list:
     """Every rank's :func:`trtllm_outputs` in ``layout_name`` (real spawned gloo groups)."""
-    from vllm_fp4_moe_plugin.simulation.layouts import LAYOUTS as ALL, spawn
+    from vllm_fp4_moe_plugin.simulation.layouts import LAYOUTS as ALL
+    from vllm_fp4_moe_plugin.simulation.layouts import spawn
 
     return spawn(ALL[layout_name], f"{__name__}:trtllm_outputs", scenario)
 

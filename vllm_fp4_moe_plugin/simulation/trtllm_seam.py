@@ -27,15 +27,14 @@ vLLM's own code runs unchanged otherwise: ``prepare_static_weight_layouts_for_tr
 (FlashInfer's ``shuffle_matrix_a`` / ``shuffle_matrix_sf_a`` included), ``apply``'s
 ``fp4_quantize`` (already the emulator, see ``blackwell.py``) and its call of the kernel.
 
-Rows (:mod:`.trtllm_rows`): in vLLM 0.11.0 only ModelOpt takes this backend (compressed-tensors has no TRT-LLM branch,
-``compressed_tensors_moe.py``), and ``apply`` always asks for DeepSeekV3 routing unless the
-model is Llama 4 (``modelopt.py:1452-1456``): the kernel then reads ``e_score_correction_bias``
-(null for a model without one, which the emulator refuses), so the rows use a DeepSeek-V3-style
-layer -- sigmoid scores, correction bias, grouped top-k.
+Rows (:mod:`.trtllm_rows`): in vLLM 0.11.0 only ModelOpt takes this backend (compressed-tensors has
+no TRT-LLM branch, ``compressed_tensors_moe.py``), and ``apply`` always asks for DeepSeekV3 routing
+unless the model is Llama 4 (``modelopt.py:1452-1456``): the kernel then reads
+``e_score_correction_bias`` (null for a model without one, which the emulator refuses), so the rows
+use a DeepSeek-V3-style layer -- sigmoid scores, correction bias, grouped top-k.
 """
 
 from __future__ import annotations
-
 
 import torch
 
@@ -78,7 +77,8 @@ def install(patcher) -> None:
     import flashinfer.fp4_quantization as fp4q
     import flashinfer.fused_moe as fused_moe
     from vllm.distributed.device_communicators.base_device_communicator import (
-        DeviceCommunicatorBase)
+        DeviceCommunicatorBase,
+    )
 
     patcher.set(fused_moe, "trtllm_fp4_block_scale_moe", nvfp4.trtllm_fp4_block_scale_moe)
     patcher.set(fp4q, "block_scale_interleave", nvfp4.block_scale_interleave)

@@ -5,11 +5,11 @@ Real vLLM layers of the installed release, in real gloo ranks, as the matrix run
 (:mod:`.layouts`); one expert planted per row (:mod:`.planted_scales`): GEMM1 (gate/up) or GEMM2
 (down_proj) input scale in one value class the field reports (0.0, llmcompressor's 1.57e-29, NaN,
 +inf, a denormal, a negative value, or the tensor missing from the checkpoint), or a
-legitimately rare expert with 20x the layer's largest amax (which must stay untouched). The fixture's other experts share one
-amax (``input_scale_spread=1``, as all-experts calibration writes GEMM1's), so whatever stock
-gets wrong here is the planted expert's doing. Each row is judged by the matrix's one rule
-(:func:`.judge.judge`) against the ideal NVFP4 reference of the layer a correct loader computes
-with: the uncalibrated expert at the calibrated experts' max amax.
+legitimately rare expert with 20x the layer's largest amax (which must stay untouched). The
+fixture's other experts share one amax (``input_scale_spread=1``, as all-experts calibration writes
+GEMM1's), so whatever stock gets wrong here is the planted expert's doing. Each row is judged by the
+matrix's one rule (:func:`.judge.judge`) against the ideal NVFP4 reference of the layer a correct
+loader computes with: the uncalibrated expert at the calibrated experts' max amax.
 """
 
 from __future__ import annotations
@@ -22,8 +22,13 @@ from typing import Iterable, Optional
 import torch
 
 from vllm_fp4_moe_plugin.simulation.judge import installed_release, judge
-from vllm_fp4_moe_plugin.simulation.layouts import (LAYOUTS, RankContext, Scenario, spawn,
-                                                    stock_and_plugin_outputs)
+from vllm_fp4_moe_plugin.simulation.layouts import (
+    LAYOUTS,
+    RankContext,
+    Scenario,
+    spawn,
+    stock_and_plugin_outputs,
+)
 from vllm_fp4_moe_plugin.simulation.matrix import BACKEND, reference_scheme, references
 from vllm_fp4_moe_plugin.simulation.planted_scales import CASES, GEMMS, LARGE_FACTOR  # noqa: F401
 
@@ -125,7 +130,7 @@ def _rows(scenarios, labels, layouts, formats, progress) -> list[dict]:
             for fmt in formats:
                 scheme = reference_scheme(design, fmt, layout)
 
-                def refs(r, scenario=scenario, scheme=scheme):
+                def refs(r, scenario=scenario, scheme=scheme, layout=layout):
                     return references(scenario, r.dp_rank, scheme, ep_size=layout.ep_size)
 
                 row = judge(fmt, name, BACKEND, ranks, refs, scheme=scheme,

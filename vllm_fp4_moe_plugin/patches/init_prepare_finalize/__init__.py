@@ -33,13 +33,15 @@ def _build_modelopt(original):
 
 def _build_compressed_tensors(original):
     from vllm_fp4_moe_plugin.patches.init_prepare_finalize.methods import (
-        build_compressed_tensors_method)
+        build_compressed_tensors_method,
+    )
     return build_compressed_tensors_method(original)
 
 
 def _build_direct_call(original):
     from vllm_fp4_moe_plugin.patches.init_prepare_finalize.flashinfer_cutlass import (
-        flashinfer_cutlass_moe_fp4)
+        flashinfer_cutlass_moe_fp4,
+    )
     return flashinfer_cutlass_moe_fp4
 
 

@@ -14,13 +14,14 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-
 import vllm.envs as vllm_envs
 import vllm.model_executor.layers.fused_moe.modular_kernel as mk
 from vllm.model_executor.layers.fused_moe.config import FusedMoEConfig, FusedMoEQuantConfig
 from vllm.model_executor.layers.fused_moe.flashinfer_cutlass_moe import FlashInferExperts
 from vllm.model_executor.layers.fused_moe.flashinfer_cutlass_prepare_finalize import (
-    FlashInferAllGatherMoEPrepareAndFinalize, FlashInferAllToAllMoEPrepareAndFinalize)
+    FlashInferAllGatherMoEPrepareAndFinalize,
+    FlashInferAllToAllMoEPrepareAndFinalize,
+)
 
 from vllm_fp4_moe_plugin.patches.bf16_passthrough import Bf16PassthroughPrepareMixin
 

@@ -76,7 +76,8 @@ class ConsistentNvFp4MoEMixin:
     # -- which path is in use -------------------------------------------------------------
     def _fp4_uses_trtllm(self) -> bool:
         from vllm.model_executor.layers.quantization.utils.flashinfer_utils import (
-            FlashinferMoeBackend)
+            FlashinferMoeBackend,
+        )
         return (self.allow_flashinfer
                 and getattr(self, "flashinfer_moe_backend", None)
                 == FlashinferMoeBackend.TENSORRT_LLM)

@@ -23,19 +23,22 @@ NOTHING_NEEDED_IS_FIXED = True
 
 def _build_compressed_tensors_dp(original):
     from vllm_fp4_moe_plugin.patches.modular_method.compressed_tensors_dp import (
-        build_compressed_tensors_dp_method)
+        build_compressed_tensors_dp_method,
+    )
     return build_compressed_tensors_dp_method(original)
 
 
 def _build_all2allv(original):
     from vllm_fp4_moe_plugin.patches.modular_method.all2allv_passthrough import (
-        build_all2allv_prepare)
+        build_all2allv_prepare,
+    )
     return build_all2allv_prepare(original)
 
 
 def _build_modelopt(original):
     from vllm_fp4_moe_plugin.patches.modular_method.modelopt_uncalibrated import (
-        build_modelopt_method)
+        build_modelopt_method,
+    )
     return build_modelopt_method(original)
 
 
@@ -48,7 +51,7 @@ def _modelopt_needed(findings) -> bool:
 def _the_patched_modelopt_method(_original):
     import importlib
 
-    return getattr(importlib.import_module(vm.MODELOPT), "ModelOptNvFp4FusedMoE")
+    return importlib.import_module(vm.MODELOPT).ModelOptNvFp4FusedMoE
 
 
 def _modelopt_method_cls_needed(findings) -> bool:

@@ -36,7 +36,8 @@ class SharedGemm1ScaleForDpMixin:
 
     def _fp4_uses_cutlass(self) -> bool:
         from vllm.model_executor.layers.quantization.utils.flashinfer_utils import (
-            FlashinferMoeBackend)
+            FlashinferMoeBackend,
+        )
         # 0.11.1/0.11.2 have no TRT-LLM path for compressed-tensors, hence no
         # flashinfer_moe_backend attribute: FlashInfer there always means CUTLASS (v0111 CT:191).
         backend = getattr(self, "flashinfer_moe_backend", FlashinferMoeBackend.CUTLASS)

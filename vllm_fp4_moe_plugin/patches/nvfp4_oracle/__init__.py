@@ -21,8 +21,7 @@ NOTHING_NEEDED_IS_FIXED = False
 
 
 def _build_agreed_prepare(original):
-    from vllm_fp4_moe_plugin.patches.nvfp4_oracle.ep_agreed_gemm1_scale import (
-        build_agreed_prepare)
+    from vllm_fp4_moe_plugin.patches.nvfp4_oracle.ep_agreed_gemm1_scale import build_agreed_prepare
     return build_agreed_prepare(original)
 
 

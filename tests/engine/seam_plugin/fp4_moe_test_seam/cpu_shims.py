@@ -259,7 +259,8 @@ def install() -> list[str]:
     if os.environ.get("FP4_MOE_TEST_CPU_MOE_ISA") == "vec":
         try:
             from vllm.model_executor.layers.fused_moe.experts.cpu_moe import (
-                X86CPUUnquantizedExperts)
+                X86CPUUnquantizedExperts,
+            )
         except ImportError:
             X86CPUUnquantizedExperts = None
         if X86CPUUnquantizedExperts is not None:

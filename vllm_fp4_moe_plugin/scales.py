@@ -27,7 +27,7 @@ from datetime import timedelta
 import torch
 
 from vllm_fp4_moe_plugin.log import get_logger
-from vllm_fp4_moe_plugin.scale_check import InvalidScaleError, check_scale, uncalibrated  # noqa: F401
+from vllm_fp4_moe_plugin.scale_check import InvalidScaleError, check_scale, uncalibrated
 
 logger = get_logger("scales")
 

@@ -25,7 +25,11 @@ import dataclasses  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from vllm_fp4_moe_plugin.nvfp4 import fp4_quantize, moe_reference_nvfp4, trtllm_fp4_block_scale_moe  # noqa: E402
+from vllm_fp4_moe_plugin.nvfp4 import (  # noqa: E402
+    fp4_quantize,
+    moe_reference_nvfp4,
+    trtllm_fp4_block_scale_moe,
+)
 from vllm_fp4_moe_plugin.nvfp4 import layout as nvfp4_layout  # noqa: E402
 from vllm_fp4_moe_plugin.nvfp4.trtllm_emulator import (  # noqa: E402
     route,

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Lint: ruff (`ruff check`, rules in pyproject.toml [tool.ruff.lint]) and codespell
 # ([tool.codespell]) over the repository. Both come pinned from constraints.txt through the
-# `test` extra (scripts/bootstrap.sh); PYTHON picks another environment that has them.
+# `test` extra (scripts/bootstrap.sh); LINT_PYTHON picks another interpreter that has them.
 # Exit status: 0 when both are clean; otherwise non-zero (both still run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON=${PYTHON:-.venv/bin/python}
+PYTHON=${LINT_PYTHON:-.venv/bin/python}
 status=0
 "$PYTHON" -m ruff check . || status=$?
 # codespell's importable package is codespell_lib (there is no `codespell` module to -m).

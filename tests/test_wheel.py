@@ -191,9 +191,9 @@ def test_installed_plugin_registers_through_vllm(installed):
 
 
 def test_readme_install_lines_are_this_route(installed):
-    """README's "Install and enable" names the commands this test runs and the file it built."""
+    """README's "Install, enable, check" names the commands this test runs and the file it built."""
     readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Install and enable"):]
+    section = readme[readme.index("## Install, enable, check"):]
     section = section[:section.index("\n## ", 1)]
     assert "rm -rf build dist && python -m pip wheel --no-deps -w dist ." in section
     assert f"python -m pip install --no-deps dist/{installed['wheel'].name}" in section

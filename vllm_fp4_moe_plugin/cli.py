@@ -2,7 +2,7 @@
 
 Subcommands return data from their own modules; printing and --json live here at the edge.
 
-Exit codes, for every subcommand (enforced in main(), documented in the README):
+Exit codes, for every subcommand (enforced in main(), documented in docs/OPERATING.md):
 
   0   fine
   1   a finding: audit found an affected layer, doctor says at risk, matrix/demo saw a row

@@ -1,6 +1,6 @@
 """Exact-match accuracy of a HF model directory on the addition test set, on the CPU.
 
-Why: the reference numbers of issue 18 (bf16, and the fake-quantized NVFP4 checkpoints where
+Why: the accuracy table's reference numbers (bf16, and the fake-quantized NVFP4 checkpoints where
 the installed compressed-tensors can decompress them) come from plain transformers, greedy, so
 an engine's number can be held against them. It also prints what transformers made of the
 config (experts, top-k, rope theta) and any weight it did not load, so a config that one

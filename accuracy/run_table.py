@@ -1,4 +1,4 @@
-"""Task accuracy of the NVFP4 checkpoints through vLLM's OpenAI server and lm-eval (issue 18).
+"""Task accuracy of the NVFP4 checkpoints through vLLM's OpenAI server and lm-eval.
 
 One command makes the whole table; rows are engine release x checkpoint (format) x layout,
 columns are

@@ -5,7 +5,7 @@ slice-max ratio of exactly 1 (models/SCALES.md: all-experts calibration gives ev
 same gate/up scale; routed calibration put the layer's largest amax on both ranks), so the
 newest releases' DP+EP hole (each rank collapses GEMM1's activation scale to the max over its
 own experts, the sender quantizes with its scale, the receiver dequantizes with its own) cannot
-show on them. Issue 18 asks for the natural checkpoint as the headline and allows a second,
+show on them. The natural checkpoint is the table's headline; a second,
 labelled one that shows the mechanism. This is it:
 
 * source: ``models/qwen3moe-add-nvfp4-ct-all`` (llmcompressor's default calibration; every

@@ -1,5 +1,5 @@
 """Train the tiny MoE models (Qwen3-MoE; DeepSeek-V3) that the NVFP4 accuracy checks quantize
-(issue 18).
+
 
 Why a model of our own: a real, trained MoE whose experts all matter, small enough to commit
 (~13 MB in bf16) and to run on a CPU, with an exact-match task (accuracy/task.py) on which a

@@ -11,7 +11,7 @@ on the same tokens (``benchmarks.jobs.schemes``):
 The fp32 reference (``nvfp4.moe_reference_fp32``: dequantized weights, unquantized
 activations) is computed here from the same seeds; error = ``||out - ref|| / ||ref||``, worst
 rank. The fixture is the project's (``Scenario``) with per-expert input-scale spread 1.5x and
-4x; that range is the issue's, not measured from a real checkpoint (see RESULTS.md).
+4x; that range is assumed, not measured from a real checkpoint (see RESULTS.md).
 """
 
 from __future__ import annotations

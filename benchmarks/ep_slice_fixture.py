@@ -4,7 +4,7 @@ exact ratio.
 Why its own fixture: on the NVFP4-oracle design the stock compressed-tensors error under DP+EP
 is set by how far the EP ranks' *local* maxima of the GEMM1 input amax are apart (each rank
 collapses to its own, ``support.rank_local_maxima``), not by the spread over all experts. The
-issue asks for that ratio to be exactly 1.25x, 2x and 4x. Weights and tokens are the project's
+rows want that ratio to be exactly 1.25x, 2x and 4x. Weights and tokens are the project's
 ``Scenario`` (same seeds); only the input amax are planted:
 
 * GEMM1: EP slice 0 (experts ``0..E/2-1`` under vLLM's linear placement, EP=2) log-uniform in

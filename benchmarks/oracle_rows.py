@@ -1,4 +1,4 @@
-"""The NVFP4-oracle world's rows (issue #20; CI: vLLM 0.34.0), from :mod:`.oracle_runs` results.
+"""The NVFP4-oracle world's rows (CI: vLLM 0.34.0), from :mod:`.oracle_runs` results.
 
 Item numbers keep the 0.11.0 table's meanings where they carry over: 1 start-up, 2 apply() host
 time, 3 work per forward, 4 accuracy, 6 load-time cost; 8 is the engine-level row. Items 5
@@ -20,7 +20,7 @@ from benchmarks.layout_runs import R1_MOE_LAYERS
 from benchmarks.rows import Row
 from vllm_fp4_moe_plugin.simulation.judge import rel_err
 
-AGREE_TARGET_MS = 100.0  # issue #20: the 58-layer agreement at 8 ranks
+AGREE_TARGET_MS = 100.0  # the 58-layer agreement at 8 ranks
 
 
 def stock_name() -> str:

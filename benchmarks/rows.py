@@ -1,6 +1,6 @@
 """One benchmark row = one side-by-side ratio, and the one table they are printed in.
 
-Why a shared shape: issue #7 asks for ratios measured in the same run, each with its target,
+Why a shared shape: every row is a ratio measured in the same run, each with its target,
 so a reader (and the smoke test) can tell at a glance what was met and what was MISSED.
 """
 
@@ -20,7 +20,7 @@ class Row:
     baseline: Optional[float]
     baseline_name: str
     target: str
-    ok: Optional[bool]  # None: informational, no target in the issue
+    ok: Optional[bool]  # None: informational, no target
     extra: dict = field(default_factory=dict)
 
     @property

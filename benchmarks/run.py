@@ -1,8 +1,8 @@
 """``python -m benchmarks.run [--smoke] [--json PATH] [--worlds all|here]``: the benchmarks,
-one table per release world (issue #7: vLLM 0.11.0; issue #20: the NVFP4-oracle design, 0.34.0).
+one table per release world (vLLM 0.11.0; the NVFP4-oracle design, 0.34.0).
 
 Every row is a ratio measured side by side in one run of one world (plugin vs a named
-baseline) with the issue's target. A missed target prints MISSED but does not fail the exit
+baseline) with its target. A missed target prints MISSED but does not fail the exit
 code; only a crash does. ``--smoke`` uses tiny sizes and a subset of layouts so the test suites
 can run it. The world is the installed vLLM (:mod:`benchmarks.worlds`); ``--worlds all`` (the
 default) also runs every other world whose virtualenv exists, with that virtualenv's python,
@@ -27,7 +27,7 @@ from benchmarks.rows import Row, format_table
 
 HERE = Path(__file__).resolve().parent
 GPU_JSON = HERE / "emulator_h200.json"
-ITEMS = (1, 2, 3, 4, 5, 6, 7, 8)  # 1-7: vLLM 0.11.0 (issue #7); 8: engine (oracle world)
+ITEMS = (1, 2, 3, 4, 5, 6, 7, 8)  # 1-7: vLLM 0.11.0; 8: engine (oracle world)
 SMOKE_LAYOUTS = ("single", "tp", "dp_ep_allgather")
 
 
@@ -104,7 +104,7 @@ def collect(smoke: bool, items, gpu_json: Path, raw: dict) -> list[Row]:
 
 
 def collect_oracle(smoke: bool, items, raw: dict, engine_checkout: Path) -> list[Row]:
-    """The NVFP4-oracle world's rows (issue #20): items 1, 2, 3, 4, 6, 8."""
+    """The NVFP4-oracle world's rows: items 1, 2, 3, 4, 6, 8."""
     from benchmarks import engine_level, oracle_rows, oracle_runs
 
     rows: list[Row] = []

@@ -1,8 +1,8 @@
 """The release worlds the benchmarks run in, and which one this interpreter is.
 
 A world is one installed vLLM with its own virtualenv in the checkout (``scripts/bootstrap*.sh``):
-vLLM 0.11.0 in ``.venv`` (the init_prepare_finalize design, issue #7's items 1-7) and vLLM 0.34.0
-in ``.venv-vllm-0.34.0`` (the nvfp4_oracle design, issue #20's rows). Which rows a world gets
+vLLM 0.11.0 in ``.venv`` (the init_prepare_finalize design, items 1-7) and vLLM 0.34.0
+in ``.venv-vllm-0.34.0`` (the nvfp4_oracle design's rows). Which rows a world gets
 follows from the design the installed vLLM probes as, never from a version string; the version
 only names the world in the table and the JSON.
 """

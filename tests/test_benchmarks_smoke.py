@@ -1,4 +1,4 @@
-"""`python -m benchmarks.run --smoke --worlds here` (issue #7) runs in the vLLM 0.11.0 world
+"""`python -m benchmarks.run --smoke --worlds here` runs in the vLLM 0.11.0 world
 and its structural targets hold. (The 0.34.0 world's smoke test is tests/newest's.)
 
 Timing targets are not asserted tightly (CI machines are noisy); only loose sanity bounds.

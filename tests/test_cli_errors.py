@@ -1,4 +1,4 @@
-"""The exit-code contract (issue #14): 0 fine, 1 a finding, 2 bad input (one line on stderr
+"""The exit-code contract: 0 fine, 1 a finding, 2 bad input (one line on stderr
 naming the input), 70 internal error (traceback only with --debug / VLLM_FP4_MOE_DEBUG=1).
 
 One parametrized test per class of bad input. Most call ``cli.main`` in-process (the same code

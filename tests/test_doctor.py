@@ -150,7 +150,7 @@ def test_every_at_risk_layer_is_explained_in_text(blackwell_env, checkpoints):
 
 def test_transformers5_config_is_at_risk_under_transformers4(blackwell_env, tmp_path):
     """vLLM 0.11.0's transformers 4 reads num_experts; a config written by transformers 5 has
-    num_local_experts only (issue 19): doctor names the key to add and says at risk."""
+    num_local_experts only: doctor names the key to add and says at risk."""
     write_checkpoint(tmp_path, fmt="modelopt", arch="qwen3_moe", input_scale_spread=1.0)
     cfg = json.loads((tmp_path / "config.json").read_text())
     cfg["num_local_experts"] = cfg.pop("num_experts")

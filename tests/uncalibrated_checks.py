@@ -1,4 +1,4 @@
-"""What every release world's suite asserts about uncalibrated experts (issue 19), one copy.
+"""What every release world's suite asserts about uncalibrated experts, one copy.
 
 Each world runs ``simulation.uncalibrated.run_uncalibrated`` on its own vLLM (real layers, real
 gloo ranks) and hands the rows here. The plugin must load the uncalibrated expert at the

@@ -321,7 +321,7 @@ def test_unknown_design_is_refused_before_reading(tmp_path):
         audit_checkpoint(tmp_path / "nowhere", design="0.99")
 
 
-# --- the plugin's own scale rule, and files that cannot be read (issue #14) ----------------
+# --- the plugin's own scale rule, and files that cannot be read -------------------------
 
 def _rewrite(root, name, array):
     """Replace one tensor of a single-shard scales-only checkpoint."""
@@ -398,7 +398,7 @@ def test_layouts_flashinfer_cannot_compute_are_affected(tmp_path, ep_size, place
     assert linear["affected_layers"] == 0 and linear["layers"][0]["layout_problem"] is None
 
 
-# --- uncalibrated experts and the calibration signature (issue 19) ----------------------------
+# --- uncalibrated experts and the calibration signature -----------------------------------
 # What llmcompressor 0.14 writes for an expert no calibration token reached (routed calibration):
 # gate/up input_global_scale 1.57e-29, down_proj 0.0.
 DESIGNS = ("init_prepare_finalize", "modular_method", "nvfp4_oracle")

@@ -118,7 +118,7 @@ def test_transformers5_config_keys_are_named_with_the_key_to_add(tmp_path):
     cfg = json.loads((tmp_path / "config.json").read_text())
     del cfg["n_routed_experts"]
     cfg.update(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
-               num_local_experts=NUM_EXPERTS,  # as transformers 5.17 wrote it (issue 19)
+               num_local_experts=NUM_EXPERTS,  # as transformers 5.17 wrote it
                rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     (tmp_path / "tokenizer_config.json").write_text(

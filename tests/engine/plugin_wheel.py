@@ -1,6 +1,6 @@
 """The plugin in the engine worlds as a user installs it: from its built wheel.
 
-Why: issue 18 serves the model "with the plugin installed from its built wheel", so what the
+Why: the accuracy table serves the model with the plugin installed from its built wheel, so what the
 engines load is what ``pip install`` gives a user (entry point, package data, no checkout on
 ``sys.path``), not an editable checkout. The wheel is rebuilt and reinstalled only when the
 package source changed (``SOURCES``' hash, kept in ``<venv>/.plugin-wheel``), so

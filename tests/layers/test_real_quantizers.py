@@ -1,5 +1,5 @@
 """llmcompressor's dead experts (uninitialised input scales) on real vLLM 0.11.0 layers: the
-plugin at the ideal NVFP4 answer with one WARNING naming them, stock far off (issue 19)."""
+plugin at the ideal NVFP4 answer with one WARNING naming them, stock far off."""
 
 import pytest
 

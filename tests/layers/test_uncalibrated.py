@@ -1,4 +1,4 @@
-"""Uncalibrated experts on real layers of vLLM 0.11.0 (init_prepare_finalize design) (issue 19).
+"""Uncalibrated experts on real layers of vLLM 0.11.0 (init_prepare_finalize design).
 
 DP=2+EP, where the plugin's EP agreement must not carry the value to every rank, runs on the
 newest design; the published docs/uncalibrated-vllm-*.json hold it for every release.

@@ -1,5 +1,5 @@
 """vLLM 0.34.0's TRT-LLM NVFP4 weight layout, built with FlashInfer 0.7's OWN shuffle helpers,
-undone bit for bit by the emulator's unshuffle (issue #13).
+undone bit for bit by the emulator's unshuffle.
 
 vLLM prepares the TRT-LLM weights in ``prepare_static_weights_for_trtllm_fp4_moe``
 (Q/utils/flashinfer_fp4_moe.py:327-441, Q = vllm/model_executor/layers/quantization): per

@@ -1,4 +1,4 @@
-"""Uncalibrated experts on real layers of vLLM 0.34.0, the nvfp4_oracle design (issue 19).
+"""Uncalibrated experts on real layers of vLLM 0.34.0, the nvfp4_oracle design.
 
 DP=2+EP, where the plugin's EP agreement must not carry the value to every rank, runs on the
 newest design; the published docs/uncalibrated-vllm-*.json hold it for every release.

@@ -1,4 +1,4 @@
-"""Patching is all or nothing (issue #14): a failure in any ledger patch leaves every vLLM
+"""Patching is all or nothing: a failure in any ledger patch leaves every vLLM
 symbol the probe asked for at its original, and the process refuses to serve with one error
 naming the target."""
 

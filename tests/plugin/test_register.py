@@ -60,7 +60,7 @@ def test_enabled_rebinds_same_names_and_logs_one_line(fresh_plugin, monkeypatch,
 
 @pytest.mark.parametrize("switch", ["1", "0", None])
 def test_bad_check_mode_fails_at_register(fresh_plugin, monkeypatch, switch):
-    """Validated whenever it is set, also while the plugin is off (issue 19)."""
+    """Validated whenever it is set, also while the plugin is off."""
     if switch is None:
         monkeypatch.delenv("VLLM_FP4_MOE_PLUGIN", raising=False)
     else:

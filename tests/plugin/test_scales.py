@@ -43,7 +43,7 @@ def test_per_expert_keeps_vectors():
 
 
 # --- uncalibrated activation scales ----------------------------------------------------------
-# What llmcompressor 0.14 wrote for an expert no calibration token reached (issue 19): gate/up
+# What llmcompressor 0.14 wrote for an expert no calibration token reached: gate/up
 # input_global_scale 1.57e-29, down_proj 0.0. A calibrated compressed-tensors scale is ~2688/amax.
 LLMCOMPRESSOR_GATE_UP = 1.57e-29
 LLMCOMPRESSOR_DOWN = 0.0

@@ -1,6 +1,7 @@
 """The 0.34.0 world's accuracy fixture (benchmarks/ep_slice_fixture.py) plants what the EP-slice
-benchmark rows need: EP=2 slices whose GEMM1 local maxima differ by exactly 1.25x, 2x and 4x, and GEMM2
-maxima that do not differ (so the only scheme difference left is GEMM1's scale). vLLM-free."""
+benchmark rows need: EP=2 slices whose GEMM1 local maxima differ by exactly 1.25x, 2x and 4x,
+and GEMM2 maxima that do not differ (so the only scheme difference left is GEMM1's scale).
+vLLM-free."""
 
 import pytest
 import torch

@@ -322,9 +322,14 @@ def hole_text(data: dict, world: str, layout: str, ckpt_dir: str) -> str:
     return f"yes ({n} of {a['layers']} layers)" if n else "no"
 
 
-def edited(ckpt_dir: str) -> bool:
-    """A labelled edit (accuracy/skew.py writes skew-log.json), not a quantizer's output."""
-    return (MODELS / ckpt_dir / "skew-log.json").is_file()
+def edited(ckpt_dir: str) -> str | None:
+    """The script that made a labelled edit (it writes its log next to the weights), or None for
+    a quantizer's output."""
+    for script, log in (("accuracy/skew.py", "skew-log.json"),
+                        ("accuracy/dead_scale.py", "dead-log.json")):
+        if (MODELS / ckpt_dir / log).is_file():
+            return script
+    return None
 
 
 def hold_writer_lock(json_out: Path):
@@ -471,7 +476,7 @@ def write_markdown(data: dict) -> None:
         sc = data.get("checkpoints", {}).get(r["checkpoint"], {}).get("scales", {})
         ratio = ", ".join(f"{v['ep2_ratio_rank1_over_rank0']:.3g}" for _, v in sorted(sc.items())
                           if v.get("ep2_ratio_rank1_over_rank0") is not None) or "?"
-        label = " EDITED by accuracy/skew.py" if r["edited"] else ""
+        label = f" EDITED by {r['edited']}" if r["edited"] else ""
         lines.append(f"| {r['world']} | {r['checkpoint']} ({r['format']}{label}) | {r['layout']} "
                      f"(`{layout_flags(r['tp'], r['dp'], r['ep'])}`) | {ratio} | "
                      f"{hole_text(data, r['world'], r['layout'], dir_of(r['checkpoint']))} | "
@@ -501,41 +506,7 @@ def plot_python() -> str | None:
     return None
 
 
-PLOT_SCRIPT = r"""
-import json, sys
-import matplotlib
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-rows = json.load(open(sys.argv[1]))
-cols = ["bf16", "ideal", "stock", "plugin"]
-colors = {"bf16": "#888888", "ideal": "#2b8cbe", "stock": "#e34a33", "plugin": "#31a354"}
-# one horizontal group of bars per row (rows top to bottom as in the table): readable at any
-# number of rows
-fig, ax = plt.subplots(figsize=(9, 1.6 + 0.42 * len(rows)))
-h = 0.2
-for j, c in enumerate(cols):
-    ys, xs, lo, hi = [], [], [], []
-    for i, r in enumerate(rows):
-        cell = r["cells"].get(c)
-        if not cell:
-            continue
-        ys.append(i + (j - 1.5) * h); xs.append(cell["accuracy"])
-        # max(0, ...): at 500/500 the float upper bound lands a hair below 1.0
-        lo.append(max(0.0, cell["accuracy"] - cell["wilson95"][0]))
-        hi.append(max(0.0, cell["wilson95"][1] - cell["accuracy"]))
-    ax.barh(ys, xs, h, xerr=[lo, hi], capsize=1.5, label=c, color=colors[c])
-ax.set_yticks(range(len(rows)))
-ax.set_yticklabels([f"{r['world']} {r['layout']}  {r['checkpoint']}"
-                    f"{' (EDITED)' if r.get('edited') else ''}"
-                    for r in rows], fontsize=7.5)
-ax.invert_yaxis()
-ax.set_xlim(0, 1.0); ax.set_xlabel("exact match (95 % Wilson)")
-ax.set_title("3-digit addition exact match through vLLM's OpenAI server + lm-eval\n"
-             "NVFP4 MoE: Qwen3-MoE 6.7M; dsv3 = DeepSeek-V3 8.8M", fontsize=9)
-ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.5 / len(rows) - 0.04), fontsize=8,
-          ncol=4, frameon=False)
-fig.tight_layout(); fig.savefig(sys.argv[2], dpi=100)
-"""
+PLOT_PROGRAM = REPO / "accuracy" / "plot_table.py"  # run in a Python with matplotlib
 
 
 def write_chart(data: dict) -> str:
@@ -545,7 +516,7 @@ def write_chart(data: dict) -> str:
     rows = table_rows(data)
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(rows, f)
-    p = subprocess.run([py, "-c", PLOT_SCRIPT, f.name, str(PNG_OUT)], capture_output=True,
+    p = subprocess.run([py, str(PLOT_PROGRAM), f.name, str(PNG_OUT)], capture_output=True,
                        text=True, timeout=300)
     return "ok" if p.returncode == 0 else p.stderr[-2000:]
 

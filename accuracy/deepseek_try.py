@@ -87,8 +87,8 @@ def write_bf16(out: Path) -> Path:
     import torch
     from safetensors.torch import save_file
 
-    from vllm_fp4_moe_plugin.checkpoint import writer
-    from vllm_fp4_moe_plugin.nvfp4 import random_master
+    from fp4_moe_lab.checkpoint import writer
+    from fp4_moe_lab.nvfp4 import random_master
 
     fmt, arch, seed = "compressed-tensors", "deepseek_v3", 0
     cfg = writer.check_request(fmt=fmt, arch=arch)

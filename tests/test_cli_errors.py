@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from fp4_moe_lab.checkpoint.writer import write_checkpoint
 from vllm_fp4_moe_plugin import cli
-from vllm_fp4_moe_plugin.checkpoint.writer import write_checkpoint
 
 from .test_cli_args import assert_bad_input, run, run_process
 
@@ -45,7 +45,7 @@ def _copy(src: Path, dst: Path) -> Path:
 # --- 1. bad arguments: rejected before any slow work -------------------------------------
 
 def test_matrix_unknown_layout_is_refused_before_spawning(capsys, tmp_path, monkeypatch):
-    from vllm_fp4_moe_plugin.simulation import layouts
+    from fp4_moe_lab.simulation import layouts
 
     monkeypatch.setattr(layouts, "spawn", lambda *a, **k: pytest.fail("spawned a rank"))
     code, _, err = run(capsys, "matrix", "--layout", "bogus")
@@ -284,7 +284,7 @@ def failing_job(ctx, *args):
 
 SPAWN_FAILS = r"""
 import sys
-from vllm_fp4_moe_plugin.simulation.layouts import LAYOUTS, spawn
+from fp4_moe_lab.simulation.layouts import LAYOUTS, spawn
 try:
     spawn(LAYOUTS["tp"], "tests.test_cli_errors:failing_job")
 except RuntimeError as exc:

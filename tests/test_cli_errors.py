@@ -23,6 +23,8 @@ from .test_cli_args import assert_bad_input, run, run_process
 pytestmark = pytest.mark.cpu
 
 REPO = Path(__file__).resolve().parents[1]
+# the checkout's two packages: the plugin and the lab (lab/fp4_moe_lab)
+CHECKOUT_PATH = os.pathsep.join([str(REPO), str(REPO / "lab")])
 
 
 @pytest.fixture(scope="module")
@@ -318,7 +320,7 @@ def test_matrix_shows_progress_and_leaks_nothing(tmp_path):
 def test_failed_ranks_leave_no_log_folder_and_no_shared_memory(tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    full = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp)}
+    full = {**os.environ, "PYTHONPATH": CHECKOUT_PATH, "TMPDIR": str(tmp)}
     r = subprocess.run([sys.executable, "-c", SPAWN_FAILS], capture_output=True, text=True,
                        env=full, timeout=600, cwd=REPO)
     assert r.returncode == 0 and "FAILED AS INJECTED" in r.stdout, r.stderr[-3000:]

@@ -28,9 +28,9 @@ def _no_progress(text: str) -> None:
 
 
 def _checkout_root() -> Path:
-    """The directory above the package: a repository checkout when run from one (editable
-    install or ``PYTHONPATH``), site-packages when installed from a wheel."""
-    return Path(__file__).resolve().parents[1]
+    """Two directories above the package (lab/fp4_moe_lab/): a repository checkout when run
+    from one (editable install or ``PYTHONPATH``), not one when installed from a wheel."""
+    return Path(__file__).resolve().parents[2]
 
 
 def _engine_runner() -> tuple[Optional[ModuleType], str]:

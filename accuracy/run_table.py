@@ -290,7 +290,7 @@ def scales_info(ckpt_dir: str) -> dict:
     return out
 
 
-# run_table layout -> the audit's layout name (vllm_fp4_moe_plugin/simulation/layouts.py); DP+EP
+# run_table layout -> the audit's layout name (lab/fp4_moe_lab/simulation/layouts.py); DP+EP
 # on the CPU engines uses vLLM's naive all-gather / reduce-scatter DP/EP prepare/finalize
 AUDIT_LAYOUT = {"single": "single", "tp2ep": "tp_ep", "dp2ep": "dp_ep_allgather", "dp2": "dp"}
 

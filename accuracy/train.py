@@ -10,7 +10,7 @@ nearly died, and an expert nobody routes to gets no NVFP4 calibration).
 --arch deepseek_v3 trains the mission's architecture instead (MLA with q/kv LoRA, one dense
 layer then MoE layers with a shared expert, sigmoid scores, grouped top-k with
 e_score_correction_bias): the sizes of the project's random DeepSeek-V3 test checkpoint
-(vllm_fp4_moe_plugin/checkpoint/configs.py, which both CPU engines run), vocab from task.py.
+(lab/fp4_moe_lab/checkpoint/configs.py, which both CPU engines run), vocab from task.py.
 transformers' DeepSeek-V3 has no load-balancing loss; balancing is DeepSeek-V3's own
 auxiliary-loss-free rule (arXiv:2412.19437 section 2.1.2): after each step every expert's
 correction bias moves by BIAS_RATE towards the mean load, so the bias vLLM reads is a trained

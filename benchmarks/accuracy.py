@@ -17,8 +17,8 @@ rank. The fixture is the project's (``Scenario``) with per-expert input-scale sp
 from __future__ import annotations
 
 from benchmarks.rows import Row
-from vllm_fp4_moe_plugin.simulation.judge import rel_err
-from vllm_fp4_moe_plugin.simulation.layouts import LAYOUTS, Scenario
+from fp4_moe_lab.simulation.judge import rel_err
+from fp4_moe_lab.simulation.layouts import LAYOUTS, Scenario
 
 # "plugin <= upstream" allows this much relative slack for bf16 output rounding and
 # reduction order (both schemes give the kernel bit-identical inputs in DP layouts).
@@ -26,8 +26,8 @@ TIE = 1e-3
 
 
 def fp32_reference(scenario: Scenario, dp_rank: int):
-    from vllm_fp4_moe_plugin.nvfp4 import moe_reference_fp32
-    from vllm_fp4_moe_plugin.simulation.blackwell import cpu_topk_softmax_routing
+    from fp4_moe_lab.nvfp4 import moe_reference_fp32
+    from fp4_moe_lab.simulation.blackwell import cpu_topk_softmax_routing
 
     x, logits = scenario.inputs(dp_rank)
     weights, ids = cpu_topk_softmax_routing(x, logits, scenario.top_k, True)
@@ -81,8 +81,8 @@ def seed_sweep_row(scenario: Scenario, spreads, seeds) -> Row:
     the layer: in TP-like layouts the real layers match it to ~2e-3 (README matrix)."""
     import torch
 
-    from vllm_fp4_moe_plugin.nvfp4 import moe_reference_fp32, moe_reference_nvfp4
-    from vllm_fp4_moe_plugin.simulation.blackwell import cpu_topk_softmax_routing
+    from fp4_moe_lab.nvfp4 import moe_reference_fp32, moe_reference_nvfp4
+    from fp4_moe_lab.simulation.blackwell import cpu_topk_softmax_routing
 
     ratios, p_errs, u_errs = [], [], []
     for seed in seeds:

@@ -2,7 +2,7 @@
 
 Why: the test suite's cost at real sizes. Shape: E=256, H=7168, I=2048, top-8 (DeepSeek-R1's
 routed experts). Runs on an image with torch only (no vLLM / FlashInfer / compressed-tensors):
-it imports nothing but ``vllm_fp4_moe_plugin.nvfp4``, which is pure torch.
+it imports nothing but ``fp4_moe_lab.nvfp4``, which is pure torch.
 
 Memory: ``nvfp4.cutlass_fused_moe`` decodes *every* local expert's weights to fp64 per call
 (``_nvfp4_operands``), ~90 GB for this shape, and the fp32 reference dequantizes every expert
@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from vllm_fp4_moe_plugin.nvfp4 import (
+from fp4_moe_lab.nvfp4 import (
     QuantizedExperts,
     cutlass_fused_moe,
     moe_reference_nvfp4,

@@ -83,7 +83,7 @@ def rows(smoke: bool, checkout: Path = ROOT, raw: dict | None = None) -> list[Ro
                        "engine32 branch's server driver)")
     if smoke:
         return _missed("not run with --smoke (each server start takes minutes)")
-    from vllm_fp4_moe_plugin.checkpoint.writer import write_checkpoint
+    from fp4_moe_lab.checkpoint.writer import write_checkpoint
 
     server = _driver(checkout)
     runs = []

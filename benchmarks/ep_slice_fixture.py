@@ -24,7 +24,7 @@ import math
 
 import torch
 
-from vllm_fp4_moe_plugin.simulation.layouts import Scenario
+from fp4_moe_lab.simulation.layouts import Scenario
 
 WITHIN = 1.5  # max/min of the input amax inside one EP slice
 EP_SIZE = 2
@@ -41,7 +41,7 @@ def _slice_pattern(gen: torch.Generator, n: int, base: float) -> torch.Tensor:
 
 def planted_amax(num_experts: int, ratio: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(GEMM1 input amax, GEMM2 input amax) per expert, as described in the module docstring."""
-    from vllm_fp4_moe_plugin.nvfp4.reference import W2_INPUT_AMAX_BASE, W13_INPUT_AMAX_BASE
+    from fp4_moe_lab.nvfp4.reference import W2_INPUT_AMAX_BASE, W13_INPUT_AMAX_BASE
 
     if num_experts % EP_SIZE or num_experts // EP_SIZE < 2:
         raise ValueError(f"need an even number of experts >= 4, not {num_experts}")
@@ -62,7 +62,7 @@ class EpSliceScenario(Scenario):
     slice_ratio: float = 2.0
 
     def experts(self):
-        from vllm_fp4_moe_plugin.nvfp4 import global_scale
+        from fp4_moe_lab.nvfp4 import global_scale
 
         base = super().experts()
         a13, a2 = planted_amax(self.num_experts, self.slice_ratio, self.seed)

@@ -15,9 +15,9 @@ from typing import Iterator
 import torch
 
 from benchmarks import seam
+from fp4_moe_lab.simulation import moe_layer
+from fp4_moe_lab.simulation.layouts import Scenario
 from vllm_fp4_moe_plugin import patches, scales
-from vllm_fp4_moe_plugin.simulation import moe_layer
-from vllm_fp4_moe_plugin.simulation.layouts import Scenario
 
 SCHEMES = ("stock", "plugin", "upstream")
 _index = iter(range(2000, 100000))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllm_fp4_moe_plugin.simulation.layouts import LAYOUT_NAMES, LAYOUTS, Layout, Scenario, spawn
+from fp4_moe_lab.simulation.layouts import LAYOUT_NAMES, LAYOUTS, Layout, Scenario, spawn
 
 JOB = "benchmarks.jobs:layout_job"
 R1_MOE_LAYERS = 58  # DeepSeek-R1: layers 3..60 are MoE (first_k_dense_replace=3)

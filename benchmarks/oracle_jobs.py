@@ -15,9 +15,9 @@ import time
 import torch
 
 from benchmarks import oracle_seam
+from fp4_moe_lab.simulation import moe_layer
+from fp4_moe_lab.simulation.layouts import describe_layer
 from vllm_fp4_moe_plugin import patches, scales
-from vllm_fp4_moe_plugin.simulation import moe_layer
-from vllm_fp4_moe_plugin.simulation.layouts import describe_layer
 
 _index = iter(range(3000, 100000))  # unique layer names: vLLM refuses a duplicate prefix
 

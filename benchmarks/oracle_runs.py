@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from benchmarks.ep_slice_fixture import EpSliceScenario
 from benchmarks.layout_runs import R1_EXPERTS, R1_MOE_LAYERS
-from vllm_fp4_moe_plugin.simulation.layouts import LAYOUTS, Scenario, spawn
+from fp4_moe_lab.simulation.layouts import LAYOUTS, Scenario, spawn
 from vllm_fp4_moe_plugin.support import Layout
 
 JOB = "benchmarks.oracle_jobs:world_job"
@@ -45,7 +45,7 @@ def smoke_sizes() -> OracleSizes:
 
 
 def pwal_experts(sizes: OracleSizes):
-    from vllm_fp4_moe_plugin.nvfp4 import random_experts
+    from fp4_moe_lab.nvfp4 import random_experts
 
     s = sizes.pwal_shape
     return random_experts(s["num_experts"], s["hidden"], s["intermediate"], seed=3)

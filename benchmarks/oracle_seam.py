@@ -51,7 +51,7 @@ def _noop_kernel(*args, output=None, **kwargs):
 
 @contextlib.contextmanager
 def host_only() -> Iterator[None]:
-    from vllm_fp4_moe_plugin.simulation import blackwell_oracle
+    from fp4_moe_lab.simulation import blackwell_oracle
 
     swap = _Swap()
     swap.set(_OPS, "scaled_fp4_quant", _noop_scaled_fp4_quant)

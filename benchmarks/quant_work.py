@@ -9,7 +9,7 @@ padded as FlashInfer pads them). The quantization the kernel does itself is not 
 from __future__ import annotations
 
 from benchmarks.rows import Row
-from vllm_fp4_moe_plugin.simulation.layouts import LAYOUTS
+from fp4_moe_lab.simulation.layouts import LAYOUTS
 
 
 def _worst(ranks, key: str, field: str) -> int:

@@ -33,7 +33,7 @@ SMOKE_LAYOUTS = ("single", "tp", "dp_ep_allgather")
 
 def _layout_sizes(smoke: bool):
     from benchmarks.layout_runs import Sizes
-    from vllm_fp4_moe_plugin.simulation.layouts import LAYOUT_NAMES, Scenario
+    from fp4_moe_lab.simulation.layouts import LAYOUT_NAMES, Scenario
 
     if smoke:
         return Sizes(scenario=Scenario(), layouts=SMOKE_LAYOUTS, apply_calls=20,

@@ -24,7 +24,7 @@ def current() -> str:
 
 def is_oracle() -> bool:
     """The installed vLLM has the NVFP4 backend oracle (0.14.0+): the oracle world's rows."""
-    from vllm_fp4_moe_plugin.simulation import blackwell_oracle
+    from fp4_moe_lab.simulation import blackwell_oracle
 
     return blackwell_oracle.applies()
 

@@ -22,7 +22,7 @@ case "$WORLD" in
 esac
 [ -x $VENV/bin/python ] || "$PYTHON" -m venv $VENV
 stamp=$VENV/.installed
-want=$(cat $PINS setup.cfg pyproject.toml scripts/bootstrap-release.sh | sha256sum | cut -d' ' -f1)
+want=$(cat $PINS setup.cfg pyproject.toml lab/pyproject.toml scripts/bootstrap-release.sh | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   require_free_gib $need "installing $VENV ($what while pip runs)"
   echo "[bootstrap-release] installing the vLLM $WORLD world into $VENV (first time: ~5 min)"
@@ -44,7 +44,7 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
         "flashinfer-python==$v"
     done
   fi
-  $VENV/bin/python -m pip install -q --no-deps -e .
+  $VENV/bin/python -m pip install -q --no-deps -e . -e ./lab
   dedupe_venvs
   echo "$want" > "$stamp"
 fi

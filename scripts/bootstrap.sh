@@ -12,13 +12,13 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 stamp=.venv/.vllm-fp4-moe-plugin-installed
-want=$(cat constraints/default.txt setup.cfg pyproject.toml | sha256sum | cut -d' ' -f1)
+want=$(cat constraints/default.txt setup.cfg pyproject.toml lab/pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   require_free_gib 16 "installing .venv (~11 GiB, plus ~5 GiB of wheels while pip runs)"
   echo "[bootstrap] installing vLLM 0.11.0, torch 2.8.0, FlashInfer 0.3.1 and this plugin" \
        "(first time: ~5-10 min, ~11 GB)"
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -c constraints/default.txt -e ".[test]"
+  .venv/bin/python -m pip install -q -c constraints/default.txt -e ".[test]" -e ./lab
   dedupe_venvs
   echo "$want" > "$stamp"
 fi

@@ -25,9 +25,9 @@ tier() {  # tier NAME COMMAND...: run, time, remember a failure
 unit_tier() {
   if [ ! -x .venv-unit/bin/python ]; then "${PYTHON:-python3}" -m venv .venv-unit; fi
   local want stamp=.venv-unit/.installed
-  want=$(cat constraints/default.txt setup.cfg pyproject.toml | sha256sum | cut -d' ' -f1)
+  want=$(cat constraints/default.txt setup.cfg pyproject.toml lab/pyproject.toml | sha256sum | cut -d' ' -f1)
   if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
-    .venv-unit/bin/python -m pip install -q -c constraints/default.txt -e ".[unit]"
+    .venv-unit/bin/python -m pip install -q -c constraints/default.txt -e ".[unit]" -e ./lab
     echo "$want" > "$stamp"
   fi
   .venv-unit/bin/python -m pytest -m unit -p no:cacheprovider -q "$@"

@@ -97,7 +97,7 @@ def blackwell_env(monkeypatch):
 def spread_checkpoints(tmp_path_factory):
     """``{format: directory}``: tiny Qwen3-MoE NVFP4 checkpoints whose experts' input scales
     spread 4x (their EP halves' maxima differ too), one per format, for the doctor suites."""
-    from vllm_fp4_moe_plugin.checkpoint.writer import write_checkpoint
+    from fp4_moe_lab.checkpoint.writer import write_checkpoint
 
     out = {}
     for fmt in ("modelopt", "compressed-tensors"):

@@ -12,6 +12,8 @@ import pytest
 from vllm_fp4_moe_plugin import cli
 
 REPO = Path(__file__).resolve().parents[1]
+# the checkout's two packages: the plugin and the lab (lab/fp4_moe_lab)
+CHECKOUT_PATH = os.pathsep.join([str(REPO), str(REPO / "lab")])
 
 pytestmark = [pytest.mark.cpu, pytest.mark.unit]
 
@@ -27,7 +29,7 @@ def run(capsys, *args):
 
 
 def run_process(*args, env=None, timeout=300):
-    full = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    full = {**os.environ, "PYTHONPATH": CHECKOUT_PATH, **(env or {})}
     return subprocess.run([sys.executable, "-m", "vllm_fp4_moe_plugin.cli", *map(str, args)],
                           capture_output=True, text=True, env=full, timeout=timeout)
 
@@ -87,3 +89,18 @@ def test_exit_codes_are_distinct():
     from vllm_fp4_moe_plugin import doctor
 
     assert cli.EXIT_INTERNAL not in doctor.VERDICTS  # no subcommand returns it as a result
+
+
+@pytest.mark.parametrize("args", [["demo"], ["matrix", "--tokens", "4"],
+                                  ["make-checkpoint", "out", "--spread", "2"]])
+def test_development_commands_without_the_lab_exit_2(capsys, monkeypatch, tmp_path, args):
+    """Where only the wheel is installed (no fp4_moe_lab), matrix, demo and make-checkpoint
+    parse their arguments as usual, then exit 2 with one line naming what is missing."""
+    monkeypatch.setitem(sys.modules, "fp4_moe_lab", None)  # import fails: ModuleNotFoundError
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, *args)
+    assert_bad_input(code, err)
+    assert err == (f"vllm-fp4-moe {args[0]}: error: {args[0]} is a development tool: it needs "
+                   "the lab package from a checkout of this repository (./scripts/bootstrap.sh "
+                   "installs it)\n")
+    assert out == "" and list(tmp_path.iterdir()) == []

@@ -15,14 +15,16 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from fp4_moe_lab.checkpoint.writer import write_checkpoint
 from vllm_fp4_moe_plugin import cli
-from vllm_fp4_moe_plugin.checkpoint.writer import write_checkpoint
 
 from .test_cli_args import assert_bad_input, run, run_process
 
 pytestmark = pytest.mark.cpu
 
 REPO = Path(__file__).resolve().parents[1]
+# the checkout's two packages: the plugin and the lab (lab/fp4_moe_lab)
+CHECKOUT_PATH = os.pathsep.join([str(REPO), str(REPO / "lab")])
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +47,7 @@ def _copy(src: Path, dst: Path) -> Path:
 # --- 1. bad arguments: rejected before any slow work -------------------------------------
 
 def test_matrix_unknown_layout_is_refused_before_spawning(capsys, tmp_path, monkeypatch):
-    from vllm_fp4_moe_plugin.simulation import layouts
+    from fp4_moe_lab.simulation import layouts
 
     monkeypatch.setattr(layouts, "spawn", lambda *a, **k: pytest.fail("spawned a rank"))
     code, _, err = run(capsys, "matrix", "--layout", "bogus")
@@ -284,7 +286,7 @@ def failing_job(ctx, *args):
 
 SPAWN_FAILS = r"""
 import sys
-from vllm_fp4_moe_plugin.simulation.layouts import LAYOUTS, spawn
+from fp4_moe_lab.simulation.layouts import LAYOUTS, spawn
 try:
     spawn(LAYOUTS["tp"], "tests.test_cli_errors:failing_job")
 except RuntimeError as exc:
@@ -318,7 +320,7 @@ def test_matrix_shows_progress_and_leaks_nothing(tmp_path):
 def test_failed_ranks_leave_no_log_folder_and_no_shared_memory(tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    full = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp)}
+    full = {**os.environ, "PYTHONPATH": CHECKOUT_PATH, "TMPDIR": str(tmp)}
     r = subprocess.run([sys.executable, "-c", SPAWN_FAILS], capture_output=True, text=True,
                        env=full, timeout=600, cwd=REPO)
     assert r.returncode == 0 and "FAILED AS INJECTED" in r.stdout, r.stderr[-3000:]

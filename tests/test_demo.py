@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_fp4_moe_plugin import demo
+from fp4_moe_lab import demo
 
 pytestmark = pytest.mark.cpu
 

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
+from fp4_moe_lab.checkpoint.writer import write_checkpoint
 from vllm_fp4_moe_plugin import doctor
-from vllm_fp4_moe_plugin.checkpoint.writer import write_checkpoint
 
 pytestmark = pytest.mark.cpu
 

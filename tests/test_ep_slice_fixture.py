@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from benchmarks.ep_slice_fixture import EpSliceScenario, planted_amax, slice_maxima_ratio
+from fp4_moe_lab.nvfp4 import global_scale
+from fp4_moe_lab.nvfp4.reference import W2_INPUT_AMAX_BASE, W13_INPUT_AMAX_BASE
+from fp4_moe_lab.simulation.layouts import Scenario
 from vllm_fp4_moe_plugin import support
-from vllm_fp4_moe_plugin.nvfp4 import global_scale
-from vllm_fp4_moe_plugin.nvfp4.reference import W2_INPUT_AMAX_BASE, W13_INPUT_AMAX_BASE
-from vllm_fp4_moe_plugin.simulation.layouts import Scenario
 
 pytestmark = pytest.mark.cpu
 

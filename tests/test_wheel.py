@@ -10,7 +10,9 @@ that site-packages without this plugin's own (editable) install: a plain path li
 of the plugin the fresh interpreter can find is the installed wheel. The test checks that too.
 
 SRC is a copy of the checkout without build outputs: setuptools reuses ``build/lib``, so a
-stale module from an earlier build would otherwise end up in the wheel.
+stale module from an earlier build would otherwise end up in the wheel. The copy keeps ``lab/``
+(the development package, a second distribution): the wheel must still hold none of it, only
+the serving modules of tests/serving_modules.py, and the commands that need the lab say so.
 """
 
 from __future__ import annotations
@@ -25,6 +27,14 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+from tests.serving_modules import (
+    LAB_PACKAGE,
+    MAX_SERVING_CODE_LINES,
+    SERVING_MODULES,
+    code_lines,
+    module_of,
+)
 
 pytestmark = [pytest.mark.cpu, pytest.mark.slow]
 
@@ -73,6 +83,7 @@ def _site_view(tmp: Path) -> Path:
         for entry in site.iterdir():
             name = entry.name
             if (name.endswith(".pth") or PACKAGE in name or name.startswith("__editable__")
+                    or LAB_PACKAGE in name or "fp4_moe_lab" in name.replace("-", "_")
                     or (view / name).exists()):
                 continue
             (view / name).symlink_to(entry)
@@ -127,10 +138,23 @@ def test_wheel_holds_only_the_package(installed):
     # directory without __init__.py: simulation/ once was one, and matrix/demo broke installed).
     source = {p.relative_to(ROOT).as_posix() for p in (ROOT / PACKAGE).rglob("*.py")}
     assert source - set(names) == set(), "package modules missing from the wheel"
+    lab = [n for n in names if n.startswith(("lab/", f"{LAB_PACKAGE}/"))]
+    assert lab == [], "the lab (development package) in the wheel"
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     text = zipfile.ZipFile(installed["wheel"]).read(entry_points).decode()
     assert "fp4_moe = vllm_fp4_moe_plugin:register" in text
     assert "vllm-fp4-moe = vllm_fp4_moe_plugin.cli:main" in text
+
+
+def test_wheel_holds_only_the_serving_modules(installed):
+    """The allow-list, both ways: every module of the wheel is a serving module, and every
+    serving module is in it; and the serving code stays under MAX_SERVING_CODE_LINES."""
+    wheel = zipfile.ZipFile(installed["wheel"])
+    modules = {module_of(n): n for n in wheel.namelist() if n.endswith(".py")}
+    assert set(modules) - SERVING_MODULES == set(), "not a serving module (move it to lab/)"
+    assert SERVING_MODULES - set(modules) == set(), "serving module missing from the wheel"
+    lines = sum(code_lines(wheel.read(n).decode()) for n in modules.values())
+    assert lines < MAX_SERVING_CODE_LINES, f"{lines} lines of code in the wheel"
 
 
 def test_wheel_metadata_is_complete_and_requires_nothing(installed):
@@ -166,6 +190,22 @@ def test_console_script_runs_from_the_fresh_venv(installed):
                        cwd=installed["cwd"], env=_clean_env(installed["venv"]))
     assert r.returncode == 0, r.stderr[-2000:]
     assert "doctor" in r.stdout and "audit" in r.stdout
+
+
+@pytest.mark.parametrize("command", ["demo", "matrix", "make-checkpoint"])
+def test_development_commands_say_they_need_the_lab(installed, command):
+    """Without the lab (only the wheel installed) matrix, demo and make-checkpoint exit 2 with
+    one line naming what is missing (the CLI's bad-input contract)."""
+    args = [command] + (["out"] if command == "make-checkpoint" else [])
+    r = subprocess.run([str(installed["venv"] / "bin" / "vllm-fp4-moe"), *args],
+                       capture_output=True, text=True, timeout=120, cwd=installed["cwd"],
+                       env=_clean_env(installed["venv"]))
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert r.stdout == ""
+    assert r.stderr == (f"vllm-fp4-moe {command}: error: {command} is a development tool: it "
+                        "needs the lab package from a checkout of this repository "
+                        "(./scripts/bootstrap.sh installs it)\n")
+    assert not (installed["cwd"] / "out").exists()
 
 
 def test_installed_plugin_registers_through_vllm(installed):

@@ -24,8 +24,8 @@ def kind(fmt: str, case: str) -> str:
     ``low`` by the uncalibrated rule applied to that amax next to a calibrated one (a ModelOpt
     0 is a low amax; a compressed-tensors 0, 1 / 0 = inf, a high one; a missing tensor is what
     the memory held)."""
+    from fp4_moe_lab.simulation.planted_scales import CASES, MISSING, MISSING_MEMORY
     from vllm_fp4_moe_plugin.scale_check import uncalibrated
-    from vllm_fp4_moe_plugin.simulation.planted_scales import CASES, MISSING, MISSING_MEMORY
 
     stored = CASES[case].stored(fmt)
     stored = MISSING_MEMORY if stored == MISSING else stored
@@ -87,7 +87,7 @@ def world_tests(design, layouts: tuple):
 
     @pytest.fixture(scope="module")
     def rows():
-        from vllm_fp4_moe_plugin.simulation.uncalibrated import run_uncalibrated
+        from fp4_moe_lab.simulation.uncalibrated import run_uncalibrated
 
         return {(r["format"], r["layout"], r["gemm"], r["case"]): r
                 for r in run_uncalibrated(layouts, CI_PLANTS)}

@@ -21,7 +21,6 @@ import math
 import os
 import re
 import sys
-import time
 import traceback
 import warnings
 from pathlib import Path
@@ -67,7 +66,7 @@ def _int_in(lo: int, hi: Optional[int] = None) -> Callable[[str], int]:
 
 
 def _spread(text: str) -> float:
-    from vllm_fp4_moe_plugin.checkpoint.writer_limits import MAX_INPUT_SCALE_SPREAD
+    from vllm_fp4_moe_plugin.nvfp4_constants import MAX_INPUT_SCALE_SPREAD
 
     try:
         value = float(text)
@@ -104,19 +103,6 @@ class _Parser(argparse.ArgumentParser):
 
 # --- validation of paths, before any slow work -------------------------------------------
 
-def _check_output_file(path: Optional[str], flag: str) -> None:
-    if path is None:
-        return
-    p = Path(path)
-    if p.is_dir():
-        raise UsageError(f"{flag} {path}: is a directory; give a file path")
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
-        raise UsageError(f"{flag} {path}: directory {parent} does not exist; create it first")
-    if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        raise UsageError(f"{flag} {path}: not writable; choose a writable path")
-
-
 def _checkpoint_dir(path: str, flag: str) -> None:
     p = Path(path)
     if not p.exists():
@@ -134,153 +120,22 @@ def _progress(text: str) -> None:
 
 # --- subcommands ---------------------------------------------------------------------------
 
-def _cmd_matrix(args: argparse.Namespace) -> int:
-    from vllm_fp4_moe_plugin.simulation.layouts import Scenario, default_layouts
-
-    known = default_layouts()  # + dp_ep_one_sided where the installed vLLM has it (0.34.0)
-    layouts = args.layout or list(known)
-    unknown = [name for name in layouts if name not in known]
-    if unknown:
-        raise UsageError(f"--layout {unknown[0]}: unknown layout; choose from "
-                         f"{', '.join(known)}")
-    _check_output_file(args.save_json, "--save-json")
-    formats = tuple(dict.fromkeys(args.format or FORMATS))
-    if args.uncalibrated:
-        return _uncalibrated_table(args, args.layout, formats)
-    scenario = Scenario(seed=args.seed, input_scale_spread=args.spread, tokens=args.tokens)
-
-    from vllm_fp4_moe_plugin.simulation.matrix import format_table, run_matrix
-
-    rows = []
-    start = time.monotonic()
-    for i, name in enumerate(layouts, 1):
-        _progress(f"matrix: [{i}/{len(layouts)}] {name} ...")
-        t = time.monotonic()
-        # every backend of that layout (or those asked for with --backend)
-        layout_rows = run_matrix([name], scenario, formats, backends=args.backend)
-        rows.extend(layout_rows)
-        oks = ", ".join(f"{r.format}/{r.backend} {'ok' if r.ok else 'NOT ok'}"
-                        for r in layout_rows)
-        _progress(f"matrix: [{i}/{len(layouts)}] {name} done in {time.monotonic() - t:.0f} s "
-                  f"({oks})")
-    _progress(f"matrix: {len(rows)} rows in {time.monotonic() - start:.0f} s")
-    if args.save_json:
-        try:
-            with open(args.save_json, "w") as f:
-                json.dump([r.as_dict() for r in rows], f, indent=2)
-        except OSError as exc:
-            raise UsageError(f"--save-json {args.save_json}: cannot write "
-                             f"({exc.strerror or exc}); choose another path") from None
-    if args.json:
-        print(json.dumps([r.as_dict() for r in rows], indent=2))
-    else:
-        from vllm_fp4_moe_plugin.simulation.matrix import installed_release
-
-        version, design = installed_release()
-        print(f"NVFP4 MoE consistency matrix: real vLLM {version} code on CPU ("
-              f"{design.label if design else 'a design the plugin does not know: inactive'}), "
-              "SM100 simulated, FlashInfer's NVFP4 MoE contract "
-              "emulated.")
-        print(f"Fixture: E={scenario.num_experts} H={scenario.hidden} I={scenario.intermediate} "
-              f"top-{scenario.top_k}, {scenario.tokens} tokens/rank, per-expert input scales "
-              f"spread {scenario.input_scale_spread:g}x, seed {scenario.seed}.")
-        print("Errors are ||out - ref|| / ||ref|| against the ideal NVFP4 reference of the "
-              "layout; 'noise floor' is that reference against fp32.\n")
-        print(format_table(rows))
-        for r in rows:
-            for mode, err in (("stock", r.stock_error), ("plugin", r.plugin_error)):
-                if err:
-                    print(f"{mode} {r.format}/{r.layout} cannot run: {err}")
-    return EXIT_OK if all(r.ok for r in rows) else EXIT_FINDING
+LAB_COMMANDS = ("matrix", "make-checkpoint", "demo")
 
 
-def _uncalibrated_table(args: argparse.Namespace, layouts, formats) -> int:
-    """``matrix --uncalibrated``: one planted expert per row (simulation/uncalibrated.py)."""
-    from vllm_fp4_moe_plugin.simulation import uncalibrated
-    from vllm_fp4_moe_plugin.simulation.matrix import installed_release
-
-    start = time.monotonic()
-    rows = uncalibrated.run_uncalibrated(layouts or uncalibrated.DEFAULT_LAYOUTS,
-                                         formats=formats, progress=_progress)
-    _progress(f"matrix --uncalibrated: {len(rows)} rows in {time.monotonic() - start:.0f} s")
-    if args.save_json:
-        try:
-            with open(args.save_json, "w") as f:
-                json.dump(rows, f, indent=2)
-        except OSError as exc:
-            raise UsageError(f"--save-json {args.save_json}: cannot write "
-                             f"({exc.strerror or exc}); choose another path") from None
-    if args.json:
-        print(json.dumps(rows, indent=2))
-    else:
-        version, design = installed_release()
-        print(f"Uncalibrated experts: real vLLM {version} code on CPU "
-              f"({design.label if design else 'inactive plugin'}), SM100 simulated. One expert "
-              "planted per row: its GEMM1 (w13) or GEMM2 (w2) input scale as a quantizer writes "
-              "it for an expert no calibration token reached (zero: 0.0; tiny: 1.57e-29 "
-              "compressed-tensors, the same amax in ModelOpt), or a rare expert's large "
-              f"calibrated amax (large: {uncalibrated.LARGE_FACTOR:g}x). Errors against the "
-              "ideal NVFP4 reference of the layer with the calibrated experts' max amax for "
-              "the uncalibrated one.\n")
-        print(uncalibrated.format_table(rows))
-    return EXIT_OK if all(r["ok"] for r in rows) else EXIT_FINDING
-
-
-def _parse_set(items: Sequence[str]) -> dict:
-    sizes = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise UsageError(f"--set {item!r}: expected KEY=INT, e.g. --set hidden_size=512")
-        try:
-            sizes[key] = int(value.strip(), 10)
-        except ValueError:
-            raise UsageError(f"--set {item!r}: {value!r} is not an integer; values are plain "
-                             "integers (see --help for the keys)") from None
-    return sizes
-
-
-def _cmd_make_checkpoint(args: argparse.Namespace) -> int:
-    from vllm_fp4_moe_plugin.checkpoint.writer_limits import output_dir_problem
-
-    problem = output_dir_problem(Path(args.out), args.overwrite)
-    if problem:
-        fix = ("pass --overwrite to replace it, or choose another OUT"
-               if "already holds" in problem else "choose another OUT")
-        raise UsageError(f"OUT {args.out}: {problem}; {fix}")
-    sizes = _parse_set(args.set or [])
-    from vllm_fp4_moe_plugin.checkpoint import configs
-    from vllm_fp4_moe_plugin.checkpoint.writer import check_request, write_checkpoint
-
-    base = configs.BASE_CONFIGS[args.arch]
-    for key in sizes:
-        if key not in base or not isinstance(base[key], int) or isinstance(base[key], bool):
-            ints = sorted(k for k, v in base.items()
-                          if isinstance(v, int) and not isinstance(v, bool))
-            raise UsageError(f"--set {key}: not an integer config.json key of --arch "
-                             f"{args.arch}; choose from {', '.join(ints)}")
+def _cmd_lab(args: argparse.Namespace) -> int:
+    """matrix, make-checkpoint, demo: development tools that live in the lab package
+    (lab/fp4_moe_lab, installed from a checkout), not in the wheel. Imported here, in a
+    function, so that the serving package never imports the lab at module level."""
     try:
-        check_request(fmt=args.format, arch=args.arch, input_scale_spread=args.spread,
-                      shard_size_bytes=args.shard_size_bytes, **sizes)
-    except ValueError as exc:
-        flag = "--spread" if str(exc).startswith("input_scale_spread") else "--set"
-        raise UsageError(f"{flag}: {exc}") from None
-    try:
-        manifest = write_checkpoint(args.out, fmt=args.format, arch=args.arch, seed=args.seed,
-                                    input_scale_spread=args.spread, overwrite=args.overwrite,
-                                    shard_size_bytes=args.shard_size_bytes, **sizes)
-    except OSError as exc:  # disk full, permissions changed under us, ...
-        raise UsageError(f"OUT {args.out}: cannot write {exc.filename or ''} "
-                         f"({exc.strerror or exc}); free space or choose another OUT") from None
-    if args.json:
-        print(json.dumps(manifest, indent=2, default=str))
-    else:
-        size = sum(manifest["files_bytes"].values()) / 1e6
-        print(f"wrote {manifest['arch']} / {manifest['format']} checkpoint to "
-              f"{manifest['out_dir']} ({size:.1f} MB, {len(manifest['layers'])} MoE layers, "
-              f"per-expert input scales spread {manifest['input_scale_spread']:g}x)")
-    return EXIT_OK
+        from fp4_moe_lab import commands
+    except ModuleNotFoundError as exc:
+        if exc.name != "fp4_moe_lab":
+            raise
+        raise UsageError(f"{args.command} is a development tool: it needs the lab package from a "
+                         "checkout of this repository (./scripts/bootstrap.sh installs it)"
+                         ) from None
+    return commands.run(args)
 
 
 def _audit(path: str, flag: str, **kwargs) -> dict:
@@ -329,19 +184,6 @@ def _audit_design(release: Optional[str]):
         raise ValueError(f"--vllm {release}: releases before 0.11.0 are not modelled "
                          f"(designs: {', '.join(d.releases for d in support.DESIGNS)})")
     return found
-
-
-def _cmd_demo(args: argparse.Namespace) -> int:
-    from vllm_fp4_moe_plugin.checkpoint.writer_limits import output_dir_problem
-    from vllm_fp4_moe_plugin.demo import CHECKPOINT_NAME, run_demo
-
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {args.out}: exists and is not a directory; choose a directory")
-    problem = output_dir_problem(out / CHECKPOINT_NAME, overwrite=True)
-    if problem:
-        raise UsageError(f"--out {args.out}: {problem}; choose another --out")
-    return run_demo(out, engine=not args.no_engine, progress=_progress)
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
@@ -394,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="instead: the uncalibrated-expert table (default layouts single and "
                    "dp_ep_allgather; one expert's input scale in each reported value class: 0, "
                    "1.57e-29, NaN, inf, denormal, negative, missing; or legitimately large)")
-    m.set_defaults(func=_cmd_matrix)
+    m.set_defaults(func=_cmd_lab)
 
     c = sub.add_parser("make-checkpoint", help="write a tiny deterministic NVFP4 MoE checkpoint")
     c.add_argument("out", metavar="OUT", help="output directory (new or empty, or a checkpoint "
@@ -411,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--overwrite", action="store_true",
                    help="replace a checkpoint this command wrote in OUT")
     c.add_argument("--json", action="store_true", help="print the manifest as JSON")
-    c.set_defaults(func=_cmd_make_checkpoint)
+    c.set_defaults(func=_cmd_lab)
 
     a = sub.add_parser("audit", help="would stock vLLM compute this checkpoint wrongly? "
                        "(reads scale tensors only; exit 1 if any layer is affected, 2 on a bad "
@@ -445,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default="demo-output", help="where the checkpoint is written")
     d.add_argument("--no-engine", action="store_true",
                    help="show real vLLM layers (the matrix) even if .venv-engine exists")
-    d.set_defaults(func=_cmd_demo)
+    d.set_defaults(func=_cmd_lab)
     for p in (m, c, a, o, d):
         _common(p, top=False)
     return parser

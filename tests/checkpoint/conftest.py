@@ -9,7 +9,7 @@ FORMATS = ("modelopt", "compressed-tensors")
 @pytest.fixture(scope="session")
 def written(tmp_path_factory) -> dict:
     """``{(arch, fmt): manifest}`` of checkpoints written with the default arguments."""
-    from vllm_fp4_moe_plugin.checkpoint.writer import write_checkpoint  # torch: not unit tier
+    from fp4_moe_lab.checkpoint.writer import write_checkpoint  # torch: not unit tier
 
     root = tmp_path_factory.mktemp("written")
     return {(arch, fmt): write_checkpoint(root / f"{arch}-{fmt}", fmt=fmt, arch=arch)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-from vllm_fp4_moe_plugin.checkpoint.configs import COMPRESSED_TENSORS_NVFP4
+from fp4_moe_lab.checkpoint.configs import COMPRESSED_TENSORS_NVFP4
 
 MISSING_WEIGHT_SHARD = "model-weights-not-written.safetensors"
 SCALE = {"modelopt": "input_scale", "compressed-tensors": "input_global_scale"}

@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from fp4_moe_lab.checkpoint.writer import write_checkpoint
 from tests.real_quantizer_checks import MODELS
 from vllm_fp4_moe_plugin.checkpoint import tensor_index
 from vllm_fp4_moe_plugin.checkpoint.audit import (
@@ -16,7 +17,6 @@ from vllm_fp4_moe_plugin.checkpoint.audit import (
     audit_checkpoint,
     format_audit,
 )
-from vllm_fp4_moe_plugin.checkpoint.writer import write_checkpoint
 
 from .conftest import ARCHS, FORMATS
 from .synthetic import write_scales_only

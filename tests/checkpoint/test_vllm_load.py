@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from vllm_fp4_moe_plugin.checkpoint.writer import write_checkpoint
-from vllm_fp4_moe_plugin.simulation.layouts import LAYOUTS, spawn
+from fp4_moe_lab.checkpoint.writer import write_checkpoint
+from fp4_moe_lab.simulation.layouts import LAYOUTS, spawn
 
 from .conftest import ARCHS, FORMATS
 

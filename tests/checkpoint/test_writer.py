@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from vllm_fp4_moe_plugin.checkpoint.writer import write_checkpoint
+from fp4_moe_lab.checkpoint.writer import write_checkpoint
 
 from .conftest import ARCHS, FORMATS
 

@@ -6,7 +6,7 @@ only proof that a written checkpoint is right is to load it the way an engine do
 every parameter slot with the checkpoint tensor that should have filled it.
 
 Must run inside a simulated rank (``simulation.layouts.spawn``): distributed groups initialized
-and :func:`~vllm_fp4_moe_plugin.simulation.blackwell.simulated_blackwell` active, so the NVFP4
+and :func:`~fp4_moe_lab.simulation.blackwell.simulated_blackwell` active, so the NVFP4
 MoE methods can be constructed. This mirrors ``BaseModelLoader.load_model``
 (vllm/model_executor/model_loader/base_loader.py:36-52) step by step, so that names seen and
 parameters loaded can be recorded in between.

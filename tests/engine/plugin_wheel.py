@@ -2,8 +2,10 @@
 
 Why: the accuracy table serves the model with the plugin installed from its built wheel, so what the
 engines load is what ``pip install`` gives a user (entry point, package data, no checkout on
-``sys.path``), not an editable checkout. The wheel is rebuilt and reinstalled only when the
-package source changed (``SOURCES``' hash, kept in ``<venv>/.plugin-wheel``), so
+``sys.path``), not an editable checkout. Next to it goes the wheel of the development package
+(lab/, ``fp4_moe_lab``, never published): the test-only seam plugin (tests/engine/seam_plugin)
+runs the lab's simulated Blackwell inside the engines. Both wheels are rebuilt and reinstalled
+only when their source changed (``HASHED``' hash, kept in ``<venv>/.plugin-wheel``), so
 ``scripts/bootstrap-engine.sh`` stays cheap to re-run; the engine drivers (server.py,
 engine.py) refuse to start an engine on a stale or shadowed install, naming the command that
 fixes it.
@@ -29,7 +31,9 @@ PACKAGE = "vllm_fp4_moe_plugin"
 # what the wheel is built from; HASHED decides when it is rebuilt: README.md (setup.cfg's long
 # description) only changes the wheel's metadata, not what an engine runs, and is edited often
 SOURCES = (PACKAGE, "setup.cfg", "pyproject.toml", "README.md")
-HASHED = (PACKAGE, "setup.cfg", "pyproject.toml")
+HASHED = (PACKAGE, "setup.cfg", "pyproject.toml", "lab")
+LAB = "lab"  # the development package's distribution (lab/pyproject.toml): its own wheel
+LAB_PACKAGE = "fp4_moe_lab"
 STAMP = ".plugin-wheel"
 
 
@@ -39,9 +43,15 @@ def _files(names: tuple = SOURCES) -> list[Path]:
         p = REPO_ROOT / name
         if not p.exists():
             continue  # not a full checkout: the hash then matches no build
-        out += sorted(f for f in p.rglob("*") if f.is_file() and "__pycache__" not in f.parts
-                      and f.suffix != ".pyc") if p.is_dir() else [p]
+        out += sorted(f for f in p.rglob("*") if f.is_file() and not _output(f)) \
+            if p.is_dir() else [p]
     return out
+
+
+def _output(f: Path) -> bool:
+    """A build output or cache (an editable install of lab/ leaves lab/*.egg-info)."""
+    return f.suffix == ".pyc" or any(part == "__pycache__" or part.endswith(".egg-info")
+                                     or part == "build" for part in f.parts)
 
 
 def source_hash() -> str:
@@ -59,30 +69,38 @@ def _stamp(venv: Path) -> dict:
 
 
 def install(venv: Path) -> str:
-    """Build the wheel from a clean copy of the sources and install it (not editable, no
-    dependencies: the world's vLLM is the user's) when the source changed."""
+    """Build the plugin's and the lab's wheels from a clean copy of the sources and install
+    both (not editable, no dependencies: the world's vLLM is the user's) when the source
+    changed."""
     want = source_hash()
     if _stamp(venv).get("source_sha256") == want:
-        return f"{venv.name}: plugin wheel up to date"
+        return f"{venv.name}: plugin and lab wheels up to date"
     py = venv / "bin" / "python"
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "src"
-        for f in _files():  # a copy: setuptools would reuse a stale build/lib of the checkout
+        # a copy: setuptools would reuse a stale build/lib of the checkout
+        for f in _files(SOURCES + (LAB,)):
             dst = src / f.relative_to(REPO_ROOT)
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(f, dst)
-        subprocess.run([str(py), "-m", "pip", "wheel", "-q", "--no-deps", "-w",
-                        str(Path(tmp) / "dist"), str(src)], check=True)
-        (wheel,) = (Path(tmp) / "dist").glob("*.whl")
+        wheels = []
+        for root, dist in ((src, "plugin"), (src / LAB, "lab")):
+            out = Path(tmp) / f"dist-{dist}"
+            subprocess.run([str(py), "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out),
+                            str(root)], check=True)
+            wheels += list(out.glob("*.whl"))
+        assert len(wheels) == 2, wheels
         subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall",
-                        str(wheel)], check=True)
-    (venv / STAMP).write_text(json.dumps({"source_sha256": want, "wheel": wheel.name}) + "\n")
-    return f"{venv.name}: installed {wheel.name}"
+                        *map(str, wheels)], check=True)
+    names = [w.name for w in wheels]
+    (venv / STAMP).write_text(json.dumps({"source_sha256": want, "wheel": names[0],
+                                          "lab_wheel": names[1]}) + "\n")
+    return f"{venv.name}: installed {', '.join(names)}"
 
 
-PROBE = (f"import importlib.metadata as m, {PACKAGE} as p; "
+PROBE = (f"import importlib.metadata as m, {PACKAGE} as p, {LAB_PACKAGE} as lab; "
          f"d = m.distribution('vllm-fp4-moe-plugin'); "
-         f"print(p.__file__); print(d.read_text('direct_url.json') or '')")
+         f"print(p.__file__); print(lab.__file__); print(d.read_text('direct_url.json') or '')")
 
 
 @functools.cache
@@ -91,16 +109,16 @@ def check(venv: Path, world: str) -> None:
     the drivers start engines (cwd outside the checkout, no PYTHONPATH)."""
     fix = f"run ./scripts/bootstrap-engine.sh {world}"
     if _stamp(venv).get("source_sha256") != source_hash():
-        raise RuntimeError(f"{venv}: the plugin wheel there is not built from this checkout's "
-                           f"current source ({PACKAGE}/, setup.cfg, ...): {fix}")
+        raise RuntimeError(f"{venv}: the plugin and lab wheels there are not built from this "
+                           f"checkout's current source ({PACKAGE}/, lab/, setup.cfg, ...): {fix}")
     p = subprocess.run([str(venv / "bin" / "python"), "-c", PROBE], capture_output=True,
                        text=True, cwd=tempfile.gettempdir(), timeout=300,
                        env={"PATH": "/usr/bin:/bin"})
     lines = p.stdout.splitlines()
-    if (p.returncode != 0 or not lines or '"editable"' in p.stdout
-            or not Path(lines[0]).resolve().is_relative_to(venv.resolve())):
-        raise RuntimeError(f"{venv}: {PACKAGE} does not import from an installed wheel "
-                           f"({(lines or [p.stderr[-300:]])[0]}): {fix}")
+    if (p.returncode != 0 or len(lines) < 2 or '"editable"' in p.stdout
+            or not all(Path(f).resolve().is_relative_to(venv.resolve()) for f in lines[:2])):
+        raise RuntimeError(f"{venv}: {PACKAGE} or {LAB_PACKAGE} does not import from an "
+                           f"installed wheel ({(lines or [p.stderr[-300:]])[:2]}): {fix}")
 
 
 def main(argv: list[str]) -> int:

@@ -52,7 +52,7 @@ def _world(world: str):
 def checkpoints(tmp_path_factory):
     """{world: compressed-tensors checkpoint}; 0.11.0's TP=2 needs 256 intermediate per rank
     (the SM100 path's alignment)."""
-    from vllm_fp4_moe_plugin.checkpoint.writer import write_checkpoint
+    from fp4_moe_lab.checkpoint.writer import write_checkpoint
 
     out = {}
     for world, inter in (("0.32.0", None), ("0.11.0", 512)):

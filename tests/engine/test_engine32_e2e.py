@@ -77,8 +77,8 @@ def bf16_checkpoint(world, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ct_checkpoint(tmp_path_factory):
+    from fp4_moe_lab.checkpoint.writer import write_checkpoint
     from vllm_fp4_moe_plugin.checkpoint.audit import audit_checkpoint
-    from vllm_fp4_moe_plugin.checkpoint.writer import write_checkpoint
     from vllm_fp4_moe_plugin.support import Design
 
     path = tmp_path_factory.mktemp("qwen3_moe-ct")

@@ -45,7 +45,7 @@ def assert_plugin_matches_and_stock_diverges(ref, plugin, stock):
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    from vllm_fp4_moe_plugin.checkpoint.writer import write_checkpoint
+    from fp4_moe_lab.checkpoint.writer import write_checkpoint
 
     out = {}
     for fmt in ("modelopt", "compressed-tensors"):

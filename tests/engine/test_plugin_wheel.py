@@ -21,9 +21,12 @@ def test_stale_wheel_is_refused_with_the_command_that_fixes_it(tmp_path):
 def test_source_hash_covers_the_package_and_its_metadata():
     names = {str(f.relative_to(plugin_wheel.REPO_ROOT))
              for f in plugin_wheel._files(plugin_wheel.HASHED)}
-    assert {"setup.cfg", "pyproject.toml", "vllm_fp4_moe_plugin/__init__.py"} <= names
+    assert {"setup.cfg", "pyproject.toml", "vllm_fp4_moe_plugin/__init__.py",
+            # the lab's wheel goes next to it (the seam plugin runs its simulated Blackwell)
+            "lab/pyproject.toml", "lab/fp4_moe_lab/simulation/blackwell.py"} <= names
     assert "README.md" not in names  # metadata only: a doc edit must not make the worlds stale
-    assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+    assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")
+                or ".egg-info" in n]
 
 
 @pytest.mark.parametrize("world", sorted(server.WORLDS))
@@ -32,5 +35,6 @@ def test_built_world_imports_the_current_wheel(world):
     if server.world_python(world) is None:
         pytest.skip(f"{venv} not built")
     # Reference check: the stamp bootstrap-engine.sh wrote names the wheel it installed.
-    assert json.loads((venv / plugin_wheel.STAMP).read_text())["wheel"].endswith(".whl")
+    stamp = json.loads((venv / plugin_wheel.STAMP).read_text())
+    assert stamp["wheel"].endswith(".whl") and stamp["lab_wheel"].endswith(".whl")
     plugin_wheel.check.__wrapped__(venv, world)  # raises on a stale, editable or shadowed one

@@ -10,11 +10,11 @@ import os
 
 import torch
 
+from fp4_moe_lab.checkpoint.expert_tensors import expert_tensors
+from fp4_moe_lab.nvfp4 import random_experts
+from fp4_moe_lab.simulation import moe_layer
+from fp4_moe_lab.simulation.layouts import Scenario, stock_and_plugin_outputs
 from vllm_fp4_moe_plugin import patches
-from vllm_fp4_moe_plugin.checkpoint.expert_tensors import expert_tensors
-from vllm_fp4_moe_plugin.nvfp4 import random_experts
-from vllm_fp4_moe_plugin.simulation import moe_layer
-from vllm_fp4_moe_plugin.simulation.layouts import Scenario, stock_and_plugin_outputs
 
 FORMATS = ("modelopt", "compressed-tensors")
 PREFIX = "model.layers.{index}.mlp.experts"

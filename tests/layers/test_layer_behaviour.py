@@ -4,11 +4,11 @@ backends left alone, the TRT-LLM scale, and the DP scale agreement across ranks.
 import pytest
 import torch
 
+from fp4_moe_lab.simulation.judge import rel_err
+from fp4_moe_lab.simulation.layouts import LAYOUTS, Layout, Scenario, spawn
+from fp4_moe_lab.simulation.matrix import references
 from tests import uncalibrated_checks
 from tests.pass_marks import PLUGIN_BOUND
-from vllm_fp4_moe_plugin.simulation.judge import rel_err
-from vllm_fp4_moe_plugin.simulation.layouts import LAYOUTS, Layout, Scenario, spawn
-from vllm_fp4_moe_plugin.simulation.matrix import references
 
 pytestmark = [pytest.mark.cpu, pytest.mark.multiproc]
 
@@ -122,7 +122,7 @@ def test_dp_scale_is_agreed_across_ranks(layout):
     """Each DP rank holds different experts, yet all quantize with the EP-group-wide min."""
     scenario = Scenario()
     gs = scenario.experts().w13_input_gs
-    ranks = spawn(LAYOUTS[layout], "vllm_fp4_moe_plugin.simulation.layouts:"
+    ranks = spawn(LAYOUTS[layout], "fp4_moe_lab.simulation.layouts:"
                   "stock_and_plugin_outputs", scenario, ("compressed-tensors",), ("plugin",))
     used = [r.info["compressed-tensors/plugin"]["a1_gscale"] for r in ranks]
     assert all(u == [float(gs.min())] for u in used), used

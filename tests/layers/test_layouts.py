@@ -7,9 +7,9 @@ tokens. Multi-rank layouts run one spawned process per rank through vLLM's own g
 import pytest
 import torch
 
+from fp4_moe_lab.simulation.layouts import LAYOUT_NAMES, LAYOUTS, Scenario
+from fp4_moe_lab.simulation.matrix import rows_for_layout
 from tests.pass_marks import AFFECTED_FACTOR, FP32_FACTOR, PLUGIN_BOUND
-from vllm_fp4_moe_plugin.simulation.layouts import LAYOUT_NAMES, LAYOUTS, Scenario
-from vllm_fp4_moe_plugin.simulation.matrix import rows_for_layout
 
 pytestmark = [pytest.mark.cpu, pytest.mark.multiproc]
 

@@ -9,6 +9,6 @@ pytestmark = [pytest.mark.cpu, pytest.mark.multiproc, pytest.mark.slow]
 
 
 def test_dead_experts_of_a_real_routed_checkpoint():
-    from vllm_fp4_moe_plugin.simulation.uncalibrated import run_checkpoint
+    from fp4_moe_lab.simulation.uncalibrated import run_checkpoint
 
     checks.check_dead_rows(run_checkpoint(checks.DEAD, checks.LAYERS, ("single",)))

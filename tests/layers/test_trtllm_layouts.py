@@ -9,10 +9,10 @@ output scales are per expert; the plugin sets one scalar per EP rank and rebuild
 
 import pytest
 
+from fp4_moe_lab.simulation import trtllm_rows
+from fp4_moe_lab.simulation.layouts import Scenario
+from fp4_moe_lab.simulation.matrix import installed_release
 from tests.pass_marks import AFFECTED_FACTOR, FP32_FACTOR, PLUGIN_BOUND
-from vllm_fp4_moe_plugin.simulation import trtllm_rows
-from vllm_fp4_moe_plugin.simulation.layouts import Scenario
-from vllm_fp4_moe_plugin.simulation.matrix import installed_release
 from vllm_fp4_moe_plugin.support import Design
 
 pytestmark = [pytest.mark.cpu, pytest.mark.multiproc]

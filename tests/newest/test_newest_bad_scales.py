@@ -4,8 +4,8 @@ scales no calibration produced are loaded with the calibrated max amax instead."
 
 import pytest
 
+from fp4_moe_lab.simulation.layouts import LAYOUTS, spawn
 from tests import uncalibrated_checks
-from vllm_fp4_moe_plugin.simulation.layouts import LAYOUTS, spawn
 
 pytestmark = [pytest.mark.cpu, pytest.mark.multiproc]
 

@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from fp4_moe_lab.simulation.layouts import LAYOUTS, Scenario, run_layout
 from tests.pass_marks import AFFECTED_FACTOR, FP32_FACTOR, PLUGIN_BOUND
-from vllm_fp4_moe_plugin.simulation.layouts import LAYOUTS, Scenario, run_layout
 
 pytestmark = [pytest.mark.cpu, pytest.mark.multiproc, pytest.mark.slow]
 

@@ -4,7 +4,7 @@ none elsewhere, none with VLLM_FP4_MOE_PLUGIN=0."""
 
 import pytest
 
-from vllm_fp4_moe_plugin.simulation.layouts import LAYOUTS, spawn
+from fp4_moe_lab.simulation.layouts import LAYOUTS, spawn
 
 pytestmark = [pytest.mark.cpu, pytest.mark.multiproc]
 

@@ -27,9 +27,9 @@ import types
 import pytest
 import torch
 
-from vllm_fp4_moe_plugin import nvfp4
-from vllm_fp4_moe_plugin.nvfp4 import trtllm_layout
-from vllm_fp4_moe_plugin.simulation import blackwell_oracle
+from fp4_moe_lab import nvfp4
+from fp4_moe_lab.nvfp4 import trtllm_layout
+from fp4_moe_lab.simulation import blackwell_oracle
 
 from . import flashinfer_wheel
 

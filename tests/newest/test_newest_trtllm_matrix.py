@@ -19,9 +19,9 @@ classes vLLM built are not in the rows.
 
 import pytest
 
+from fp4_moe_lab.simulation.layouts import LAYOUTS, Scenario, run_layout
+from fp4_moe_lab.simulation.matrix import trtllm_layer_kwargs, trtllm_routes_itself
 from tests.pass_marks import AFFECTED_FACTOR, FP32_FACTOR, PLUGIN_BOUND
-from vllm_fp4_moe_plugin.simulation.layouts import LAYOUTS, Scenario, run_layout
-from vllm_fp4_moe_plugin.simulation.matrix import trtllm_layer_kwargs, trtllm_routes_itself
 
 pytestmark = [pytest.mark.cpu, pytest.mark.multiproc, pytest.mark.slow]
 

@@ -1,7 +1,7 @@
 """Fixtures for the NVFP4 math / emulator tests: the device they run on.
 
 ``VLLM_FP4_MOE_TEST_DEVICE`` picks it (default ``cpu``; ``cuda`` on a GPU box). Everything in
-``vllm_fp4_moe_plugin.nvfp4`` follows its inputs' device, so the same tests cover both.
+``fp4_moe_lab.nvfp4`` follows its inputs' device, so the same tests cover both.
 """
 
 import os

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vllm_fp4_moe_plugin import nvfp4
+from fp4_moe_lab import nvfp4
 
 INPUT_STD = 1.0
 INPUT_OUTLIER_FACTOR = 50.0  # a few 16-blocks of every input are 50x larger; one is all zero

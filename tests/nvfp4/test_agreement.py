@@ -20,7 +20,7 @@ os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")  # CT's cast_to_fp4 is @torch.
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from vllm_fp4_moe_plugin.nvfp4 import (  # noqa: E402
+from fp4_moe_lab.nvfp4 import (  # noqa: E402
     dequantize,
     e2m1_decode,
     global_scale,

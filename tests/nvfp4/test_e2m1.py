@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from vllm_fp4_moe_plugin.nvfp4 import E2M1_VALUES, e2m1_decode, e2m1_round, pack_fp4, unpack_fp4
+from fp4_moe_lab.nvfp4 import E2M1_VALUES, e2m1_decode, e2m1_round, pack_fp4, unpack_fp4
 
 pytestmark = pytest.mark.cpu
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from vllm_fp4_moe_plugin.nvfp4 import (
+from fp4_moe_lab.nvfp4 import (
     dequantize,
     fp4_quantize,
     global_scale,

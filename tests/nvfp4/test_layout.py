@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from vllm_fp4_moe_plugin.nvfp4 import (
+from fp4_moe_lab.nvfp4 import (
     block_scale_interleave,
     sf_offset_128x4,
     swizzle_128x4,

@@ -21,7 +21,7 @@ import dataclasses
 import pytest
 import torch
 
-from vllm_fp4_moe_plugin.nvfp4 import (
+from fp4_moe_lab.nvfp4 import (
     cutlass_fused_moe,
     fp4_quantize,
     moe_reference_fp32,
@@ -254,8 +254,8 @@ def test_input_sf_is_read_through_its_pointer(device):
     change, and a storage that really is too short must fail."""
     import torch
 
-    from vllm_fp4_moe_plugin import nvfp4
-    from vllm_fp4_moe_plugin.nvfp4.fused_moe_emulator import _bytes_behind_pointer
+    from fp4_moe_lab import nvfp4
+    from fp4_moe_lab.nvfp4.fused_moe_emulator import _bytes_behind_pointer
 
     torch.manual_seed(0)
     x = torch.randn(5, 64, device=device, dtype=torch.bfloat16)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from vllm_fp4_moe_plugin.nvfp4 import (
+from fp4_moe_lab.nvfp4 import (
     BLOCK_SIZE,
     E4M3_MAX,
     FP4_MAX,

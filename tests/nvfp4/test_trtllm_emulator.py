@@ -25,18 +25,18 @@ import dataclasses  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from vllm_fp4_moe_plugin.nvfp4 import (  # noqa: E402
+from fp4_moe_lab.nvfp4 import (  # noqa: E402
     fp4_quantize,
     moe_reference_nvfp4,
     trtllm_fp4_block_scale_moe,
 )
-from vllm_fp4_moe_plugin.nvfp4 import layout as nvfp4_layout  # noqa: E402
-from vllm_fp4_moe_plugin.nvfp4.trtllm_emulator import (  # noqa: E402
+from fp4_moe_lab.nvfp4 import layout as nvfp4_layout  # noqa: E402
+from fp4_moe_lab.nvfp4.trtllm_emulator import (  # noqa: E402
     route,
     trtllm_fp4_block_scale_moe_0_7,
     trtllm_fp4_block_scale_routed_moe_0_7,
 )
-from vllm_fp4_moe_plugin.nvfp4.trtllm_layout import (  # noqa: E402
+from fp4_moe_lab.nvfp4.trtllm_layout import (  # noqa: E402
     gated_row_sources,
     gemm1_row_sources,
     shuffle_gemm1,

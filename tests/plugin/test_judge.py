@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from fp4_moe_lab.simulation import judge
+from fp4_moe_lab.simulation.layouts import RankOutput
 from tests import pass_marks
-from vllm_fp4_moe_plugin.simulation import judge
-from vllm_fp4_moe_plugin.simulation.layouts import RankOutput
 
 pytestmark = pytest.mark.cpu
 

@@ -4,13 +4,13 @@ emulator's code, must agree with the emulator on the plugin's (bf16, per-expert)
 import pytest
 import torch
 
-from vllm_fp4_moe_plugin.nvfp4 import (
+from fp4_moe_lab.nvfp4 import (
     cutlass_fused_moe,
     moe_reference_nvfp4,
     random_experts,
     to_flashinfer_inputs,
 )
-from vllm_fp4_moe_plugin.simulation.reference_kernel import (
+from fp4_moe_lab.simulation.reference_kernel import (
     experts_from_kernel_args,
     reference_cutlass_fused_moe,
 )
@@ -74,7 +74,7 @@ def test_refuses_prequantized_input(case):
 
 def _prequantized(x, gs):
     """What the NVFP4-oracle design hands FlashInfer CUTLASS: packed codes + swizzled SF."""
-    from vllm_fp4_moe_plugin.nvfp4 import fp4_quantize
+    from fp4_moe_lab.nvfp4 import fp4_quantize
 
     q, sf = fp4_quantize(x, gs, 16, False, True)
     return q, sf
@@ -85,7 +85,7 @@ def test_prequantized_matches_emulator_and_ideal_with_one_shared_scale(case, ep_
     """The oracle seam's reference: pre-quantized input decoded with the kernel's own scalar
     GEMM1 scale = the ideal loop with that shared scale, and = the emulator given the same
     pre-quantized input."""
-    from vllm_fp4_moe_plugin.simulation.reference_kernel import (
+    from fp4_moe_lab.simulation.reference_kernel import (
         reference_cutlass_fused_moe_prequantized,
     )
 
@@ -112,7 +112,7 @@ def test_prequantized_sees_a_sender_with_another_scale(case):
     """Quantized with half the scale the kernel holds (a stock DP+EP sender whose local max is
     2x larger): the reference decodes with the kernel's scale and is off by 2x in GEMM1, like the
     kernel -- which is why the reference engine runs with the plugin on."""
-    from vllm_fp4_moe_plugin.simulation.reference_kernel import (
+    from fp4_moe_lab.simulation.reference_kernel import (
         reference_cutlass_fused_moe_prequantized,
     )
 
@@ -129,7 +129,7 @@ def test_prequantized_sees_a_sender_with_another_scale(case):
 
 
 def test_prequantized_refuses_per_expert_scales(case):
-    from vllm_fp4_moe_plugin.simulation.reference_kernel import (
+    from fp4_moe_lab.simulation.reference_kernel import (
         reference_cutlass_fused_moe_prequantized,
     )
 

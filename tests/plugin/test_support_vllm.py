@@ -35,7 +35,7 @@ def test_published_uncalibrated_rows_agree_with_the_support_model(path):
     from tests import uncalibrated_checks
 
     rows = json.loads(path.read_text())
-    from vllm_fp4_moe_plugin.simulation.planted_scales import CASES
+    from fp4_moe_lab.simulation.planted_scales import CASES
 
     assert {r["case"] for r in rows} == set(CASES)
     for row in rows:

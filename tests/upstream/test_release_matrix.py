@@ -8,9 +8,9 @@ could show.
 
 import pytest
 
+from fp4_moe_lab.simulation.layouts import LAYOUT_NAMES, Scenario
+from fp4_moe_lab.simulation.matrix import rows_for_layout
 from tests.pass_marks import AFFECTED_FACTOR, FP32_FACTOR, PLUGIN_BOUND
-from vllm_fp4_moe_plugin.simulation.layouts import LAYOUT_NAMES, Scenario
-from vllm_fp4_moe_plugin.simulation.matrix import rows_for_layout
 
 pytestmark = [pytest.mark.cpu, pytest.mark.multiproc, pytest.mark.slow]
 

@@ -125,7 +125,7 @@ def test_compressed_tensors_without_backend_attribute_means_cutlass():
 def test_off_warning_only_where_this_release_is_wrong():
     """Switch unset: the one WARNING fires for compressed-tensors under DP dispatch (the hole
     left open), not for TP-like layouts, which 0.11.1 computes right."""
-    from vllm_fp4_moe_plugin.simulation.layouts import LAYOUTS, spawn
+    from fp4_moe_lab.simulation.layouts import LAYOUTS, spawn
 
     single = spawn(LAYOUTS["single"], "tests.layers.jobs:off_warning")[0]
     assert single["unset/4.0"] == [], single

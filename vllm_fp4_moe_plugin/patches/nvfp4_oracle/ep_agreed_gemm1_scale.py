@@ -141,7 +141,7 @@ def agreed_a13_scale(layer: torch.nn.Module, a13_scale: torch.Tensor) -> torch.T
     agreed = scales.agree_max(a13_scale, get_ep_group().cpu_group, layer=label)
     local = a13_scale.detach().float().max().cpu()
     # a13 is the scale's ModelOpt form, amax / (448 * 6); the log speaks in the checkpoint's amax
-    from vllm_fp4_moe_plugin.nvfp4.constants import E4M3_MAX, FP4_MAX
+    from vllm_fp4_moe_plugin.nvfp4_constants import E4M3_MAX, FP4_MAX
 
     to_amax = E4M3_MAX * FP4_MAX
     if torch.equal(local, agreed):

@@ -133,13 +133,13 @@ def apply_seam() -> None:
         _entered = True
         return
     if not oracle_design():
-        from vllm_fp4_moe_plugin.simulation.blackwell import simulated_blackwell
+        from fp4_moe_lab.simulation.blackwell import simulated_blackwell
 
         _entered = simulated_blackwell(
             backend=os.environ.get("VLLM_FLASHINFER_MOE_BACKEND", "throughput"), kernel=kernel)
         _entered.__enter__()
         return
-    from vllm_fp4_moe_plugin.simulation.blackwell_oracle import simulated_blackwell
+    from fp4_moe_lab.simulation.blackwell_oracle import simulated_blackwell
 
     _entered = simulated_blackwell(
         backend=os.environ.get("FP4_MOE_TEST_BACKEND", "throughput"), kernel=kernel)

@@ -222,7 +222,7 @@ def install() -> list[str]:
     done: list[str] = []
     if _installed:
         return done
-    from vllm_fp4_moe_plugin.simulation.blackwell import _cpu_all_gatherv, _cpu_reduce_scatterv
+    from fp4_moe_lab.simulation.blackwell import _cpu_all_gatherv, _cpu_reduce_scatterv
 
     try:
         from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator

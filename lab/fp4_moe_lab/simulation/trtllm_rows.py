@@ -10,10 +10,10 @@ from typing import Any
 
 import torch
 
-from vllm_fp4_moe_plugin import nvfp4
-from vllm_fp4_moe_plugin.nvfp4.trtllm_emulator import route
-from vllm_fp4_moe_plugin.simulation.judge import installed_release, judge
-from vllm_fp4_moe_plugin.simulation.trtllm_seam import (
+from fp4_moe_lab import nvfp4
+from fp4_moe_lab.nvfp4.trtllm_emulator import route
+from fp4_moe_lab.simulation.judge import installed_release, judge
+from fp4_moe_lab.simulation.trtllm_seam import (
     NUM_EXPERT_GROUP,
     TOPK_GROUP,
     layer_kwargs,
@@ -34,8 +34,8 @@ SCHEME = "shared_gemm1_per_ep_rank"
 def trtllm_outputs(ctx, scenario, modes=("stock", "plugin")):
     """Job (runs in every rank of a layout): the ModelOpt layer on the TRT-LLM backend, stock and
     with the plugin, on the scenario's tokens (the CUTLASS job, inside the latency seam)."""
-    from vllm_fp4_moe_plugin.simulation.blackwell import simulated_blackwell
-    from vllm_fp4_moe_plugin.simulation.layouts import stock_and_plugin_outputs
+    from fp4_moe_lab.simulation.blackwell import simulated_blackwell
+    from fp4_moe_lab.simulation.layouts import stock_and_plugin_outputs
 
     with simulated_blackwell(backend="latency"):
         return stock_and_plugin_outputs(ctx, scenario, ("modelopt",), modes,
@@ -64,8 +64,8 @@ def references(scenario, dp_rank: int, ep_size: int):
 
 def run_layout(layout_name: str, scenario) -> list:
     """Every rank's :func:`trtllm_outputs` in ``layout_name`` (real spawned gloo groups)."""
-    from vllm_fp4_moe_plugin.simulation.layouts import LAYOUTS as ALL
-    from vllm_fp4_moe_plugin.simulation.layouts import spawn
+    from fp4_moe_lab.simulation.layouts import LAYOUTS as ALL
+    from fp4_moe_lab.simulation.layouts import spawn
 
     return spawn(ALL[layout_name], f"{__name__}:trtllm_outputs", scenario)
 
@@ -73,7 +73,7 @@ def run_layout(layout_name: str, scenario) -> list:
 def rows_for_layout(layout_name: str, scenario, ranks=None) -> list:
     """The ModelOpt TRT-LLM row of one layout, judged like the CUTLASS rows (:mod:`.judge`);
     ``ranks``: outputs of :func:`run_layout` already in hand."""
-    from vllm_fp4_moe_plugin.simulation.layouts import LAYOUTS as ALL
+    from fp4_moe_lab.simulation.layouts import LAYOUTS as ALL
 
     layout = ALL[layout_name]
     ranks = ranks if ranks is not None else run_layout(layout_name, scenario)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from vllm_fp4_moe_plugin.checkpoint.expert_tensors import INPUT_SCALE_SUFFIX, experts_from_tensors
+from fp4_moe_lab.checkpoint.expert_tensors import INPUT_SCALE_SUFFIX, experts_from_tensors
+from fp4_moe_lab.nvfp4 import QuantizedExperts
 from vllm_fp4_moe_plugin.checkpoint.tensor_index import tensor_files
-from vllm_fp4_moe_plugin.nvfp4 import QuantizedExperts
 from vllm_fp4_moe_plugin.scale_check import uncalibrated_experts
 
 PREFIX = "model.layers.{layer}.mlp.experts"

@@ -21,16 +21,16 @@ from typing import Iterable, Optional
 
 import torch
 
-from vllm_fp4_moe_plugin.simulation.judge import installed_release, judge
-from vllm_fp4_moe_plugin.simulation.layouts import (
+from fp4_moe_lab.simulation.judge import installed_release, judge
+from fp4_moe_lab.simulation.layouts import (
     LAYOUTS,
     RankContext,
     Scenario,
     spawn,
     stock_and_plugin_outputs,
 )
-from vllm_fp4_moe_plugin.simulation.matrix import BACKEND, reference_scheme, references
-from vllm_fp4_moe_plugin.simulation.planted_scales import CASES, GEMMS, LARGE_FACTOR  # noqa: F401
+from fp4_moe_lab.simulation.matrix import BACKEND, reference_scheme, references
+from fp4_moe_lab.simulation.planted_scales import CASES, GEMMS, LARGE_FACTOR  # noqa: F401
 
 DEFAULT_LAYOUTS = ("single", "dp_ep_allgather")
 DEFAULT_PLANTS = tuple((gemm, case) for case in CASES for gemm in GEMMS)
@@ -106,7 +106,7 @@ def run_checkpoint(path: str, layers: Iterable[int], layouts: Optional[Iterable[
                    progress=None) -> list[dict]:
     """The same rows for a real checkpoint's MoE layers, as its quantizer wrote them (format
     from the file; keys ``layer`` and ``uncalibrated``, the experts the plugin's rule finds)."""
-    from vllm_fp4_moe_plugin.simulation import checkpoint_layer
+    from fp4_moe_lab.simulation import checkpoint_layer
 
     layers = list(layers)
     fmt = checkpoint_layer.read_layer(str(path), layers[0])[0]

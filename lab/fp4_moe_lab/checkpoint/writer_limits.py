@@ -1,5 +1,5 @@
-"""What :mod:`.writer` accepts, importable without torch: the CLI checks its arguments and
-output path with these before any slow import or tensor."""
+"""What :mod:`.writer` accepts, importable without torch: the make-checkpoint and demo commands
+check their output path with these before any slow import or tensor."""
 
 from __future__ import annotations
 
@@ -7,14 +7,13 @@ import os
 from pathlib import Path
 from typing import Optional
 
+# The largest --spread a calibrated checkpoint can hold is a format limit: it lives with the NVFP4
+# constants of the serving package, where the CLI checks --spread at parse time.
+from vllm_fp4_moe_plugin.nvfp4_constants import MAX_INPUT_SCALE_SPREAD  # noqa: F401  (re-exported)
+
 OWN_FILES = ("config.json", "hf_quant_config.json", "model.safetensors",
              "model.safetensors.index.json")
 
-# The largest --spread a calibrated checkpoint can hold. The experts of one layer see the same
-# hidden states; an expert whose input scale is ``spread`` x the smallest quantizes them with
-# FP8-E4M3 block scales about 448 / spread. Below E4M3's smallest subnormal, 2**-9, every block
-# scale rounds to 0 and that expert's input becomes all zeros: no calibration produces that.
-MAX_INPUT_SCALE_SPREAD = 448.0 * 2.0 ** 9  # 229376
 # Tiny checkpoints only: size overrides that would write more than this are refused up front.
 MAX_CHECKPOINT_BYTES = 2 * 1024 ** 3
 

@@ -28,9 +28,9 @@ def _no_progress(text: str) -> None:
 
 
 def _checkout_root() -> Path:
-    """The directory above the package: a repository checkout when run from one (editable
-    install or ``PYTHONPATH``), site-packages when installed from a wheel."""
-    return Path(__file__).resolve().parents[1]
+    """Two directories above the package (lab/fp4_moe_lab/): a repository checkout when run
+    from one (editable install or ``PYTHONPATH``), not one when installed from a wheel."""
+    return Path(__file__).resolve().parents[2]
 
 
 def _engine_runner() -> tuple[Optional[ModuleType], str]:
@@ -85,8 +85,8 @@ def _engine_section(engine: ModuleType, checkpoint: Path, say: Callable[[str], N
 
 def _matrix_section(why: str, say: Callable[[str], None],
                     progress: Callable[[str], None] = _no_progress) -> bool:
-    from vllm_fp4_moe_plugin.simulation.layouts import Scenario
-    from vllm_fp4_moe_plugin.simulation.matrix import format_table, run_matrix
+    from fp4_moe_lab.simulation.layouts import Scenario
+    from fp4_moe_lab.simulation.matrix import format_table, run_matrix
 
     say(f"  (real vLLM 0.11.0 MoE layers instead of a whole engine: {why})")
     rows = []
@@ -102,8 +102,8 @@ def run_demo(out_dir: Path, say: Callable[[str], None] = print, *, engine: bool 
              progress: Callable[[str], None] = _no_progress) -> int:
     """The demo; ``say`` prints the story (stdout), ``progress`` one line per slow step
     (the CLI sends it to stderr)."""
+    from fp4_moe_lab.checkpoint.writer import write_checkpoint
     from vllm_fp4_moe_plugin.checkpoint.audit import audit_checkpoint, format_audit
-    from vllm_fp4_moe_plugin.checkpoint.writer import write_checkpoint
 
     checkpoint = Path(out_dir) / CHECKPOINT_NAME
     progress("demo: step 1/3, writing the checkpoint ...")

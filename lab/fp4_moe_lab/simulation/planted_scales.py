@@ -20,8 +20,8 @@ import math
 
 import torch
 
-from vllm_fp4_moe_plugin.checkpoint.expert_tensors import GEMM1_PROJECTIONS, input_scale_name
-from vllm_fp4_moe_plugin.nvfp4 import QuantizedExperts
+from fp4_moe_lab.checkpoint.expert_tensors import GEMM1_PROJECTIONS, input_scale_name
+from fp4_moe_lab.nvfp4 import QuantizedExperts
 
 GEMMS = ("w13", "w2")
 LLMCOMPRESSOR_NO_STATS_GATE_UP = 1.57e-29  # llmcompressor 0.14, routed calibration, measured

@@ -5,7 +5,7 @@ vLLM 0.11.0, and neither lets a test choose the one thing the bug depends on -- 
 GEMM1 activation scale. Here max/min of those scales is exactly ``input_scale_spread`` per layer.
 
 Only routed experts are NVFP4 (see :mod:`.configs`); the rest is bf16. The NVFP4 numbers come
-from :mod:`vllm_fp4_moe_plugin.nvfp4` and the tensor names from :mod:`.expert_tensors`.
+from :mod:`fp4_moe_lab.nvfp4` and the tensor names from :mod:`.expert_tensors`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 from safetensors.torch import save_file
 
-from vllm_fp4_moe_plugin.nvfp4 import E4M3_MAX, FP4_MAX, quantize_experts, random_master
+from fp4_moe_lab.nvfp4 import E4M3_MAX, FP4_MAX, quantize_experts, random_master
 
 from . import configs
 from .expert_tensors import FORMATS, INPUT_SCALE_SUFFIX, expert_tensors, stored_input_scale_tensors

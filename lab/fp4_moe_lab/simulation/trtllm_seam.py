@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import torch
 
-from vllm_fp4_moe_plugin import nvfp4
+from fp4_moe_lab import nvfp4
 
 #: DeepSeek-V3-style routing of the rows: groups, groups kept (8 experts: 2 groups of 4).
 NUM_EXPERT_GROUP = 2

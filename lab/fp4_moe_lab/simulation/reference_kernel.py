@@ -23,7 +23,7 @@ from typing import Optional
 
 import torch
 
-from vllm_fp4_moe_plugin.nvfp4 import (
+from fp4_moe_lab.nvfp4 import (
     QuantizedExperts,
     dequantize,
     moe_reference_nvfp4,

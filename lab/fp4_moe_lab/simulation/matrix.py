@@ -19,9 +19,9 @@ from typing import Iterable, Optional
 
 import torch
 
-from vllm_fp4_moe_plugin.simulation import trtllm_rows
-from vllm_fp4_moe_plugin.simulation.judge import Row, installed_release, judge
-from vllm_fp4_moe_plugin.simulation.layouts import LAYOUTS, Scenario, run_layout
+from fp4_moe_lab.simulation import trtllm_rows
+from fp4_moe_lab.simulation.judge import Row, installed_release, judge
+from fp4_moe_lab.simulation.layouts import LAYOUTS, Scenario, run_layout
 from vllm_fp4_moe_plugin.support import Design
 
 BACKEND = "flashinfer_cutlass"
@@ -43,8 +43,8 @@ def references(scenario: Scenario, dp_rank: int, scheme: str, ep_size: int = 1,
     kernel requantizes it straight from fp32, ``None``, see ``trtllm_emulator.py``).
     ``kernel_routing``: the DeepSeek-V3-style layer routed by the TRT-LLM monolithic kernel
     itself (:func:`trtllm_kernel_routing`) instead of the layer's softmax top-k."""
-    from vllm_fp4_moe_plugin.nvfp4 import moe_reference_fp32, moe_reference_nvfp4
-    from vllm_fp4_moe_plugin.simulation.blackwell import cpu_topk_softmax_routing
+    from fp4_moe_lab.nvfp4 import moe_reference_fp32, moe_reference_nvfp4
+    from fp4_moe_lab.simulation.blackwell import cpu_topk_softmax_routing
 
     experts = scenario.experts(ep_size)
     x, logits = scenario.inputs(dp_rank)
@@ -81,8 +81,8 @@ def trtllm_kernel_routing(scenario: Scenario, logits: torch.Tensor):
     hands it the router logits, ``e_score_correction_bias`` and ``routing_method_type``
     DeepSeekV3 (FM/experts/trtllm_nvfp4_moe.py:601-633); the emulator's own routing (0.7
     contract), bf16 weights as the routing kernel writes them."""
-    from vllm_fp4_moe_plugin.nvfp4.trtllm_emulator import RoutingMethodType, route
-    from vllm_fp4_moe_plugin.simulation import trtllm_seam
+    from fp4_moe_lab.nvfp4.trtllm_emulator import RoutingMethodType, route
+    from fp4_moe_lab.simulation import trtllm_seam
 
     ids, weights = route(logits, trtllm_seam.routing_bias(scenario),
                          routing_method_type=int(RoutingMethodType.DeepSeekV3),
@@ -135,7 +135,7 @@ def reference_scheme(design: Optional[Design], fmt: str, layout,
     """Which activation scales a *correct* layer uses on this release and layout.
     ``oracle``: the installed vLLM has the NVFP4-oracle design (default: probe it)."""
     if oracle is None:
-        from vllm_fp4_moe_plugin.simulation import blackwell_oracle
+        from fp4_moe_lab.simulation import blackwell_oracle
 
         oracle = blackwell_oracle.applies()
     if oracle:
@@ -159,7 +159,7 @@ def trtllm_routes_itself(backend: str, layout) -> bool:
 
 def trtllm_layer_kwargs(scenario: Scenario) -> dict:
     """The DeepSeek-V3-style layer of the self-routing TRT-LLM rows, vLLM's own router."""
-    from vllm_fp4_moe_plugin.simulation import trtllm_seam
+    from fp4_moe_lab.simulation import trtllm_seam
 
     return dict(trtllm_seam.layer_kwargs(scenario), custom_routing_function=None)
 
@@ -224,7 +224,7 @@ def default_backends() -> tuple[str, ...]:
     its TRT-LLM path has (``trtllm_seam.applies``). An oracle-design vLLM whose TRT-LLM experts
     the seam cannot simulate (v0.20.0, :func:`~.blackwell_oracle.simulates_trtllm`) gets
     CUTLASS only."""
-    from vllm_fp4_moe_plugin.simulation import blackwell_oracle
+    from fp4_moe_lab.simulation import blackwell_oracle
 
     if blackwell_oracle.applies() and not blackwell_oracle.simulates_trtllm():
         return (BACKEND,)
@@ -236,8 +236,8 @@ def run_matrix(layouts: Optional[Iterable[str]] = None, scenario: Optional[Scena
                backends: Optional[Iterable[str]] = None) -> list[Row]:
     """``layouts`` default: :func:`~.layouts.default_layouts` of the installed vLLM;
     ``backends`` default: :func:`default_backends`."""
-    from vllm_fp4_moe_plugin.simulation import blackwell_oracle
-    from vllm_fp4_moe_plugin.simulation.layouts import default_layouts
+    from fp4_moe_lab.simulation import blackwell_oracle
+    from fp4_moe_lab.simulation.layouts import default_layouts
 
     oracle = blackwell_oracle.applies()
     layouts = default_layouts() if layouts is None else layouts

@@ -122,8 +122,8 @@ from typing import Any, Iterator, Optional
 import torch
 import torch.distributed as dist
 
-from vllm_fp4_moe_plugin import nvfp4
-from vllm_fp4_moe_plugin.simulation.blackwell import (
+from fp4_moe_lab import nvfp4
+from fp4_moe_lab.simulation.blackwell import (
     _as_bytes,
     _cpu_all_gatherv,
     _cpu_reduce_scatterv,
@@ -545,7 +545,7 @@ def _w3_w1_permute_indices(cache, dst_w3_w1_weight: torch.Tensor, epilogue_tile_
     with device kernels; :mod:`nvfp4.trtllm_layout` computes the same indices on CPU (checked
     byte for byte against FlashInfer 0.3.1's shuffles in tests/nvfp4, and against FlashInfer
     0.7.2.post1's and 0.7.4's own helpers in tests/newest/test_newest_trtllm_layout.py)."""
-    from vllm_fp4_moe_plugin.nvfp4 import trtllm_layout as tl
+    from fp4_moe_lab.nvfp4 import trtllm_layout as tl
 
     rows = dst_w3_w1_weight.shape[0]
     key = ("w3_w1", tuple(dst_w3_w1_weight.shape), epilogue_tile_m, num_elts_per_sf,
@@ -560,7 +560,7 @@ def _w2_permute_indices(cache, dst_w2_weight: torch.Tensor, epilogue_tile_m: int
                         num_elts_per_sf=None) -> torch.Tensor:
     """Stand-in for ``get_w2_permute_indices_with_cache`` (fi 0.6.18 flashinfer/fused_moe/
     core.py:456-483): the ``shuffle_matrix_a`` row permutation alone."""
-    from vllm_fp4_moe_plugin.nvfp4 import trtllm_layout as tl
+    from fp4_moe_lab.nvfp4 import trtllm_layout as tl
 
     key = ("w2", tuple(dst_w2_weight.shape), epilogue_tile_m, num_elts_per_sf)
     if key not in cache:
@@ -579,7 +579,7 @@ def _flashinfer_trtllm_stub():
     import importlib.machinery
     import types
 
-    from vllm_fp4_moe_plugin.nvfp4 import trtllm_emulator as te
+    from fp4_moe_lab.nvfp4 import trtllm_emulator as te
 
     mods = {}
     for name in ("flashinfer", "flashinfer.fused_moe", "flashinfer.fused_moe.core"):
@@ -642,7 +642,7 @@ def simulated_blackwell(*, backend: str = "throughput",
         p.set(fx, "has_flashinfer_cutlass_fused_moe", lambda: True)
         p.set(fx, "flashinfer_cutlass_fused_moe", _fi_cutlass_fused_moe)
         if kernel == "reference":
-            from vllm_fp4_moe_plugin.simulation.reference_kernel import (
+            from fp4_moe_lab.simulation.reference_kernel import (
                 reference_cutlass_fused_moe_prequantized,
             )
 

@@ -33,7 +33,7 @@ ORACLE_ONLY_LAYOUTS = tuple(n for n in LAYOUTS if n not in LAYOUT_NAMES)
 def default_layouts() -> tuple[str, ...]:
     """The matrix's layouts for the installed vLLM: the eight of every design, plus the
     one-sided NVLink dispatch where vLLM has it in the form the seam simulates (0.34.0)."""
-    from vllm_fp4_moe_plugin.simulation import blackwell_oracle
+    from fp4_moe_lab.simulation import blackwell_oracle
 
     one_sided = blackwell_oracle.applies() and blackwell_oracle.simulates_one_sided()
     return LAYOUT_NAMES + (ORACLE_ONLY_LAYOUTS if one_sided else ())
@@ -61,7 +61,7 @@ class Scenario:
     layer: int = 0
 
     def _random_experts(self):
-        from vllm_fp4_moe_plugin.nvfp4 import random_experts
+        from fp4_moe_lab.nvfp4 import random_experts
 
         return random_experts(self.num_experts, self.hidden, self.intermediate, seed=self.seed,
                               input_scale_spread=self.input_scale_spread)
@@ -70,13 +70,13 @@ class Scenario:
         """The layer the references compute with; ``ep_size``: the EP ranks a real checkpoint's
         uncalibrated experts are repaired within (each rank sees only its own experts)."""
         if self.checkpoint is not None:
-            from vllm_fp4_moe_plugin.simulation import checkpoint_layer
+            from fp4_moe_lab.simulation import checkpoint_layer
 
             return checkpoint_layer.reference_experts(self.checkpoint, self.layer, ep_size)
         experts = self._random_experts()
         if self.planted is None:
             return experts
-        from vllm_fp4_moe_plugin.simulation import planted_scales
+        from fp4_moe_lab.simulation import planted_scales
 
         return planted_scales.reference_experts(experts, *self.planted)
 
@@ -84,12 +84,12 @@ class Scenario:
         """Checkpoint tensors replaced when the layer is loaded (the stored values; ``None``: a
         tensor the checkpoint lacks, in ``mode``)."""
         if self.checkpoint is not None:
-            from vllm_fp4_moe_plugin.simulation import checkpoint_layer
+            from fp4_moe_lab.simulation import checkpoint_layer
 
             return checkpoint_layer.overrides(self.checkpoint, self.layer, fmt, prefix)
         if self.planted is None:
             return {}
-        from vllm_fp4_moe_plugin.simulation import planted_scales
+        from fp4_moe_lab.simulation import planted_scales
 
         return planted_scales.overrides(self._random_experts(), fmt, prefix, *self.planted,
                                         mode=mode)
@@ -154,13 +154,13 @@ def _run_job(rank: int, layout: Layout, job: str, args: tuple, ports: list[int],
     from vllm.config import DeviceConfig, ParallelConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
 
-    from vllm_fp4_moe_plugin.simulation import blackwell_oracle
+    from fp4_moe_lab.simulation import blackwell_oracle
 
     oracle = blackwell_oracle.applies()
     if oracle:
         simulated_blackwell = blackwell_oracle.simulated_blackwell
     else:
-        from vllm_fp4_moe_plugin.simulation.blackwell import simulated_blackwell
+        from fp4_moe_lab.simulation.blackwell import simulated_blackwell
 
     module, _, func = job.partition(":")
     fn = getattr(importlib.import_module(module), func)
@@ -277,8 +277,8 @@ def stock_and_plugin_outputs(ctx: RankContext, scenario: Scenario, formats: tupl
     (``layer_kwargs``: extra ``FusedMoE`` arguments, e.g. DeepSeek-style routing;
     ``first_index``: the first layer index, so that several calls in one process never reuse a
     layer name)."""
+    from fp4_moe_lab.simulation import moe_layer
     from vllm_fp4_moe_plugin import consistency, patches, unloaded
-    from vllm_fp4_moe_plugin.simulation import moe_layer
 
     result = RankOutput(rank=ctx.rank, dp_rank=ctx.dp_rank)
     experts = scenario.experts()

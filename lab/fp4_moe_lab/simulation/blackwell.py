@@ -46,7 +46,7 @@ from typing import Any, Iterator, Optional
 import torch
 import torch.distributed as dist
 
-from vllm_fp4_moe_plugin import nvfp4
+from fp4_moe_lab import nvfp4
 
 _PF = "vllm.model_executor.layers.fused_moe.flashinfer_cutlass_prepare_finalize"
 
@@ -212,7 +212,7 @@ def simulated_blackwell(*, backend: str = "throughput",
     if kernel not in ("emulator", "reference"):
         raise ValueError(f"kernel must be 'emulator' or 'reference', not {kernel!r}")
     if kernel == "reference":
-        from vllm_fp4_moe_plugin.simulation.reference_kernel import reference_cutlass_fused_moe
+        from fp4_moe_lab.simulation.reference_kernel import reference_cutlass_fused_moe
         moe_kernel = reference_cutlass_fused_moe
     else:
         moe_kernel = nvfp4.cutlass_fused_moe
@@ -254,7 +254,7 @@ def simulated_blackwell(*, backend: str = "throughput",
         p.set("vllm.model_executor.layers.fused_moe.fused_moe", "vllm_topk_softmax",
               _cpu_vllm_topk_softmax)
         if backend == "latency":
-            from vllm_fp4_moe_plugin.simulation import trtllm_seam
+            from fp4_moe_lab.simulation import trtllm_seam
             trtllm_seam.install(p)
         yield
     finally:

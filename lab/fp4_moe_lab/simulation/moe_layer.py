@@ -14,10 +14,10 @@ from typing import Optional
 
 import torch
 
-from vllm_fp4_moe_plugin.checkpoint.configs import COMPRESSED_TENSORS_NVFP4
-from vllm_fp4_moe_plugin.checkpoint.expert_tensors import expert_tensors
-from vllm_fp4_moe_plugin.nvfp4 import QuantizedExperts
-from vllm_fp4_moe_plugin.simulation.blackwell import cpu_topk_softmax_routing
+from fp4_moe_lab.checkpoint.configs import COMPRESSED_TENSORS_NVFP4
+from fp4_moe_lab.checkpoint.expert_tensors import expert_tensors
+from fp4_moe_lab.nvfp4 import QuantizedExperts
+from fp4_moe_lab.simulation.blackwell import cpu_topk_softmax_routing
 
 MLP_PREFIX = "model.layers.{index}.mlp"
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from vllm_fp4_moe_plugin.nvfp4 import QuantizedExperts
+from fp4_moe_lab.nvfp4 import QuantizedExperts
 
 FORMATS = ("modelopt", "compressed-tensors")
 # HF projection names -> vLLM FusedMoE shard ids (layer.py make_expert_params_mapping).

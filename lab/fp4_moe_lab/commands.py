@@ -1,0 +1,207 @@
+"""The development commands of ``vllm-fp4-moe``: matrix, make-checkpoint, demo.
+
+The serving CLI (:mod:`vllm_fp4_moe_plugin.cli`) keeps their argument parsers (so ``--help``
+lists them and bad arguments fail the same way everywhere) and the exit-code contract; it hands
+the parsed arguments to :func:`run` when this package is installed (from a checkout). Errors are
+the CLI's ``UsageError`` (exit 2, one line), findings return ``EXIT_FINDING``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from vllm_fp4_moe_plugin.cli import (
+    EXIT_FINDING,
+    EXIT_OK,
+    FORMATS,
+    UsageError,
+    _progress,
+)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the parsed ``vllm-fp4-moe`` subcommand ``args.command``."""
+    return COMMANDS[args.command](args)
+
+
+def _check_output_file(path: Optional[str], flag: str) -> None:
+    if path is None:
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"{flag} {path}: is a directory; give a file path")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {path}: directory {parent} does not exist; create it first")
+    if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise UsageError(f"{flag} {path}: not writable; choose a writable path")
+
+
+def _cmd_matrix(args: argparse.Namespace) -> int:
+    from fp4_moe_lab.simulation.layouts import Scenario, default_layouts
+
+    known = default_layouts()  # + dp_ep_one_sided where the installed vLLM has it (0.34.0)
+    layouts = args.layout or list(known)
+    unknown = [name for name in layouts if name not in known]
+    if unknown:
+        raise UsageError(f"--layout {unknown[0]}: unknown layout; choose from "
+                         f"{', '.join(known)}")
+    _check_output_file(args.save_json, "--save-json")
+    formats = tuple(dict.fromkeys(args.format or FORMATS))
+    if args.uncalibrated:
+        return _uncalibrated_table(args, args.layout, formats)
+    scenario = Scenario(seed=args.seed, input_scale_spread=args.spread, tokens=args.tokens)
+
+    from fp4_moe_lab.simulation.matrix import format_table, run_matrix
+
+    rows = []
+    start = time.monotonic()
+    for i, name in enumerate(layouts, 1):
+        _progress(f"matrix: [{i}/{len(layouts)}] {name} ...")
+        t = time.monotonic()
+        # every backend of that layout (or those asked for with --backend)
+        layout_rows = run_matrix([name], scenario, formats, backends=args.backend)
+        rows.extend(layout_rows)
+        oks = ", ".join(f"{r.format}/{r.backend} {'ok' if r.ok else 'NOT ok'}"
+                        for r in layout_rows)
+        _progress(f"matrix: [{i}/{len(layouts)}] {name} done in {time.monotonic() - t:.0f} s "
+                  f"({oks})")
+    _progress(f"matrix: {len(rows)} rows in {time.monotonic() - start:.0f} s")
+    if args.save_json:
+        try:
+            with open(args.save_json, "w") as f:
+                json.dump([r.as_dict() for r in rows], f, indent=2)
+        except OSError as exc:
+            raise UsageError(f"--save-json {args.save_json}: cannot write "
+                             f"({exc.strerror or exc}); choose another path") from None
+    if args.json:
+        print(json.dumps([r.as_dict() for r in rows], indent=2))
+    else:
+        from fp4_moe_lab.simulation.matrix import installed_release
+
+        version, design = installed_release()
+        print(f"NVFP4 MoE consistency matrix: real vLLM {version} code on CPU ("
+              f"{design.label if design else 'a design the plugin does not know: inactive'}), "
+              "SM100 simulated, FlashInfer's NVFP4 MoE contract "
+              "emulated.")
+        print(f"Fixture: E={scenario.num_experts} H={scenario.hidden} I={scenario.intermediate} "
+              f"top-{scenario.top_k}, {scenario.tokens} tokens/rank, per-expert input scales "
+              f"spread {scenario.input_scale_spread:g}x, seed {scenario.seed}.")
+        print("Errors are ||out - ref|| / ||ref|| against the ideal NVFP4 reference of the "
+              "layout; 'noise floor' is that reference against fp32.\n")
+        print(format_table(rows))
+        for r in rows:
+            for mode, err in (("stock", r.stock_error), ("plugin", r.plugin_error)):
+                if err:
+                    print(f"{mode} {r.format}/{r.layout} cannot run: {err}")
+    return EXIT_OK if all(r.ok for r in rows) else EXIT_FINDING
+
+
+def _uncalibrated_table(args: argparse.Namespace, layouts, formats) -> int:
+    """``matrix --uncalibrated``: one planted expert per row (simulation/uncalibrated.py)."""
+    from fp4_moe_lab.simulation import uncalibrated
+    from fp4_moe_lab.simulation.matrix import installed_release
+
+    start = time.monotonic()
+    rows = uncalibrated.run_uncalibrated(layouts or uncalibrated.DEFAULT_LAYOUTS,
+                                         formats=formats, progress=_progress)
+    _progress(f"matrix --uncalibrated: {len(rows)} rows in {time.monotonic() - start:.0f} s")
+    if args.save_json:
+        try:
+            with open(args.save_json, "w") as f:
+                json.dump(rows, f, indent=2)
+        except OSError as exc:
+            raise UsageError(f"--save-json {args.save_json}: cannot write "
+                             f"({exc.strerror or exc}); choose another path") from None
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        version, design = installed_release()
+        print(f"Uncalibrated experts: real vLLM {version} code on CPU "
+              f"({design.label if design else 'inactive plugin'}), SM100 simulated. One expert "
+              "planted per row: its GEMM1 (w13) or GEMM2 (w2) input scale as a quantizer writes "
+              "it for an expert no calibration token reached (zero: 0.0; tiny: 1.57e-29 "
+              "compressed-tensors, the same amax in ModelOpt), or a rare expert's large "
+              f"calibrated amax (large: {uncalibrated.LARGE_FACTOR:g}x). Errors against the "
+              "ideal NVFP4 reference of the layer with the calibrated experts' max amax for "
+              "the uncalibrated one.\n")
+        print(uncalibrated.format_table(rows))
+    return EXIT_OK if all(r["ok"] for r in rows) else EXIT_FINDING
+
+
+def _parse_set(items: Sequence[str]) -> dict:
+    sizes = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UsageError(f"--set {item!r}: expected KEY=INT, e.g. --set hidden_size=512")
+        try:
+            sizes[key] = int(value.strip(), 10)
+        except ValueError:
+            raise UsageError(f"--set {item!r}: {value!r} is not an integer; values are plain "
+                             "integers (see --help for the keys)") from None
+    return sizes
+
+
+def _cmd_make_checkpoint(args: argparse.Namespace) -> int:
+    from fp4_moe_lab.checkpoint.writer_limits import output_dir_problem
+
+    problem = output_dir_problem(Path(args.out), args.overwrite)
+    if problem:
+        fix = ("pass --overwrite to replace it, or choose another OUT"
+               if "already holds" in problem else "choose another OUT")
+        raise UsageError(f"OUT {args.out}: {problem}; {fix}")
+    sizes = _parse_set(args.set or [])
+    from fp4_moe_lab.checkpoint import configs
+    from fp4_moe_lab.checkpoint.writer import check_request, write_checkpoint
+
+    base = configs.BASE_CONFIGS[args.arch]
+    for key in sizes:
+        if key not in base or not isinstance(base[key], int) or isinstance(base[key], bool):
+            ints = sorted(k for k, v in base.items()
+                          if isinstance(v, int) and not isinstance(v, bool))
+            raise UsageError(f"--set {key}: not an integer config.json key of --arch "
+                             f"{args.arch}; choose from {', '.join(ints)}")
+    try:
+        check_request(fmt=args.format, arch=args.arch, input_scale_spread=args.spread,
+                      shard_size_bytes=args.shard_size_bytes, **sizes)
+    except ValueError as exc:
+        flag = "--spread" if str(exc).startswith("input_scale_spread") else "--set"
+        raise UsageError(f"{flag}: {exc}") from None
+    try:
+        manifest = write_checkpoint(args.out, fmt=args.format, arch=args.arch, seed=args.seed,
+                                    input_scale_spread=args.spread, overwrite=args.overwrite,
+                                    shard_size_bytes=args.shard_size_bytes, **sizes)
+    except OSError as exc:  # disk full, permissions changed under us, ...
+        raise UsageError(f"OUT {args.out}: cannot write {exc.filename or ''} "
+                         f"({exc.strerror or exc}); free space or choose another OUT") from None
+    if args.json:
+        print(json.dumps(manifest, indent=2, default=str))
+    else:
+        size = sum(manifest["files_bytes"].values()) / 1e6
+        print(f"wrote {manifest['arch']} / {manifest['format']} checkpoint to "
+              f"{manifest['out_dir']} ({size:.1f} MB, {len(manifest['layers'])} MoE layers, "
+              f"per-expert input scales spread {manifest['input_scale_spread']:g}x)")
+    return EXIT_OK
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from fp4_moe_lab.checkpoint.writer_limits import output_dir_problem
+    from fp4_moe_lab.demo import CHECKPOINT_NAME, run_demo
+
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {args.out}: exists and is not a directory; choose a directory")
+    problem = output_dir_problem(out / CHECKPOINT_NAME, overwrite=True)
+    if problem:
+        raise UsageError(f"--out {args.out}: {problem}; choose another --out")
+    return run_demo(out, engine=not args.no_engine, progress=_progress)
+
+
+COMMANDS = {"matrix": _cmd_matrix, "make-checkpoint": _cmd_make_checkpoint, "demo": _cmd_demo}

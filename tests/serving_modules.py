@@ -1,0 +1,63 @@
+"""What the wheel users install may hold: the serving code and the operator commands (audit,
+doctor), nothing of the development package (lab/fp4_moe_lab). One allow-list, read by
+tests/test_wheel.py (the built wheel's files) and tests/plugin/test_serving_imports.py (what a
+vLLM process with the plugin on imports). A new serving module is added here on purpose."""
+
+from __future__ import annotations
+
+PACKAGE = "vllm_fp4_moe_plugin"
+LAB_PACKAGE = "fp4_moe_lab"
+
+SERVING_MODULES = frozenset({
+    "vllm_fp4_moe_plugin",
+    "vllm_fp4_moe_plugin.checkpoint",
+    "vllm_fp4_moe_plugin.checkpoint.audit",
+    "vllm_fp4_moe_plugin.checkpoint.tensor_index",
+    "vllm_fp4_moe_plugin.cli",
+    "vllm_fp4_moe_plugin.compat",
+    "vllm_fp4_moe_plugin.consistency",
+    "vllm_fp4_moe_plugin.doctor",
+    "vllm_fp4_moe_plugin.envs",
+    "vllm_fp4_moe_plugin.fleet",
+    "vllm_fp4_moe_plugin.import_hook",
+    "vllm_fp4_moe_plugin.log",
+    "vllm_fp4_moe_plugin.nvfp4_constants",
+    "vllm_fp4_moe_plugin.off_warning",
+    "vllm_fp4_moe_plugin.param_watch",
+    "vllm_fp4_moe_plugin.patches",
+    "vllm_fp4_moe_plugin.patches.__main__",
+    "vllm_fp4_moe_plugin.patches.bf16_passthrough",
+    "vllm_fp4_moe_plugin.patches.checkpoint_scales",
+    "vllm_fp4_moe_plugin.patches.init_prepare_finalize",
+    "vllm_fp4_moe_plugin.patches.init_prepare_finalize.flashinfer_cutlass",
+    "vllm_fp4_moe_plugin.patches.init_prepare_finalize.methods",
+    "vllm_fp4_moe_plugin.patches.modular_method",
+    "vllm_fp4_moe_plugin.patches.modular_method.all2allv_passthrough",
+    "vllm_fp4_moe_plugin.patches.modular_method.compressed_tensors_dp",
+    "vllm_fp4_moe_plugin.patches.modular_method.modelopt_uncalibrated",
+    "vllm_fp4_moe_plugin.patches.nvfp4_oracle",
+    "vllm_fp4_moe_plugin.patches.nvfp4_oracle.ep_agreed_gemm1_scale",
+    "vllm_fp4_moe_plugin.patches.plugin_env",
+    "vllm_fp4_moe_plugin.patching",
+    "vllm_fp4_moe_plugin.scale_check",
+    "vllm_fp4_moe_plugin.scales",
+    "vllm_fp4_moe_plugin.support",
+    "vllm_fp4_moe_plugin.unloaded",
+    "vllm_fp4_moe_plugin.vllm_modules",
+})
+
+# The serving code stays small enough to review: lines of code (not blank, not comment-only)
+# of every Python file in the wheel.
+MAX_SERVING_CODE_LINES = 5000
+
+
+def module_of(path: str) -> str:
+    """``vllm_fp4_moe_plugin/patches/__init__.py`` -> ``vllm_fp4_moe_plugin.patches``."""
+    parts = path[:-len(".py")].split("/")
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def code_lines(text: str) -> int:
+    """Lines that are neither blank nor only a comment."""
+    return sum(1 for line in text.splitlines()
+               if line.strip() and not line.lstrip().startswith("#"))

@@ -15,32 +15,11 @@ import os
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 from benchmarks.rows import Row
 
-_PROBE = r"""
-import importlib, json, sys, time
-modules = json.loads(sys.argv[1])
-t0 = time.perf_counter()
-import vllm
-t1 = time.perf_counter()
-import vllm_fp4_moe_plugin
-t2 = time.perf_counter()
-install = []
-_orig = vllm_fp4_moe_plugin._install
-def _timed():  # register() hands the module's _install to the import hook: time it there
-    s = time.perf_counter(); _orig(); install.append(time.perf_counter() - s)
-vllm_fp4_moe_plugin._install = _timed
-vllm_fp4_moe_plugin.register()
-t3 = time.perf_counter()
-for name in modules:
-    importlib.import_module(name)
-t4 = time.perf_counter()
-print("BENCH" + json.dumps({"import_vllm": t1 - t0, "import_entry_point": t2 - t1,
-                            "register": t3 - t2, "quant_modules": t4 - t3,
-                            "install": sum(install),
-                            "state": vllm_fp4_moe_plugin.state()[0]}))
-"""
+_REPO = Path(__file__).resolve().parents[1]
 
 # VLLM_FP4_MOE_PLUGIN value per mode; None = unset (the read-only watch mode).
 MODES = {"on": "1", "off": "0", "unset": None}
@@ -67,8 +46,10 @@ def probe(mode: str, mods: list[str]) -> dict:
     if MODES[mode] is not None:
         env["VLLM_FP4_MOE_PLUGIN"] = MODES[mode]
     env.setdefault("TORCHDYNAMO_DISABLE", "1")
-    out = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(mods)], env=env,
-                         capture_output=True, text=True, timeout=300, check=True)
+    # -m from the repository root: the root, not benchmarks/, is then on sys.path
+    out = subprocess.run([sys.executable, "-m", "benchmarks.startup_probe", json.dumps(mods)],
+                         env=env, capture_output=True, text=True, timeout=300, check=True,
+                         cwd=_REPO)
     line = next(ln for ln in out.stdout.splitlines() if ln.startswith("BENCH"))
     return json.loads(line[len("BENCH"):])
 

@@ -284,17 +284,6 @@ def failing_job(ctx, *args):
     raise RuntimeError(f"injected failure in rank {ctx.rank}")
 
 
-SPAWN_FAILS = r"""
-import sys
-from fp4_moe_lab.simulation.layouts import LAYOUTS, spawn
-try:
-    spawn(LAYOUTS["tp"], "tests.test_cli_errors:failing_job")
-except RuntimeError as exc:
-    assert "injected failure" in str(exc), exc
-    print("FAILED AS INJECTED")
-"""
-
-
 def _leftovers(tmp: Path) -> list:
     return sorted(p.name for p in tmp.iterdir() if p.name.startswith("fp4moe-"))
 
@@ -321,7 +310,8 @@ def test_failed_ranks_leave_no_log_folder_and_no_shared_memory(tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     full = {**os.environ, "PYTHONPATH": CHECKOUT_PATH, "TMPDIR": str(tmp)}
-    r = subprocess.run([sys.executable, "-c", SPAWN_FAILS], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, str(REPO / "tests" / "probes" / "spawn_fails.py")],
+                       capture_output=True, text=True,
                        env=full, timeout=600, cwd=REPO)
     assert r.returncode == 0 and "FAILED AS INJECTED" in r.stdout, r.stderr[-3000:]
     assert "leaked shared_memory" not in r.stderr, r.stderr[-2000:]

@@ -49,30 +49,7 @@ NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", ".venv-*", "build", "dist",
                                     "demo-output", ".pip-tmp.*")
 
 # Runs in the fresh virtualenv (cwd outside the checkout, no PYTHONPATH): what it can see.
-PROBE = r"""
-import importlib.metadata as md, json, sys
-dists = [d for d in md.distributions()
-         if (d.metadata["Name"] or "").lower().replace("_", "-") == "vllm-fp4-moe-plugin"]
-eps = [ep for ep in md.entry_points(group="vllm.general_plugins") if ep.name == "fp4_moe"]
-import vllm_fp4_moe_plugin as plugin
-loaded = eps[0].load() if len(eps) == 1 else None
-from vllm.plugins import load_general_plugins
-load_general_plugins()  # vLLM's own loader calls register(), as in every vLLM process
-after_register = plugin.state()
-import vllm.model_executor.layers.quantization.modelopt  # the trigger: probe + patches
-print("PROBE " + json.dumps({
-    "dists": [str(d.locate_file("")) for d in dists],
-    "direct_url": [json.loads(d.read_text("direct_url.json") or "{}") for d in dists],
-    "entry_points": [ep.value for ep in eps],
-    "entry_point_is_register": loaded is plugin.register,
-    "plugin_file": plugin.__file__,
-    "vllm_version": md.version("vllm"),
-    "after_register": list(after_register),
-    "state": list(plugin.state()),
-}))
-"""
-
-
+PROBE = ROOT / "tests" / "probes" / "installed_wheel.py"
 def _site_view(tmp: Path) -> Path:
     """Links to everything in the running interpreter's site-packages except this plugin's
     own install (editable finder, its .pth, its dist-info) and the .pth hooks."""
@@ -211,7 +188,7 @@ def test_development_commands_say_they_need_the_lab(installed, command):
 def test_installed_plugin_registers_through_vllm(installed):
     env = _clean_env(installed["venv"])
     env.update(VLLM_FP4_MOE_PLUGIN="1", VLLM_PLUGINS="fp4_moe")
-    r = subprocess.run([str(installed["venv"] / "bin" / "python"), "-c", PROBE],
+    r = subprocess.run([str(installed["venv"] / "bin" / "python"), str(PROBE)],
                        capture_output=True, text=True, timeout=300, cwd=installed["cwd"],
                        env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]

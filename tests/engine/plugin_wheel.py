@@ -98,9 +98,8 @@ def install(venv: Path) -> str:
     return f"{venv.name}: installed {', '.join(names)}"
 
 
-PROBE = (f"import importlib.metadata as m, {PACKAGE} as p, {LAB_PACKAGE} as lab; "
-         f"d = m.distribution('vllm-fp4-moe-plugin'); "
-         f"print(p.__file__); print(lab.__file__); print(d.read_text('direct_url.json') or '')")
+# the world's view of the plugin and the lab (a program file: any Python can run it)
+PROBE = REPO_ROOT / "tests" / "probes" / "installed_from_wheel.py"
 
 
 @functools.cache
@@ -111,7 +110,7 @@ def check(venv: Path, world: str) -> None:
     if _stamp(venv).get("source_sha256") != source_hash():
         raise RuntimeError(f"{venv}: the plugin and lab wheels there are not built from this "
                            f"checkout's current source ({PACKAGE}/, lab/, setup.cfg, ...): {fix}")
-    p = subprocess.run([str(venv / "bin" / "python"), "-c", PROBE], capture_output=True,
+    p = subprocess.run([str(venv / "bin" / "python"), str(PROBE)], capture_output=True,
                        text=True, cwd=tempfile.gettempdir(), timeout=300,
                        env={"PATH": "/usr/bin:/bin"})
     lines = p.stdout.splitlines()

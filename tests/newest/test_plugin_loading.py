@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,33 +18,14 @@ CT_NVFP4 = ("vllm.model_executor.layers.quantization.compressed_tensors."
             "compressed_tensors_moe.compressed_tensors_moe_w4a4_nvfp4")
 HELPER = "prepare_nvfp4_moe_layer_for_fi_or_cutlass"
 
-CHILD = f"""
-import importlib, json, sys
-from vllm.config.logging import LoggingConfig
-from vllm.logger import configure_logging
-from vllm.plugins import load_general_plugins
-configure_logging(LoggingConfig())  # a multiproc worker's first step (multiproc_executor.py:999)
-load_general_plugins()              # then init_worker's, before the worker is built
-import vllm_fp4_moe_plugin as plugin
-ct = importlib.import_module("{CT_NVFP4}")  # defines CompressedTensorsW4A4Nvfp4MoEMethod's PWAL
-oracle = sys.modules["{ORACLE}"]
-# What PWAL calls: CT's convert_to_nvfp4_moe_kernel_format, which looks the helper up in the
-# oracle module's globals at call time.
-convert = ct.convert_to_nvfp4_moe_kernel_format
-print("RESULT " + json.dumps({{
-    "state": plugin.state()[0],
-    "convert_is_oracles": convert is oracle.convert_to_nvfp4_moe_kernel_format,
-    "helper_module": convert.__globals__["{HELPER}"].__module__,
-}}))
-"""
-
+PROBE = Path(__file__).resolve().parents[1] / "probes" / "plugin_loader_worker.py"
 
 def _run(switch):
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
     if switch is not None:
         env["VLLM_FP4_MOE_PLUGIN"] = switch
-    r = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env,
-                       timeout=300)
+    r = subprocess.run([sys.executable, str(PROBE), CT_NVFP4, ORACLE, HELPER],
+                       capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout + r.stderr
     line = next(x for x in r.stdout.splitlines() if x.startswith("RESULT "))

@@ -173,33 +173,16 @@ def test_restrictive_vllm_plugins_list_skips_us(fresh_plugin, monkeypatch):
     assert fresh_plugin.state()[0] is None
 
 
-DEFERRED = r"""
-import os, sys, time
-os.environ["VLLM_FP4_MOE_PLUGIN"] = "1"
-import vllm
-t = time.perf_counter()
-import vllm_fp4_moe_plugin as plugin
-plugin.register()
-elapsed_ms = (time.perf_counter() - t) * 1e3
-assert "vllm.model_executor.layers.quantization.modelopt" not in sys.modules
-assert plugin.state()[0] == "pending", plugin.state()
-# What every vLLM process does while verifying a ModelConfig (config/model.py:879-930):
-from vllm.model_executor.layers.quantization import get_quantization_config
-get_quantization_config("modelopt_fp4")
-from vllm.model_executor.layers.quantization import modelopt
-assert plugin.state()[0] == "active", plugin.state()
-assert modelopt.ModelOptNvFp4FusedMoE.__module__.startswith("vllm_fp4_moe_plugin")
-print(f"REGISTER_MS {elapsed_ms:.3f}")
-"""
-
-
 def test_register_is_cheap_and_patches_when_vllm_imports_moe_code():
     """In a fresh process: register() imports no MoE code, and the patch lands on first use."""
+    import os
     import subprocess
     import sys
+    from pathlib import Path
 
-    proc = subprocess.run([sys.executable, "-c", DEFERRED], capture_output=True, text=True,
-                          timeout=300)
+    probe = Path(__file__).resolve().parents[1] / "probes" / "register_deferred.py"
+    proc = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "VLLM_FP4_MOE_PLUGIN": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     ms = float(proc.stdout.split("REGISTER_MS")[1].split()[0])
     assert ms < 50, ms

@@ -2,7 +2,7 @@
 
 In a fresh interpreter (the test's own, with the installed vLLM): VLLM_FP4_MOE_PLUGIN=1, vLLM's
 own plugin loader calls register(), then vLLM's NVFP4 MoE modules are imported so the design's
-patches install (as tests/test_wheel.py's PROBE does). The ``vllm_fp4_moe_plugin*`` and
+patches install (tests/probes/serving_process_modules.py). The ``vllm_fp4_moe_plugin*`` and
 ``fp4_moe_lab*`` entries of sys.modules must then be serving modules (tests/serving_modules.py,
 the wheel's allow-list) and none of the lab: the wheel users install has no lab.
 """
@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -20,25 +21,12 @@ from tests.serving_modules import LAB_PACKAGE, PACKAGE, SERVING_MODULES
 
 pytestmark = [pytest.mark.cpu]
 
-PROBE = r"""
-import json, sys
-import vllm_fp4_moe_plugin as plugin
-from vllm.plugins import load_general_plugins
-load_general_plugins()  # vLLM's own loader calls register(), as in every vLLM process
-import vllm.model_executor.layers.quantization.modelopt  # the trigger: probe + patches
-try:
-    import vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe
-except ImportError:  # a release that moved it: modelopt above is the trigger that matters
-    pass
-names = sorted(m for m in sys.modules if m.split(".")[0] in ("vllm_fp4_moe_plugin", "fp4_moe_lab"))
-print("MODULES " + json.dumps({"state": list(plugin.state()), "modules": names}))
-"""
-
+PROBE = Path(__file__).resolve().parents[1] / "probes" / "serving_process_modules.py"
 
 def test_serving_process_imports_only_serving_modules(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
     env.update(VLLM_FP4_MOE_PLUGIN="1", VLLM_PLUGINS="fp4_moe")
-    r = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, str(PROBE)], capture_output=True, text=True,
                        timeout=300, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     found = json.loads(next(ln for ln in r.stdout.splitlines()

@@ -1,0 +1,11 @@
+"""Ranks whose job fails after vLLM's groups are up: spawn() raises the rank's error and leaves
+no log folder or shared memory behind. Prints ``FAILED AS INJECTED``. Run (with the checkout on
+PYTHONPATH) by tests/test_cli_errors.py."""
+
+from fp4_moe_lab.simulation.layouts import LAYOUTS, spawn
+
+try:
+    spawn(LAYOUTS["tp"], "tests.test_cli_errors:failing_job")
+except RuntimeError as exc:
+    assert "injected failure" in str(exc), exc
+    print("FAILED AS INJECTED")

@@ -4,8 +4,14 @@ PYTHONPATH) by tests/test_cli_errors.py."""
 
 from fp4_moe_lab.simulation.layouts import LAYOUTS, spawn
 
-try:
-    spawn(LAYOUTS["tp"], "tests.test_cli_errors:failing_job")
-except RuntimeError as exc:
-    assert "injected failure" in str(exc), exc
-    print("FAILED AS INJECTED")
+
+def main() -> None:
+    try:
+        spawn(LAYOUTS["tp"], "tests.test_cli_errors:failing_job")
+    except RuntimeError as exc:
+        assert "injected failure" in str(exc), exc
+        print("FAILED AS INJECTED")
+
+
+if __name__ == "__main__":  # the ranks are spawned: they import this file again as __mp_main__
+    main()

@@ -18,7 +18,9 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   echo "[bootstrap] installing vLLM 0.11.0, torch 2.8.0, FlashInfer 0.3.1 and this plugin" \
        "(first time: ~5-10 min, ~11 GB)"
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -c constraints/default.txt -e ".[test]" -e ./lab
+  # vLLM and torch by name: the plugin requires nothing (setup.cfg says why), so its own
+  # install would not bring them.
+  .venv/bin/python -m pip install -q -c constraints/default.txt vllm torch -e ".[test]" -e ./lab
   dedupe_venvs
   echo "$want" > "$stamp"
 fi

@@ -15,14 +15,12 @@ import argparse
 import copy
 import json
 import os
-import sys
 import time
 
 import torch
+from quantize import calib_texts, copy_tokenizer  # the sibling script
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from quantize import calib_texts, copy_tokenizer  # noqa: E402
 
 
 def dual_config(out_dir: str, bf16_dir: str) -> list[str]:

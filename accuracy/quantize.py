@@ -32,14 +32,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
+import task  # the sibling accuracy/task.py: this file runs as a script
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import task  # noqa: E402
 
 CALIB_SEED = 777          # calibration draws: a stream of its own from the training sampler
 DEFAULT_OUT = {

@@ -22,10 +22,8 @@ import json
 import math
 import os
 import re
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from vllm_fp4_moe_plugin.scale_check import UNCALIBRATED_MARGIN, uncalibrated_experts  # noqa: E402
+from vllm_fp4_moe_plugin.scale_check import UNCALIBRATED_MARGIN, uncalibrated_experts
 
 FP8_X_FP4 = 448.0 * 6.0
 

@@ -38,14 +38,11 @@ import json
 import math
 import os
 import shutil
-import sys
 import tempfile
 import time
 
+import task  # the sibling accuracy/task.py: this file runs as a script
 import torch
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import task  # noqa: E402
 
 HIDDEN, MOE_INTER, LAYERS, EXPERTS, TOP_K = 256, 512, 2, 8, 2
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 64

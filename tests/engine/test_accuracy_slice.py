@@ -33,8 +33,8 @@ import time
 
 import pytest
 
-from accuracy import run_table
-from tests.engine import server
+from fp4_moe_lab.accuracy import table as run_table
+from fp4_moe_lab.engines import server
 
 pytestmark = [pytest.mark.cpu, pytest.mark.multiproc, pytest.mark.slow, pytest.mark.accuracy]
 

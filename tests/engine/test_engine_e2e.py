@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.engine import engine
-from tests.engine.engine import ACTIVE_LINE, engine_python, max_logprob_gap
+from fp4_moe_lab.engines import engine
+from fp4_moe_lab.engines.engine import ACTIVE_LINE, engine_python, max_logprob_gap
 
 pytestmark = [pytest.mark.cpu, pytest.mark.multiproc, pytest.mark.slow]
 

@@ -1,4 +1,4 @@
-"""The engine worlds serve the plugin from its built wheel (tests/engine/plugin_wheel.py)."""
+"""The engine worlds serve the plugin from its built wheel (fp4_moe_lab.engines.plugin_wheel)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.engine import plugin_wheel, server
+from fp4_moe_lab.engines import plugin_wheel, server
 
 pytestmark = [pytest.mark.cpu]
 

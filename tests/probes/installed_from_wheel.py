@@ -1,7 +1,7 @@
 """Where an engine world imports the plugin and the lab from: prints the plugin's file, the lab's
 file, and the plugin's direct_url.json (empty unless pip recorded one; "editable" if it is an
 editable install). Run with the world's interpreter, outside the checkout, by
-tests/engine/plugin_wheel.py."""
+lab/fp4_moe_lab/engines/plugin_wheel.py."""
 
 import importlib.metadata as md
 

@@ -12,7 +12,7 @@ fixes it.
 
 Standard library only, like the drivers. CLI (scripts/bootstrap-engine.sh)::
 
-    python tests/engine/plugin_wheel.py install VENV_DIR
+    python -m fp4_moe_lab.engines.plugin_wheel install VENV_DIR
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from fp4_moe_lab.checkout import ROOT as REPO_ROOT
+
 PACKAGE = "vllm_fp4_moe_plugin"
 # what the wheel is built from; HASHED decides when it is rebuilt: README.md (setup.cfg's long
 # description) only changes the wheel's metadata, not what an engine runs, and is edited often

@@ -1,8 +1,8 @@
 """Start vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``) in an engine
 world, wait until it is ready, talk to it, and always stop it.
 
-Test-only, outside the package (it needs a checkout's ``.venv-engine*``); like ``engine.py`` it
-imports only the standard library and its sibling ``plugin_wheel``, so any Python can drive it.
+It needs a checkout's ``.venv-engine*``; like ``engine.py`` it imports only the standard library
+and its sibling ``plugin_wheel``.
 
 * The plugin is the world's installed wheel (plugin_wheel.py): the server runs outside the
   checkout (cwd = its log folder, no PYTHONPATH), and does not start if that wheel is stale.
@@ -35,12 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional
 
-try:
-    from . import plugin_wheel
-except ImportError:  # imported as a top-level module
-    import plugin_wheel
+from fp4_moe_lab.checkout import ROOT as REPO_ROOT
+from fp4_moe_lab.engines import plugin_wheel
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
 WORLDS = {"0.11.0": ".venv-engine", "0.32.0": ".venv-engine-0.32.0"}
 

@@ -9,12 +9,12 @@ from every API server, every process's exit status, and the combined log.
 
 Why a network namespace: Ray's servers bind every interface whatever ``--node-ip-address``
 says (0.0.0.0 is compiled into its GCS and raylet), so the only way to keep a test cluster off
-the machine's network is a namespace with nothing but ``lo``. :func:`run` re-executes this file
+the machine's network is a namespace with nothing but ``lo``. :func:`run` re-executes this module
 under ``unshare --net`` (root, as the tests run here and in CI); inside, Ray picks 127.0.0.1
 (no route to anywhere else) and the driver checks that it did.
 
-Standard library only, like ``server.py`` (importable by any Python); the engine worlds'
-pythons run the servers. Test-only: it needs a checkout's ``.venv-engine*``.
+Standard library only, like ``server.py``; the engine worlds' pythons run the servers. It needs
+a checkout's ``.venv-engine*``.
 """
 
 from __future__ import annotations
@@ -32,8 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # server.py, run as a script too
-import server  # noqa: E402  (standard library only)
+from fp4_moe_lab.engines import server
 
 PROMPTS = [[1, 5, 9, 33, 100, 7, 250, 3], [2, 40, 41, 42, 300, 17]]
 MAX_TOKENS = 6
@@ -44,7 +43,7 @@ FLEET_ERRORS = ("FleetMismatchError", "FleetTimeout")
 # it; the tracebacks other processes print on the way out have "...Error: " instead).
 FLEET_REFUSED = "] vllm-fp4-moe-plugin: the "
 # Per world, what selects the FlashInfer CUTLASS NVFP4 MoE path the seam emulates: 0.11.0 by
-# environment (as tests/engine/engine_run.py), 0.32.0 by flag (test_engine32_e2e.py).
+# environment (as engine_run.py), 0.32.0 by flag (test_engine32_e2e.py).
 WORLD_ENV = {"0.11.0": {"VLLM_USE_FLASHINFER_MOE_FP4": "1",
                         "VLLM_FLASHINFER_MOE_BACKEND": "throughput", "VLLM_MLA_DISABLE": "1"},
              "0.32.0": {}}
@@ -405,7 +404,7 @@ def run(scenario: str, *, world: str, model: str, kernel: str = "emulator",
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix=f"deploy-{scenario}-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     out = log_dir / "result.json"
-    cmd = ["unshare", "--net", sys.executable, str(Path(__file__).resolve()), scenario,
+    cmd = ["unshare", "--net", sys.executable, "-m", __spec__.name, scenario,
            "--world", world, "--python", str(python), "--model", str(Path(model).resolve()),
            "--kernel", kernel, "--timeout", str(timeout_s), "--log-dir", str(log_dir),
            "--out", str(out), "--max-tokens", str(max_tokens)]

@@ -2,13 +2,9 @@
 compare its outputs.
 
 The runner must execute under the CPU build of vLLM 0.11.0, a different virtualenv from the
-one this package runs in, so it is started as a subprocess with a clean ``VLLM_*`` environment.
-
-Test-only, and outside the package on purpose: it needs ``<repo>/.venv-engine``, which only a
-repository checkout has. Used by ``tests/engine/test_engine_e2e.py`` and, from a checkout, by
-``vllm-fp4-moe demo``, which loads this file by its path (``demo._engine_runner``); so it
-imports nothing from ``tests`` and nothing relative (its sibling plugin_wheel.py by path). The
-engine runs the plugin wheel installed in ``.venv-engine``, outside the checkout.
+one driving it, so it is started as a subprocess with a clean ``VLLM_*`` environment. It needs
+``<checkout>/.venv-engine``. Used by tests/engine/test_engine_e2e.py and ``vllm-fp4-moe demo``.
+The engine runs the plugin wheel installed in ``.venv-engine``, outside the checkout.
 """
 
 from __future__ import annotations
@@ -20,26 +16,17 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from fp4_moe_lab import checkout
+from fp4_moe_lab.engines import plugin_wheel
+
 RUNNER = Path(__file__).with_name("engine_run.py")
 ACTIVE_LINE = "vllm-fp4-moe-plugin active"
 DEFAULT_PROMPTS = [[1, 5, 9, 33, 100, 7, 250, 3], [2, 40, 41, 42, 300, 17]]
 
 
-def _plugin_wheel():
-    """The sibling plugin_wheel.py (standard library only), loaded by its path as this file is."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("_fp4_moe_plugin_wheel",
-                                                  Path(__file__).with_name("plugin_wheel.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def engine_python() -> Optional[Path]:
     """``.venv-engine/bin/python`` of this checkout (``scripts/bootstrap-engine.sh``), if built."""
-    candidate = REPO_ROOT / ".venv-engine" / "bin" / "python"
+    candidate = checkout.ROOT / ".venv-engine" / "bin" / "python"
     return candidate if candidate.exists() else None
 
 
@@ -49,8 +36,9 @@ def run_engine(checkpoint, *, plugin: str, kernel: str = "emulator", tp: int = 1
     python = engine_python()
     if python is None:
         raise FileNotFoundError(
-            f"{REPO_ROOT / '.venv-engine'} is missing: run ./scripts/bootstrap.sh --with-engine")
-    _plugin_wheel().check(REPO_ROOT / ".venv-engine", "0.11.0")
+            f"{checkout.ROOT / '.venv-engine'} is missing: run "
+            "./scripts/bootstrap.sh --with-engine")
+    plugin_wheel.check(checkout.ROOT / ".venv-engine", "0.11.0")
     # the world's installed plugin wheel, not the checkout: no PYTHONPATH, cwd outside it
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("VLLM_") and k != "PYTHONPATH"}

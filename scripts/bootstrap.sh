@@ -6,14 +6,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/disk.sh
+. scripts/stamp.sh
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   echo "[bootstrap] creating .venv with $($PYTHON --version)"
   "$PYTHON" -m venv .venv
 fi
 stamp=.venv/.vllm-fp4-moe-plugin-installed
-want=$(cat constraints/default.txt setup.cfg pyproject.toml lab/pyproject.toml | sha256sum | cut -d' ' -f1)
-if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
+if stamp_stale $stamp constraints/default.txt setup.cfg pyproject.toml lab/pyproject.toml; then
   require_free_gib 16 "installing .venv (~11 GiB, plus ~5 GiB of wheels while pip runs)"
   echo "[bootstrap] installing vLLM 0.11.0, torch 2.8.0, FlashInfer 0.3.1 and this plugin" \
        "(first time: ~5-10 min, ~11 GB)"
@@ -22,7 +22,7 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   # install would not bring them.
   .venv/bin/python -m pip install -q -c constraints/default.txt vllm torch -e ".[test]" -e ./lab
   dedupe_venvs
-  echo "$want" > "$stamp"
+  stamp_write $stamp
 fi
 if [ "${1:-}" = "--with-engine" ]; then
   ./scripts/bootstrap-engine.sh

@@ -14,6 +14,7 @@
 # has run, so that at most one of them (~6-10 GiB) is on disk next to .venv and .venv-engine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/stamp.sh
 status=0
 tier() {  # tier NAME COMMAND...: run, time, remember a failure
   local name=$1 start=$SECONDS rc=0
@@ -24,11 +25,10 @@ tier() {  # tier NAME COMMAND...: run, time, remember a failure
 }
 unit_tier() {
   if [ ! -x .venv-unit/bin/python ]; then "${PYTHON:-python3}" -m venv .venv-unit; fi
-  local want stamp=.venv-unit/.installed
-  want=$(cat constraints/default.txt setup.cfg pyproject.toml lab/pyproject.toml | sha256sum | cut -d' ' -f1)
-  if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
+  if stamp_stale .venv-unit/.installed constraints/default.txt setup.cfg pyproject.toml \
+       lab/pyproject.toml; then
     .venv-unit/bin/python -m pip install -q -c constraints/default.txt -e ".[unit]" -e ./lab
-    echo "$want" > "$stamp"
+    stamp_write .venv-unit/.installed
   fi
   .venv-unit/bin/python -m pytest -m unit -p no:cacheprovider -q "$@"
 }

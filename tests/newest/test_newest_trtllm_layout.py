@@ -9,7 +9,7 @@ interleave chained with the 32-row ``shuffle_matrix_a`` permutation), GEMM2's wi
 ``get_w2_permute_indices_with_cache``, both at ``epilogue_tile_m = 128`` (:345), and each
 scale matrix goes through ``flashinfer.nvfp4_block_scale_interleave`` (the 128x4 layout).
 
-In the matrix (simulation/blackwell_oracle.py) those three FlashInfer names are the seam's CPU
+In the matrix (simulation/oracle_trtllm.py) those three FlashInfer names are the seam's CPU
 stand-ins, and the emulator reads the result back with ``nvfp4.trtllm_layout.unshuffle_gemm1``/
 ``unshuffle_gemm2``. Here vLLM's own function runs once with FlashInfer 0.7.x's helpers, executed
 from the released wheel (tests/newest/flashinfer_wheel.py: 0.7.3, vLLM's pin, is not on the
@@ -29,7 +29,7 @@ import torch
 
 from fp4_moe_lab import nvfp4
 from fp4_moe_lab.nvfp4 import trtllm_layout
-from fp4_moe_lab.simulation import blackwell_oracle
+from fp4_moe_lab.simulation import oracle_trtllm
 
 from . import flashinfer_wheel
 
@@ -111,14 +111,14 @@ def test_seam_permute_indices_are_flashinfer_07s(fi, intermediate):
     tile = trtllm_layout.EPILOGUE_TILE_M
     for name in ("w13", "w13_sf"):
         sf = 16 if name.endswith("_sf") else None
-        ours = blackwell_oracle._w3_w1_permute_indices({}, x[name][0], tile, num_elts_per_sf=sf)
+        ours = oracle_trtllm.w3_w1_permute_indices({}, x[name][0], tile, num_elts_per_sf=sf)
         # Reference check: FlashInfer 0.7's own permute-index helper.
         theirs = fi._maybe_get_cached_w3_w1_permute_indices({}, x[name][0], tile,
                                                              num_elts_per_sf=sf)
         assert torch.equal(ours, theirs), (fi.version, name)
     for name in ("w2", "w2_sf"):
         sf = 16 if name.endswith("_sf") else None
-        ours = blackwell_oracle._w2_permute_indices({}, x[name][0], tile, num_elts_per_sf=sf)
+        ours = oracle_trtllm.w2_permute_indices({}, x[name][0], tile, num_elts_per_sf=sf)
         theirs = fi.get_w2_permute_indices_with_cache({}, x[name][0], tile, num_elts_per_sf=sf)
         assert torch.equal(ours, theirs), (fi.version, name)
     assert not torch.equal(ours, torch.arange(ours.numel()))  # rows really move
@@ -129,7 +129,7 @@ def test_unshuffle_inverts_vllm_prepare_with_flashinfer_07_helpers(fi, intermedi
                                                                     monkeypatch):
     x = _inputs(intermediate)
     with_fi = _prepare(monkeypatch, _flashinfer_07(fi), x, intermediate)
-    with_seam = _prepare(monkeypatch, blackwell_oracle._flashinfer_trtllm_stub(), x, intermediate)
+    with_seam = _prepare(monkeypatch, oracle_trtllm.flashinfer_trtllm_stub(), x, intermediate)
     g1w, g1s, g2w, g2s = with_fi
     # Reference check: the layout vLLM builds with FlashInfer 0.7's helpers is the matrix's.
     for ours, theirs in zip(with_seam, with_fi):

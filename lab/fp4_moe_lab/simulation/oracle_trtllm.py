@@ -1,0 +1,98 @@
+"""FlashInfer's TRT-LLM NVFP4 MoE path (``--moe-backend flashinfer_trtllm``) as vLLM's oracle
+design calls it, on CPU: the kernels (the 0.7 emulator), the weight-shuffle index helpers and
+the device probe, as a stand-in ``flashinfer`` module tree (FlashInfer 0.7.3 is not
+installable here). Part of the seam :mod:`.blackwell_oracle` installs (``backend="latency"``;
+its docstring lists every symbol replaced and why)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from fp4_moe_lab import nvfp4
+from fp4_moe_lab.simulation.oracle_flashinfer import ActivationType
+
+_TRT = "vllm.model_executor.layers.fused_moe.experts.trtllm_nvfp4_moe"
+
+
+def simulates_trtllm() -> bool:
+    """Does this vLLM have the TRT-LLM NVFP4 experts module the ``backend="latency"`` seam
+    patches (``fused_moe/experts/trtllm_nvfp4_moe.py``, read on v0.34.0)? v0.20.0 keeps its
+    experts under ``fused_moe/`` (see :func:`.blackwell_oracle._experts_module`): no TRT-LLM
+    simulation there."""
+    try:
+        return importlib.util.find_spec(_TRT) is not None
+    except ImportError:
+        return False
+
+
+def w3_w1_permute_indices(cache, dst_w3_w1_weight: torch.Tensor, epilogue_tile_m: int,
+                           num_elts_per_sf=None, is_gated_act_gemm: bool = True) -> torch.Tensor:
+    """Stand-in for FlashInfer's ``_maybe_get_cachedw3_w1_permute_indices`` (fi 0.6.18
+    flashinfer/fused_moe/core.py:417-453): row ``i`` of the kernel's GEMM1 matrix is row
+    ``src[i]`` of ``[w3; w1]`` -- the gated-activation interleave chained with the 32-row
+    ``shuffle_matrix_a`` block permutation, the same for weights and linear block scales
+    (``get_shuffle_matrix_sf_a_row_indices`` permutes whole rows too). FlashInfer computes it
+    with device kernels; :mod:`nvfp4.trtllm_layout` computes the same indices on CPU (checked
+    byte for byte against FlashInfer 0.3.1's shuffles in tests/nvfp4, and against FlashInfer
+    0.7.2.post1's and 0.7.4's own helpers in tests/newest/test_newest_trtllm_layout.py)."""
+    from fp4_moe_lab.nvfp4 import trtllm_layout as tl
+
+    rows = dst_w3_w1_weight.shape[0]
+    key = ("w3_w1", tuple(dst_w3_w1_weight.shape), epilogue_tile_m, num_elts_per_sf,
+           is_gated_act_gemm)
+    if key not in cache:
+        cache[key] = (tl.gemm1_row_sources(rows, epilogue_tile_m) if is_gated_act_gemm
+                      else tl.shuffle_row_sources(rows, epilogue_tile_m))
+    return cache[key]
+
+
+def w2_permute_indices(cache, dst_w2_weight: torch.Tensor, epilogue_tile_m: int,
+                        num_elts_per_sf=None) -> torch.Tensor:
+    """Stand-in for ``getw2_permute_indices_with_cache`` (fi 0.6.18 flashinfer/fused_moe/
+    core.py:456-483): the ``shuffle_matrix_a`` row permutation alone."""
+    from fp4_moe_lab.nvfp4 import trtllm_layout as tl
+
+    key = ("w2", tuple(dst_w2_weight.shape), epilogue_tile_m, num_elts_per_sf)
+    if key not in cache:
+        cache[key] = tl.shuffle_row_sources(dst_w2_weight.shape[0], epilogue_tile_m)
+    return cache[key]
+
+
+def flashinfer_trtllm_stub():
+    """The FlashInfer names vLLM 0.34.0's TRT-LLM NVFP4 path imports at call time, as a module
+    tree installed for the seam's duration (FlashInfer 0.7.3 is not installable here):
+    ``flashinfer.nvfp4_block_scale_interleave`` and the two permute-index helpers
+    (Q/utils/flashinfer_fp4_moe.py:338-342, weight preparation), ``flashinfer.fused_moe.
+    trtllm_fp4_block_scale_moe`` / ``trtllm_fp4_block_scale_routed_moe`` (FM/experts/
+    trtllm_nvfp4_moe.py:388, 601: the kernels, -> the 0.7 emulator) and ``flashinfer.fused_moe.
+    core.ActivationType`` (Q/utils/flashinfer_utils.py:39-40)."""
+    import importlib.machinery
+    import types
+
+    from fp4_moe_lab.nvfp4 import trtllm_emulator as te
+
+    mods = {}
+    for name in ("flashinfer", "flashinfer.fused_moe", "flashinfer.fused_moe.core"):
+        m = types.ModuleType(name)
+        m.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+        mods[name] = m
+    fi, fm, core = (mods["flashinfer"], mods["flashinfer.fused_moe"],
+                    mods["flashinfer.fused_moe.core"])
+    fi.fused_moe, fm.core = fm, core
+    fi.nvfp4_block_scale_interleave = nvfp4.block_scale_interleave
+    fm.trtllm_fp4_block_scale_moe = te.trtllm_fp4_block_scale_moe_0_7
+    fm.trtllm_fp4_block_scale_routed_moe = te.trtllm_fp4_block_scale_routed_moe_0_7
+    core.ActivationType = ActivationType
+    core._maybe_get_cachedw3_w1_permute_indices = w3_w1_permute_indices
+    core.getw2_permute_indices_with_cache = w2_permute_indices
+    return mods
+
+
+def trtllm_supports_current_device() -> bool:
+    """v0.34.0 FM/experts/trtllm_nvfp4_moe.py:226-234 without ``is_cuda()`` and the FlashInfer
+    probe (its kernels are the emulator's)."""
+    from vllm.platforms import current_platform as p
+
+    return p.is_device_capability_family(100)

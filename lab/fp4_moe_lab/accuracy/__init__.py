@@ -1,6 +1,8 @@
 """The task-accuracy table (docs/ACCURACY.md) and the checkpoint edits its rows serve.
 
-* :mod:`.table` -- runs lm-eval against the engine worlds' OpenAI servers, writes the table.
+* :mod:`.cells` -- what the table is made of (checkpoints, layouts, worlds, columns, cell keys).
+* :mod:`.table` -- runs each cell: an engine world's OpenAI server, then lm-eval against it.
+* :mod:`.report` -- docs/ACCURACY.md's table and the chart, from the table's JSON.
 * :mod:`.experts_only` -- NVFP4 experts with bf16 attention (what the CPU engines can serve).
 * :mod:`.skew`, :mod:`.dead_scale` -- labelled edits of a quantized checkpoint's expert scales.
 

@@ -30,7 +30,6 @@ else the first of .venv-plot, .venv, the engine worlds that imports it).
 from __future__ import annotations
 
 import argparse
-import functools
 import glob
 import json
 import math
@@ -42,59 +41,23 @@ import tempfile
 import time
 from pathlib import Path
 
-from fp4_moe_lab.checkout import ROOT as REPO
+from fp4_moe_lab.accuracy import cells, report
+from fp4_moe_lab.accuracy.cells import (
+    CHECKPOINTS,
+    COLUMNS,
+    LAYOUTS,
+    MODELS,
+    PRIORITY,
+    REPO,
+    TASK,
+    TASK_DIR,
+    bf16_of,
+    cell_key,
+    failure_reason,
+    present_checkpoints,
+)
 from fp4_moe_lab.engines import server
 from fp4_moe_lab.engines.engine import ACTIVE_LINE
-
-MODELS = REPO / "accuracy" / "models"
-BF16 = "qwen3moe-add-bf16"
-# checkpoint directory prefix -> the bf16 model it was quantized from (one per trained model)
-BF16_OF_PREFIX = {"qwen3moe-add-": BF16, "deepseekv3-add-": "deepseekv3-add-bf16"}
-TASK_DIR = REPO / "accuracy" / "lm_eval_task"
-TASK = "addition3"
-JSON_OUT = REPO / "docs" / "accuracy.json"
-MD_OUT = REPO / "docs" / "ACCURACY.md"
-PNG_OUT = REPO / "docs" / "accuracy.png"
-COLUMNS = ("bf16", "ideal", "stock", "plugin")
-
-# checkpoint directory -> (short name, format); the first that exists is the headline
-CHECKPOINTS = {
-    "qwen3moe-add-nvfp4-ct-routed": ("ct-routed", "compressed-tensors"),
-    "qwen3moe-add-nvfp4-ct-all": ("ct-all", "compressed-tensors"),
-    "qwen3moe-add-nvfp4-modelopt": ("modelopt", "modelopt"),
-    "qwen3moe-add-nvfp4-ct-routed-dead": ("ct-routed-dead", "compressed-tensors"),
-    # LABELLED edits of ct-all (accuracy/skew.py): EP=2 GEMM1 slice-max ratio 1.5 and 4, to show
-    # the newest releases' DP+EP mechanism that no natural checkpoint here has
-    "qwen3moe-add-nvfp4-ct-all-ep-skew1.5": ("ct-all-ep-skew1.5", "compressed-tensors"),
-    "qwen3moe-add-nvfp4-ct-all-ep-skew4": ("ct-all-ep-skew4", "compressed-tensors"),
-    # the DeepSeek-V3 architecture (accuracy/train.py --arch deepseek_v3), routed experts NVFP4;
-    # routed calibration only: its all-experts checkpoint is not committed (accuracy/README.md)
-    "deepseekv3-add-nvfp4-ct-routed": ("dsv3-ct-routed", "compressed-tensors"),
-    "deepseekv3-add-nvfp4-ct-routed-ep-skew4": ("dsv3-ct-routed-ep-skew4", "compressed-tensors"),
-    # LABELLED dead-scale edits (accuracy/dead_scale.py): expert 5 of every MoE layer with a
-    # value class the field reports (docs/SUPPORT.md): absent from a ModelOpt export, or NaN,
-    # +inf, denormal, 0, negative in a compressed-tensors one
-    "qwen3moe-add-nvfp4-modelopt-dead-missing": ("modelopt-dead-missing", "modelopt"),
-    **{f"qwen3moe-add-nvfp4-ct-all-dead-{c}": (f"ct-all-dead-{c}", "compressed-tensors")
-       for c in ("nan", "inf", "denormal", "zero", "negative")},
-}
-
-
-def bf16_of(ckpt_dir: str) -> str:
-    """The unquantized model a checkpoint directory was made from."""
-    return next(b for prefix, b in BF16_OF_PREFIX.items() if ckpt_dir.startswith(prefix))
-
-# layout name -> (tp, dp, ep); per world, in the order they are run
-LAYOUTS = {
-    "single": (1, 1, False),
-    "tp2ep": (2, 1, True),
-    "dp2ep": (1, 2, True),
-    "dp2": (1, 2, False),
-}
-WORLD_LAYOUTS = {"0.11.0": ("single", "tp2ep"), "0.32.0": ("single", "tp2ep", "dp2ep", "dp2")}
-# most informative first: the newest releases' hole, then 0.11.0's, then the rest
-PRIORITY = [("0.32.0", "dp2ep"), ("0.11.0", "single"), ("0.11.0", "tp2ep"),
-            ("0.32.0", "single"), ("0.32.0", "tp2ep"), ("0.32.0", "dp2")]
 
 # Per world: what a server needs besides server.serve()'s defaults. 0.11.0: the FlashInfer
 # CUTLASS ("throughput") NVFP4 MoE path as engines/engine_run.py selects it; 0.32.0: the
@@ -191,15 +154,6 @@ def lm_eval_version() -> str:
     return _LM_EVAL_VERSION
 
 
-def cell_key(world: str, layout: str, ckpt: str, column: str) -> str:
-    """ckpt: the short name. The bf16 cell is shared by every checkpoint of one trained model
-    (the Qwen3-MoE's keeps its original key, ``WORLD|LAYOUT|bf16``)."""
-    if column != "bf16":
-        return f"{world}|{layout}|{ckpt}|{column}"
-    bf = bf16_of(dir_of(ckpt))
-    return f"{world}|{layout}|bf16" + ("" if bf == BF16 else f"@{bf}")
-
-
 def run_cell(world: str, layout: str, ckpt_dir: str, column: str, limit: int,
              log_dir: Path) -> dict:
     """One server start + one lm-eval run."""
@@ -272,66 +226,6 @@ def servable(model: Path, world: str) -> Path:
         ct_compat_011=compat)
 
 
-def scales_info(ckpt_dir: str) -> dict:
-    """Per layer, from accuracy/models/SCALES.json: GEMM1 (w13) input-scale spread and the EP=2
-    slice-max ratio (rank 1 / rank 0) and the factor stock DP=2+EP is off by."""
-    path = MODELS / "SCALES.json"
-    if not path.exists():
-        return {}
-    data = json.loads(path.read_text()).get(ckpt_dir)
-    if not data:
-        return {}
-    out = {}
-    for layer, d in data.get("layers", {}).items():
-        w13 = d.get("w13", {})
-        out[layer] = {k: w13.get(k) for k in ("spread", "ep2_slice_max_amax",
-                                              "ep2_ratio_rank1_over_rank0", "ep2_error_factor",
-                                              "uncalibrated_experts")}
-    return out
-
-
-# run_table layout -> the audit's layout name (lab/fp4_moe_lab/simulation/layouts.py); DP+EP
-# on the CPU engines uses vLLM's naive all-gather / reduce-scatter DP/EP prepare/finalize
-AUDIT_LAYOUT = {"single": "single", "tp2ep": "tp_ep", "dp2ep": "dp_ep_allgather", "dp2": "dp"}
-
-
-@functools.cache
-def audit_holes(world: str, ckpt_dir: str) -> dict | None:
-    """``vllm-fp4-moe audit --json --vllm WORLD`` of the checkpoint (the main .venv's, the
-    plugin's one model of where stock is wrong): affected MoE layers per audit layout, run
-    afresh for every report. None when the main world is missing."""
-    cli = REPO / ".venv" / "bin" / "vllm-fp4-moe"
-    if not cli.exists():
-        return None
-    p = subprocess.run([str(cli), "audit", "--json", "--vllm", world, str(MODELS / ckpt_dir)],
-                       capture_output=True, text=True, timeout=600)
-    if p.returncode not in (0, 1) or not p.stdout.strip():
-        raise RuntimeError(f"audit failed ({p.returncode}): {p.stderr[-2000:]}")
-    out = json.loads(p.stdout)
-    return {"design": out.get("design"), "layers": len(out.get("layers", [])),
-            "affected_by_layout": out.get("affected_layers_by_layout", {})}
-
-
-def hole_text(data: dict, world: str, layout: str, ckpt_dir: str) -> str:
-    """The table's verdict; also recorded in the JSON (``audit``) next to the cells."""
-    a = audit_holes(world, ckpt_dir)
-    if a is None:
-        return "?"
-    data.setdefault("audit", {})[f"{world}|{CHECKPOINTS[ckpt_dir][0]}"] = a
-    n = a["affected_by_layout"].get(AUDIT_LAYOUT[layout], 0)
-    return f"yes ({n} of {a['layers']} layers)" if n else "no"
-
-
-def edited(ckpt_dir: str) -> str | None:
-    """The script that made a labelled edit (it writes its log next to the weights), or None for
-    a quantizer's output."""
-    for script, log in (("accuracy/skew.py", "skew-log.json"),
-                        ("accuracy/dead_scale.py", "dead-log.json")):
-        if (MODELS / ckpt_dir / log).is_file():
-            return script
-    return None
-
-
 def hold_writer_lock(json_out: Path):
     """One writer per JSON: a second run_table on the same file would drop the first one's cells.
 
@@ -360,25 +254,6 @@ def hold_writer_lock(json_out: Path):
     return f
 
 
-def load() -> dict:
-    if JSON_OUT.exists():
-        return json.loads(JSON_OUT.read_text())
-    return {"cells": {}}
-
-
-def save(data: dict) -> None:
-    data["task"] = {"lm_eval_task": str(TASK_DIR.relative_to(REPO)), "name": TASK,
-                    "metric": "exact_match", "interval": "95 % Wilson score"}
-    data["checkpoints"] = {name: {"dir": f"accuracy/models/{d}", "format": fmt,
-                                  "scales": scales_info(d)}
-                           for d, (name, fmt) in CHECKPOINTS.items() if (MODELS / d).is_dir()}
-    JSON_OUT.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-
-
-def dir_of(name: str) -> str:
-    return next(d for d, (n, _fmt) in CHECKPOINTS.items() if n == name)
-
-
 def materialize_edits() -> None:
     """The labelled edits are generated, not committed (accuracy/skew.py,
     accuracy/dead_scale.py)."""
@@ -388,10 +263,6 @@ def materialize_edits() -> None:
         skew.ensure(src_name, factor)
     for src_name, case in dead_scale.OUTPUT_SHA256:
         dead_scale.ensure(src_name, case)
-
-
-def present_checkpoints() -> list[tuple[str, str, str]]:
-    return [(d, name, fmt) for d, (name, fmt) in CHECKPOINTS.items() if (MODELS / d).is_dir()]
 
 
 def plan(rows_filter: list[str] | None, columns: tuple) -> list[tuple[str, str, str, str]]:
@@ -411,116 +282,6 @@ def _match(pattern: str, world: str, layout: str, name: str) -> bool:
     return all(p in ("*", "") or p == v for p, v in zip(parts, (world, layout, name)))
 
 
-# ---------------------------------------------------------------------------- report
-
-
-def _fmt(c: dict | None) -> str:
-    if not c:
-        return "—"
-    return f"{c['accuracy']:.3f} [{c['wilson95'][0]:.3f}, {c['wilson95'][1]:.3f}] (n={c['n']})"
-
-
-def failure_reason(text: str) -> str:
-    """The most telling line of a failed cell: the plugin's own refusal if there is one."""
-    import re
-
-    text = "\n".join(ln for ln in text.splitlines() if "ulimit" not in ln)
-    for pat in (r"(InvalidScaleError|UncalibratedScaleError|InconsistentMoELayerError): "
-                r"([^\n]{0,120})",
-                r"(\w+Error): ((?!Engine core initialization failed)[^\n]{0,120})"):
-        m = re.search(pat, text)
-        if m:
-            return f"{m.group(1)}: {m.group(2)}"
-    return text.strip().splitlines()[-1][:120] if text.strip() else "failed"
-
-
-def table_rows(data: dict) -> list[dict]:
-    cells = data.get("cells", {})
-    fails = data.get("failures", {})
-    rows = []
-    for world, layout in sorted(PRIORITY,
-                                key=lambda wl: (wl[0], WORLD_LAYOUTS[wl[0]].index(wl[1]))):
-        for d, name, fmt in present_checkpoints():
-            got = {col: cells.get(cell_key(world, layout, name, col)) for col in COLUMNS}
-            failed = {col: fails[cell_key(world, layout, name, col)].get("reason") or
-                      failure_reason(fails[cell_key(world, layout, name, col)]["error"])
-                      for col in COLUMNS if not got[col]
-                      and cell_key(world, layout, name, col) in fails}
-            if not any(got[c] or c in failed for c in ("ideal", "stock", "plugin")):
-                continue
-            tp, dp, ep = LAYOUTS[layout]
-            rows.append({"world": world, "layout": layout, "checkpoint": name, "format": fmt,
-                         "edited": edited(d),
-                         "tp": tp, "dp": dp, "ep": ep, "cells": got, "failed": failed,
-                         "row_wall_s": round(sum(c["wall_s"] for c in got.values() if c), 1)})
-    return rows
-
-
-def layout_flags(tp: int, dp: int, ep: bool) -> str:
-    flags = []
-    if tp > 1:
-        flags.append(f"--tensor-parallel-size {tp}")
-    if dp > 1:
-        flags.append(f"--data-parallel-size {dp}")
-    if ep:
-        flags.append("--enable-expert-parallel")
-    return " ".join(flags) or "(none)"
-
-
-def write_markdown(data: dict) -> None:
-    rows = table_rows(data)
-    lines = ["| vLLM | checkpoint | layout (flags) | EP=2 GEMM1 slice-max ratio per layer | "
-             "stock wrong here? (audit) | " + " | ".join(COLUMNS) + " | row time |",
-             "|" + "---|" * (6 + len(COLUMNS))]
-    for r in rows:
-        sc = data.get("checkpoints", {}).get(r["checkpoint"], {}).get("scales", {})
-        ratio = ", ".join(f"{v['ep2_ratio_rank1_over_rank0']:.3g}" for _, v in sorted(sc.items())
-                          if v.get("ep2_ratio_rank1_over_rank0") is not None) or "?"
-        label = f" EDITED by {r['edited']}" if r["edited"] else ""
-        lines.append(f"| {r['world']} | {r['checkpoint']} ({r['format']}{label}) | {r['layout']} "
-                     f"(`{layout_flags(r['tp'], r['dp'], r['ep'])}`) | {ratio} | "
-                     f"{hole_text(data, r['world'], r['layout'], dir_of(r['checkpoint']))} | "
-                     + " | ".join(_fmt(r["cells"][c]) if r["cells"][c] or c not in r["failed"]
-                                  else f"server failed to start: {r['failed'][c][:110]}"
-                                  for c in COLUMNS)
-                     + f" | {r['row_wall_s']/60:.1f} min |")
-    table = "\n".join(lines)
-    text = (MD_OUT.read_text() if MD_OUT.exists()
-            else "# Accuracy\n\n<!-- table -->\n<!-- /table -->\n")
-    begin, end = "<!-- table -->", "<!-- /table -->"
-    if begin in text and end in text:
-        head, rest = text.split(begin, 1)
-        _, tail = rest.split(end, 1)
-        text = f"{head}{begin}\n{table}\n{end}{tail}"
-    MD_OUT.write_text(text)
-
-
-def plot_python() -> str | None:
-    cands = [os.environ.get("FP4MOE_PLOT_PYTHON")] + [
-        str(REPO / v / "bin" / "python") for v in (".venv-plot", ".venv", ".venv-engine-0.32.0",
-                                                   ".venv-engine")]
-    for c in cands:
-        if c and Path(c).exists() and subprocess.run(
-                [c, "-c", "import matplotlib"], capture_output=True, timeout=120).returncode == 0:
-            return c
-    return None
-
-
-PLOT_PROGRAM = REPO / "accuracy" / "plot_table.py"  # run in a Python with matplotlib
-
-
-def write_chart(data: dict) -> str:
-    py = plot_python()
-    if py is None:
-        return "no Python with matplotlib (pip install matplotlib into .venv-plot)"
-    rows = table_rows(data)
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump(rows, f)
-    p = subprocess.run([py, str(PLOT_PROGRAM), f.name, str(PNG_OUT)], capture_output=True,
-                       text=True, timeout=300)
-    return "ok" if p.returncode == 0 else p.stderr[-2000:]
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit", type=int, default=500, help="problems per cell (default 500)")
@@ -534,16 +295,14 @@ def main() -> int:
                     help="write cells to this JSON instead of docs/accuracy.json (a trial run; "
                          "the published table, chart and JSON are left alone)")
     args = ap.parse_args()
-    global JSON_OUT
     trial = args.json is not None
-    if trial:
-        JSON_OUT = args.json.resolve()
+    json_out = args.json.resolve() if trial else cells.JSON_OUT
     # a plain `kill` must still stop the server's process group (server.serve's finally)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    lock = hold_writer_lock(JSON_OUT)  # noqa: F841  (held until the process ends)
+    lock = hold_writer_lock(json_out)  # noqa: F841  (held until the process ends)
 
     materialize_edits()
-    data = load()
+    data = cells.load(json_out)
     todo = [] if args.report_only else plan([r for r in args.rows.split(",") if r],
                                             tuple(c for c in args.columns.split(",") if c))
     log_dir = Path(tempfile.mkdtemp(prefix="accuracy-servers-"))
@@ -555,7 +314,7 @@ def main() -> int:
         key = cell_key(world, layout, name, col)
         if key in data["cells"] and (not args.force or key in measured):
             # (a bf16 cell is shared by every checkpoint of its model: measured once per run)
-            print(f"[{i+1}/{len(todo)}] {key}: in {JSON_OUT.name}, skipped", flush=True)
+            print(f"[{i+1}/{len(todo)}] {key}: in {json_out.name}, skipped", flush=True)
             continue
         if args.max_cells and done >= args.max_cells:
             break
@@ -567,25 +326,25 @@ def main() -> int:
             data.setdefault("failures", {})[key] = {
                 "error": str(e)[-3000:], "reason": failure_reason(str(e)),
                 "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-            save(data)
+            cells.save(data, json_out)
             continue
         data["cells"][key] = cell
         measured.add(key)
         data.get("failures", {}).pop(key, None)
         done += 1
-        save(data)
-        print(f"    {_fmt(cell)}  ready {cell['ready_s']:.0f} s, eval {cell['eval_s']:.0f} s, "
-              f"cell {cell['wall_s']:.0f} s (elapsed {(time.monotonic()-t_all)/60:.1f} min)",
-              flush=True)
-    save(data)
+        cells.save(data, json_out)
+        print(f"    {report.fmt_cell(cell)}  ready {cell['ready_s']:.0f} s, "
+              f"eval {cell['eval_s']:.0f} s, cell {cell['wall_s']:.0f} s "
+              f"(elapsed {(time.monotonic()-t_all)/60:.1f} min)", flush=True)
+    cells.save(data, json_out)
     if trial:
-        print(f"wrote {JSON_OUT} (trial: docs/ACCURACY.md and the chart unchanged)")
+        print(f"wrote {json_out} (trial: docs/ACCURACY.md and the chart unchanged)")
         return 0
-    write_markdown(data)
-    save(data)  # with the audit verdicts write_markdown recorded
-    print("chart:", write_chart(data))
-    print(f"wrote {JSON_OUT.relative_to(REPO)}, {MD_OUT.relative_to(REPO)}, "
-          f"{PNG_OUT.relative_to(REPO)}")
+    report.write_markdown(data)
+    cells.save(data, json_out)  # with the audit verdicts write_markdown recorded
+    print("chart:", report.write_chart(data))
+    print(f"wrote {json_out.relative_to(REPO)}, {cells.MD_OUT.relative_to(REPO)}, "
+          f"{cells.PNG_OUT.relative_to(REPO)}")
     return 0
 
 

@@ -95,10 +95,10 @@ def cpu_scaled_fp4_quant(input: torch.Tensor, input_global_scale: torch.Tensor,
     return q, sf.view(torch.float8_e4m3fn)
 
 
-def flashinfer_enum_stub():
-    """v0.20.0 ``FlashInferExperts.apply`` imports ``flashinfer.fused_moe.core.ActivationType``
-    itself (FM/flashinfer_cutlass_moe.py:262). Without FlashInfer installed, the seam provides
-    that one module with only the :class:`ActivationType` twin, for the seam's duration."""
+def flashinfer_module_tree() -> dict:
+    """Empty stand-ins for ``flashinfer``, ``flashinfer.fused_moe`` and its ``core``, linked as
+    submodules, for the seam to fill and put in ``sys.modules`` while FlashInfer is not
+    installed."""
     import importlib.machinery
     import types
 
@@ -107,6 +107,16 @@ def flashinfer_enum_stub():
         m = types.ModuleType(name)
         m.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
         mods[name] = m
+    mods["flashinfer"].fused_moe = mods["flashinfer.fused_moe"]
+    mods["flashinfer.fused_moe"].core = mods["flashinfer.fused_moe.core"]
+    return mods
+
+
+def flashinfer_enum_stub() -> dict:
+    """v0.20.0 ``FlashInferExperts.apply`` imports ``flashinfer.fused_moe.core.ActivationType``
+    itself (FM/flashinfer_cutlass_moe.py:262). Without FlashInfer installed, the seam provides
+    that one module with only the :class:`ActivationType` twin, for the seam's duration."""
+    mods = flashinfer_module_tree()
     mods["flashinfer.fused_moe.core"].ActivationType = ActivationType
     return mods
 

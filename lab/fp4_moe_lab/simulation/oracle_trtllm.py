@@ -11,7 +11,7 @@ import importlib.util
 import torch
 
 from fp4_moe_lab import nvfp4
-from fp4_moe_lab.simulation.oracle_flashinfer import ActivationType
+from fp4_moe_lab.simulation.oracle_flashinfer import ActivationType, flashinfer_module_tree
 
 _TRT = "vllm.model_executor.layers.fused_moe.experts.trtllm_nvfp4_moe"
 
@@ -29,7 +29,7 @@ def simulates_trtllm() -> bool:
 
 def w3_w1_permute_indices(cache, dst_w3_w1_weight: torch.Tensor, epilogue_tile_m: int,
                            num_elts_per_sf=None, is_gated_act_gemm: bool = True) -> torch.Tensor:
-    """Stand-in for FlashInfer's ``_maybe_get_cachedw3_w1_permute_indices`` (fi 0.6.18
+    """Stand-in for FlashInfer's ``_maybe_get_cached_w3_w1_permute_indices`` (fi 0.6.18
     flashinfer/fused_moe/core.py:417-453): row ``i`` of the kernel's GEMM1 matrix is row
     ``src[i]`` of ``[w3; w1]`` -- the gated-activation interleave chained with the 32-row
     ``shuffle_matrix_a`` block permutation, the same for weights and linear block scales
@@ -50,7 +50,7 @@ def w3_w1_permute_indices(cache, dst_w3_w1_weight: torch.Tensor, epilogue_tile_m
 
 def w2_permute_indices(cache, dst_w2_weight: torch.Tensor, epilogue_tile_m: int,
                         num_elts_per_sf=None) -> torch.Tensor:
-    """Stand-in for ``getw2_permute_indices_with_cache`` (fi 0.6.18 flashinfer/fused_moe/
+    """Stand-in for ``get_w2_permute_indices_with_cache`` (fi 0.6.18 flashinfer/fused_moe/
     core.py:456-483): the ``shuffle_matrix_a`` row permutation alone."""
     from fp4_moe_lab.nvfp4 import trtllm_layout as tl
 
@@ -68,25 +68,17 @@ def flashinfer_trtllm_stub():
     trtllm_fp4_block_scale_moe`` / ``trtllm_fp4_block_scale_routed_moe`` (FM/experts/
     trtllm_nvfp4_moe.py:388, 601: the kernels, -> the 0.7 emulator) and ``flashinfer.fused_moe.
     core.ActivationType`` (Q/utils/flashinfer_utils.py:39-40)."""
-    import importlib.machinery
-    import types
-
     from fp4_moe_lab.nvfp4 import trtllm_emulator as te
 
-    mods = {}
-    for name in ("flashinfer", "flashinfer.fused_moe", "flashinfer.fused_moe.core"):
-        m = types.ModuleType(name)
-        m.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
-        mods[name] = m
+    mods = flashinfer_module_tree()
     fi, fm, core = (mods["flashinfer"], mods["flashinfer.fused_moe"],
                     mods["flashinfer.fused_moe.core"])
-    fi.fused_moe, fm.core = fm, core
     fi.nvfp4_block_scale_interleave = nvfp4.block_scale_interleave
     fm.trtllm_fp4_block_scale_moe = te.trtllm_fp4_block_scale_moe_0_7
     fm.trtllm_fp4_block_scale_routed_moe = te.trtllm_fp4_block_scale_routed_moe_0_7
     core.ActivationType = ActivationType
-    core._maybe_get_cachedw3_w1_permute_indices = w3_w1_permute_indices
-    core.getw2_permute_indices_with_cache = w2_permute_indices
+    core._maybe_get_cached_w3_w1_permute_indices = w3_w1_permute_indices
+    core.get_w2_permute_indices_with_cache = w2_permute_indices
     return mods
 
 

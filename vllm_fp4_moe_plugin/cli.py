@@ -150,7 +150,7 @@ def _audit(path: str, flag: str, **kwargs) -> dict:
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
-    from vllm_fp4_moe_plugin.checkpoint.audit import format_audit
+    from vllm_fp4_moe_plugin.checkpoint.render import format_audit
 
     try:
         design = _audit_design(args.vllm)

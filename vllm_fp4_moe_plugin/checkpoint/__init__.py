@@ -1,6 +1,8 @@
 """The audit of real NVFP4 MoE checkpoints (the ``audit`` and ``doctor`` commands).
 
-* :mod:`.audit` -- ``audit_checkpoint`` / ``format_audit``: is a checkpoint hit by the bug?
+* :mod:`.audit` -- ``audit_checkpoint``: is a checkpoint hit by the bug? From :mod:`.detect`
+  (which format), :mod:`.config_lint` (misread config keys) and :mod:`.scalars` (the scales read);
+  :mod:`.render` -- ``format_audit``, its table.
 * :mod:`.tensor_index` -- tensor name -> shard file, from the index or the headers only.
 
 Writing tiny test checkpoints is development code: ``fp4_moe_lab.checkpoint`` (lab/, not in the

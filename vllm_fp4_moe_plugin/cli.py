@@ -120,9 +120,6 @@ def _progress(text: str) -> None:
 
 # --- subcommands ---------------------------------------------------------------------------
 
-LAB_COMMANDS = ("matrix", "make-checkpoint", "demo")
-
-
 def _cmd_lab(args: argparse.Namespace) -> int:
     """matrix, make-checkpoint, demo: development tools that live in the lab package
     (lab/fp4_moe_lab, installed from a checkout), not in the wheel. Imported here, in a

@@ -61,7 +61,3 @@ class ParamWatch:
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
-
-    @property
-    def installed(self) -> bool:
-        return not self._stopped and (self._handle is not None or self._pending is not None)

@@ -249,10 +249,6 @@ class Layout:
         """DP layouts quantize on the sender, before the destination expert is known (0.11.x)."""
         return self.dp > 1
 
-    @property
-    def dp_ep(self) -> bool:
-        return self.dp > 1 and self.ep
-
 
 LAYOUTS: dict[str, Layout] = {s.name: s for s in (
     Layout("single"),

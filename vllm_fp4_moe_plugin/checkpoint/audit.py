@@ -130,17 +130,11 @@ def _layer_report(fmt: str, layer: str, gate: list[float], up: list[float], down
     # (modelopt.py:1307-1308, compressed_tensors_moe.py:300-301).
     w13_raw = [max(g, u) for g, u in zip(gate, up)]
     w13 = [max(g, u) for g, u in zip(gate_used, up_used)]
-
-    def amax_like(v):  # ModelOpt sense: what the kernel dequantizes GEMM1 input with
-        return [1.0 / x for x in v] if ct else list(v)
-
-    def factor(v, e):  # in_scale[e] / in_scale[0], from the stored values without a reciprocal
-        return v[0] / v[e] if ct else v[e] / v[0]
-
-    factors = [factor(w13, e) for e in range(len(w13))]
+    # in_scale[e] / in_scale[0], from the stored values without a reciprocal
+    factors = [w13[0] / v if ct else v / w13[0] for v in w13]
     # 0.14.0+: the activation amax per expert, max over gate/up (v0.34.0 CT w4a4_nvfp4.py:242,
     # 1 / input_global_scale; ModelOpt's input_scale is already an amax-like scale).
-    amax = amax_like(w13)
+    amax = _amax_like(fmt, w13)
     calibrated_gate_up = [v for e, (g, u) in enumerate(zip(gate, up)) if e not in bad13
                           for v in (g, u)]
     uniform = len(set(calibrated_gate_up)) <= 1
@@ -154,8 +148,8 @@ def _layer_report(fmt: str, layer: str, gate: list[float], up: list[float], down
         "stored_name": INPUT_SCALE[fmt],
         "w13_stored": w13_raw,
         "w2_stored": list(down),
-        "w13_input_scale": amax_like(w13),
-        "w2_input_scale": amax_like(down_used),
+        "w13_input_scale": amax,
+        "w2_input_scale": _amax_like(fmt, down_used),
         # max/min is invariant under the reciprocal, so take it from the stored values (exact).
         "w13_spread": max(w13) / min(w13),
         "w2_spread": max(down_used) / min(down_used),

@@ -15,7 +15,8 @@ import torch
 from vllm_fp4_moe_plugin import scales, unloaded
 from vllm_fp4_moe_plugin.log import layer_label, local_experts_note
 
-# The raw tensors as each format's quant method registers them on the layer.
+# The raw tensors as each format's quant method registers them on the layer, in every design
+# (v0.34.0 CT w4a4_nvfp4.py:180-210; Q/modelopt.py:1020-1060).
 RAW_SCALES = {
     "modelopt": {"input": ("w13_input_scale", "w2_input_scale"),
                  "weight": ("w13_weight_scale_2", "w2_weight_scale_2")},

@@ -24,8 +24,7 @@ from vllm_fp4_moe_plugin.patching import same_named_subclass
 
 logger = get_logger("methods")
 
-_INPUT = ("w13_input_global_scale", "w2_input_global_scale")
-_RAW = _INPUT + ("w13_weight_global_scale", "w2_weight_global_scale")
+_RAW = checkpoint_scales.RAW_SCALES["compressed-tensors"]
 
 
 class SharedGemm1ScaleForDpMixin:
@@ -52,9 +51,9 @@ class SharedGemm1ScaleForDpMixin:
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         dp = self._fp4_dp_dispatch()
         if dp:  # validate what we are about to reduce over, before upstream inverts it
-            for attr in _RAW:
+            for attr in _RAW["input"] + _RAW["weight"]:
                 scales.check_positive_finite(getattr(layer, attr), layer=layer_label(layer),
-                                             name=attr, activation=attr in _INPUT)
+                                             name=attr, activation=attr in _RAW["input"])
         if not getattr(self, "use_marlin", False):  # every path that reads activation scales
             self._fp4_repair_uncalibrated(layer)
         super().process_weights_after_loading(layer)

@@ -34,17 +34,9 @@ import torch
 from vllm_fp4_moe_plugin import compat, scales, support, unloaded
 from vllm_fp4_moe_plugin import vllm_modules as vm
 from vllm_fp4_moe_plugin.log import get_logger, layer_label
+from vllm_fp4_moe_plugin.patches.checkpoint_scales import RAW_SCALES
 
 logger = get_logger("methods")
-
-# The checkpoint's global scales as each format's quant method registers them on the layer
-# (v0.34.0 CT w4a4_nvfp4.py:180-210; Q/modelopt.py:1020-1060).
-CHECKPOINT_SCALES = {
-    "compressed-tensors": ("w13_input_global_scale", "w2_input_global_scale",
-                           "w13_weight_global_scale", "w2_weight_global_scale"),
-    "modelopt": ("w13_input_scale", "w2_input_scale", "w13_weight_scale_2",
-                 "w2_weight_scale_2"),
-}
 
 _first_change_logged = False
 
@@ -66,7 +58,7 @@ def validate_checkpoint_scales(layer: torch.nn.Module, a13_scale: torch.Tensor) 
     if fmt is None:
         return
     per_token = bool((a13_scale == 1).all())
-    for name in CHECKPOINT_SCALES[fmt]:
+    for name in RAW_SCALES[fmt]["input"] + RAW_SCALES[fmt]["weight"]:
         if per_token and "input" in name:
             continue
         tensor = getattr(layer, name)
@@ -95,7 +87,7 @@ def repaired_activation_scale(layer: torch.nn.Module, scale: torch.Tensor,
     checkpoint tensor the value comes from."""
     fmt = layer_format(layer) or "compressed-tensors"
     gemm = 0 if name == "a13_scale" else 1
-    source = CHECKPOINT_SCALES[fmt][gemm]
+    source = RAW_SCALES[fmt]["input"][gemm]
     how = "1 / " if fmt == "compressed-tensors" else ""
     raw = getattr(layer, source, None)  # the checkpoint's tensor, as the loader left it
     missing = (unloaded.missing_rows(raw) if isinstance(raw, torch.Tensor) and scale.dim()
@@ -117,18 +109,13 @@ def quantized_inputs_cross_ranks(layer: torch.nn.Module, backend) -> bool:
     if backend is not None and not importlib.import_module(
             vm.NVFP4_ORACLE).is_global_sf_supported_for_nvfp4_backend(backend):
         return False  # per-expert scales (vLLM CUTLASS): quantized on the owning rank
-    if getattr(pc, "enable_eplb", False) and stock_agrees_under_eplb():
-        return False
+    if getattr(pc, "enable_eplb", False) and compat.eplb_scale_allreduce():
+        return False  # 0.28.0+: upstream all-reduces the collapsed scale when EPLB is on
     import vllm.envs as envs
 
     return support.quantizes_on_sender(
         pc.all2all_backend,
         deepep_ll_nvfp4_dispatch=bool(getattr(envs, "VLLM_DEEPEPLL_NVFP4_DISPATCH", False)))
-
-
-def stock_agrees_under_eplb() -> bool:
-    """0.28.0+: upstream all-reduces the collapsed scale when EPLB is on (compat's probe)."""
-    return compat.eplb_scale_allreduce()
 
 
 def agreed_a13_scale(layer: torch.nn.Module, a13_scale: torch.Tensor) -> torch.Tensor:

@@ -48,8 +48,6 @@ class UsageError(Exception):
     """Bad input: the message names the input (flag, argument, file, variable) and the fix."""
 
 
-# --- argument types: each rejects a bad value with a message naming the fix --------------
-
 def _int_in(lo: int, hi: Optional[int] = None) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
@@ -101,8 +99,6 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
-# --- validation of paths, before any slow work -------------------------------------------
-
 def _checkpoint_dir(path: str, flag: str) -> None:
     p = Path(path)
     if not p.exists():
@@ -112,13 +108,9 @@ def _checkpoint_dir(path: str, flag: str) -> None:
                          "(the one holding config.json)")
 
 
-# --- progress on stderr --------------------------------------------------------------------
-
 def _progress(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
-
-# --- subcommands ---------------------------------------------------------------------------
 
 def _cmd_lab(args: argparse.Namespace) -> int:
     """matrix, make-checkpoint, demo: development tools that live in the lab package
@@ -197,8 +189,6 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     print(json.dumps(report, indent=2, default=str) if args.json else format_doctor(report))
     return report["verdict"]
 
-
-# --- parser --------------------------------------------------------------------------------
 
 def _common(p: argparse.ArgumentParser, top: bool) -> None:
     default = False if top else argparse.SUPPRESS  # a subcommand must not reset the top's
@@ -289,8 +279,6 @@ def build_parser() -> argparse.ArgumentParser:
         _common(p, top=False)
     return parser
 
-
-# --- the one place exit codes are decided ---------------------------------------------------
 
 @contextlib.contextmanager
 def _quiet(verbose: bool) -> Iterator[None]:

@@ -4,17 +4,8 @@ compat only observes. :func:`probe` names the design (``support.Design``), says 
 code the design's patches are written against is all there (``patchable``), and returns the
 findings; the ledger (``patches/``) decides from those findings which entries are needed. Every
 probe reads what the code *is*, never ``vllm.__version__`` (a source build or a backport would
-lie). docs/ROOT-CAUSE.md §10 explains the probes; docs/SUPPORT.md lists which release has which
-design (read from each release's wheel).
-
-- ``INIT_PREPARE_FINALIZE`` (0.11.0): quant methods build their modular kernel in
-  ``init_prepare_finalize``; every FlashInfer layout pre-quantizes with expert 0's scale.
-- ``MODULAR_METHOD`` (0.11.1-0.13.0): ``FusedMoE.maybe_init_modular_kernel`` swaps the quant
-  method for a ``FusedMoEModularMethod``; upstream fixed TP (#27223) and ModelOpt DP (#26135).
-- ``NVFP4_ORACLE`` (0.14.0-0.34.0): ``fused_moe/oracle/nvfp4.py`` picks the backend and
-  collapses the activation scales (from 0.28.0 with an EPLB-only all-reduce).
-
-Anything else is left alone, with the reason in the one log line.
+lie). docs/ROOT-CAUSE.md §10 explains the probes. Anything else is left alone, with the reason in
+the one log line.
 """
 
 from __future__ import annotations
@@ -329,7 +320,6 @@ def _probe_nvfp4_oracle(findings: dict) -> Observation:
     fields = getattr(parallel_config, "__dataclass_fields__", {})  # all2all_backend is a field
     findings["moe_parallel_config_all2all"] = (hasattr(parallel_config, "use_all2all_kernels")
                                                and "all2all_backend" in fields)
-    # 0.28.0+: the collapse all-reduces over the EP group, but only with EPLB (#48355).
     findings["eplb_scale_allreduce"] = eplb_scale_allreduce()
     required = ("oracle_helpers_take_layer_and_a13_scale", "global_sf_backend_probe",
                 "moe_parallel_config_all2all")

@@ -1,27 +1,15 @@
 """The fleet check: every rank of a deployment runs the plugin the same way, or none loads.
 
-Why: the fix is per process. A deployment whose ranks disagree (one node without
-``VLLM_FP4_MOE_PLUGIN=1``, another plugin version, a vLLM of another MoE design there) computes
-NVFP4 MoE layers with different scales on different ranks. In TP-like layouts that is silent
-(no collective of the plugin's would even notice); under DP+EP the ranks would wait for each
-other's scale agreement until a timeout.
+The fix is per process: ranks that disagree (one node without ``VLLM_FP4_MOE_PLUGIN=1``, another
+plugin version, another vLLM MoE design) compute the NVFP4 MoE layers with different scales,
+silently in TP-like layouts. So every process that builds an NVFP4 MoE layer, whatever its switch,
+reports its :class:`RankState` once, when the first such layer registers its tensors (before any
+weight is read), waits for every rank's, and all compare (docs/DEPLOYING.md).
 
-How: every process that builds an NVFP4 MoE layer -- the plugin on, off or unset -- reports its
-state once, when the first such layer registers its tensors (model construction, before any
-weight is read: ``register()`` watches for it, ``vllm_modules.NVFP4_MOE_MARKERS``), and waits
-for every other rank of the torch world's report; then all compare.
-Any difference raises :class:`FleetMismatchError` on every rank, naming the ranks, what differs
-and the fix; a rank that never reports ends the wait with :class:`FleetTimeout` after
-``VLLM_FP4_MOE_PLUGIN_TIMEOUT_S``.
-
-The reports go through the world group's rendezvous store (the TCPStore vLLM's process groups
-were created from), not a gloo collective: a collective is matched by order, and a rank that is
-off (nothing of vLLM replaced) or has no plugin at all cannot be relied on to issue it at the
-same point in vLLM's own sequence of CPU-group collectives; a mismatched collective hangs or
-corrupts vLLM's. The store has no order, and it tells which ranks never wrote.
-
-What a rank reports: plugin version, vLLM MoE design (``compat.probe``), mode (active, inactive,
-off, pending), plus where it is (host, pid, vLLM's TP/PP/DP ranks) for the messages.
+The reports go through the world's rendezvous store, not a gloo collective: a collective is
+matched by order, and a rank that is off or has no plugin cannot be relied on to issue it at the
+same point in vLLM's own sequence of CPU-group collectives. The store has no order, and it tells
+which ranks never wrote.
 """
 
 from __future__ import annotations
@@ -172,8 +160,6 @@ def _has_key(store, key: str) -> bool:
 def _read(store, key: str) -> RankState:
     return RankState(**json.loads(store.get(key)))
 
-
-# -- this process ------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Report:

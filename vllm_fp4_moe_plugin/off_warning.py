@@ -1,19 +1,13 @@
 """One WARNING per process when the plugin is installed, off, and a layer needs it.
 
-Why this way: "off" must leave vLLM untouched, so nothing of vLLM is replaced. Instead a
-read-only torch hook watches parameter registration, which happens only at load time: vLLM
-0.11.0 registers ``w13_input_scale_quant`` on every NVFP4 MoE layer in
-``process_weights_after_loading`` (modelopt.py:1317, compressed_tensors_moe.py:307). If that
-per-expert vector is not uniform on a FlashInfer path, stock vLLM computes the layer wrongly in
-every layout; on a modular_method vLLM (0.11.1-0.13.0) only compressed-tensors with DP dispatch
-is still wrong (0.11.1 ModelOpt's vector is already uniform); support.stock_hole decides. The
-hook removes itself after warning once (or never fires): no per-forward cost.
-
-On the nvfp4_oracle design (0.14.0+) the hole (compressed-tensors under DP+EP with a sender-side
-dispatcher, ``support.oracle_design_hole``) depends on the *other* ranks' scales, which one
-process cannot see without a collective. The hook therefore warns when compressed-tensors
-registers ``w13_input_global_scale`` (in ``create_weights``) on a layer in such a layout, and
-says how to check the checkpoint (``vllm-fp4-moe audit``).
+"Off" must leave vLLM untouched, so nothing of vLLM is replaced: a read-only parameter-registration
+hook (:mod:`.param_watch`) sees each NVFP4 MoE layer load and asks the support model
+(``support.stock_hole``) whether stock computes it wrongly. The pre-oracle designs register the
+per-expert ``w13_input_scale_quant`` in ``process_weights_after_loading`` (v0110
+modelopt.py:1317, compressed_tensors_moe.py:307): at risk if it is not uniform. On the oracle
+design the hole depends on the *other* ranks' scales, which one process cannot see without a
+collective: it warns when compressed-tensors registers ``w13_input_global_scale`` on a layer in
+such a layout, and names the audit command. The hook stops after warning once.
 """
 
 from __future__ import annotations

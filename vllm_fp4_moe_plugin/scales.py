@@ -1,22 +1,13 @@
 """The activation-scale policy, as pure functions of per-expert scales and the parallel layout.
 
-Why a policy at all: in vLLM 0.11.0 the quant config must describe what prepare/finalize really
-does (docs/ROOT-CAUSE.md §9):
-
-* TP-like layouts (single GPU, PP, TP, TP+EP) pass bf16 through; the FlashInfer kernel quantizes
-  each routed row with its own expert's scale. The config carries the per-expert vector
-  ``gs_e`` and ``g1_alphas[e] = ws2_e / gs_e`` -- the checkpoint's calibration, unchanged.
-* DP layouts quantize once on the sender, before the destination expert is known, so one scalar
-  must serve every expert on every EP rank. We use ``g* = min_e gs_e`` over the whole EP group
-  (the largest calibrated activation amax, so no expert saturates more than it was calibrated
-  for) and rebuild ``g1_alphas[e] = ws2_e / g*`` so ``alpha_e * g* == ws2_e`` holds exactly.
-
-Checkpoint scales are validated here before any of that (:func:`check_positive_finite`), and an
-expert whose activation scale is *uncalibrated* (:func:`scale_check.uncalibrated_experts`) gets
-the calibrated experts' max amax instead (:func:`repair_uncalibrated`), before any collapse or
-agreement can carry its value to other experts or ranks.
-
-Nothing here imports vLLM; the one collective takes the process group as an argument.
+In vLLM 0.11.0 the quant config must describe what prepare/finalize really does
+(docs/ROOT-CAUSE.md §9). TP-like layouts pass bf16 through and the kernel quantizes each routed
+row with its own expert's scale: the per-expert vectors ``gs_e`` and ``g1_alphas[e] = ws2_e /
+gs_e`` stay. DP layouts quantize once on the sender, before the destination expert is known, so
+one scalar must serve every expert on every EP rank: ``g* = min_e gs_e`` over the EP group (the
+largest calibrated amax, so no expert saturates more than it was calibrated for), with
+``g1_alphas[e] = ws2_e / g*`` rebuilt. Nothing here imports vLLM; the one collective takes the
+process group as an argument.
 """
 
 from __future__ import annotations
@@ -46,12 +37,10 @@ class Gemm1ActivationScales:
 
 def check_positive_finite(tensor: torch.Tensor, *, layer: str, name: str,
                           index_note: str = "", activation: bool = False) -> None:
-    """Raise, naming the layer, the tensor and the first bad expert, on NaN/inf/zero/negative
-    or a dtype a global scale may not have (the rule of :mod:`vllm_fp4_moe_plugin.scale_check`,
-    which audit and doctor apply to the checkpoint's own tensors). ``index_note`` qualifies the
-    expert index (e.g. local to an EP rank). ``activation``: an input scale, whose values are
-    judged by :func:`repair_uncalibrated` instead (a quantizer writes any value, NaN and
-    negative ones included, for an expert it never calibrated); only its dtype is checked."""
+    """Raise by the rule of :mod:`vllm_fp4_moe_plugin.scale_check`, naming the layer, the
+    tensor and the first bad expert (``index_note`` qualifies its index, e.g. local to an EP
+    rank). ``activation``: only the dtype is checked (:func:`repair_uncalibrated` judges the
+    values)."""
     t = tensor.detach()
     if not t.is_floating_point() or t.dtype.itemsize == 1:  # float8 scales are refused too
         check_scale([], where=layer, name=name, dtype=str(t.dtype))
@@ -77,16 +66,13 @@ _uncalibrated_warned = False
 def repair_uncalibrated(stored: torch.Tensor, *, reciprocal: bool, layer: str, name: str,
                         index_note: str = "", stock_effect: str = "",
                         missing: tuple = ()) -> torch.Tensor:
-    """``stored`` unchanged, or a copy whose uncalibrated experts carry the calibrated experts'
-    max amax (NVIDIA's ModelOpt exporter gives uncalibrated experts that fallback too).
+    """``stored`` unchanged, or a copy whose uncalibrated experts (any of their ``k`` values:
+    :func:`scale_check.uncalibrated`) carry the stored value of the calibrated expert with the
+    largest amax, so no rounding is added (NVIDIA's ModelOpt exporter's fallback too).
 
-    ``stored``: one layer's per-expert activation scales, ``[E]`` or ``[E, k]`` (gate/up).
-    ``reciprocal``: the values are inverse to the amax (compressed-tensors'
-    ``input_global_scale``) rather than proportional (ModelOpt's ``input_scale``, vLLM 0.14+'s
-    ``a13_scale``/``a2_scale``). An expert is uncalibrated when any of its ``k`` values is
-    (:func:`scale_check.uncalibrated`); all its values get the fallback, the stored value of the
-    calibrated expert with the largest amax, so no rounding is added. The first layer that needs
-    it logs a WARNING per process, later ones INFO; ``VLLM_FP4_MOE_PLUGIN_CHECK=strict`` raises
+    ``stored``: one layer's per-expert activation scales, ``[E]`` or ``[E, k]`` (gate/up);
+    ``reciprocal``: inverse to the amax (compressed-tensors' ``input_global_scale``). The first
+    layer that needs it logs a WARNING per process, later ones INFO; strict mode raises
     :class:`UncalibratedScaleError`.
     """
     values = stored.detach().float().reshape(stored.shape[0] if stored.dim() else 1, -1)
@@ -190,12 +176,9 @@ def agree_min_max(values: torch.Tensor, group=None, *, layer: str = "",
 
 def agree_max(values: torch.Tensor, group=None, *, layer: str = "",
               timeout_s: float | None = None) -> torch.Tensor:
-    """max over ``values``, then MAX over ``group`` (a CPU/gloo group), in fp32.
-
-    The 0.14.0+ twin of :func:`agree_min_scale`: vLLM there works with the activation amax
-    (``1 / input global scale``) and collapses it with a max. The result is exactly one of the
-    inputs (a max is exact), so a rank whose own max already equals it sees no change.
-    """
+    """max over ``values``, then MAX over ``group``, in fp32: the 0.14.0+ twin of
+    :func:`agree_min_scale` (vLLM there collapses the activation amax with a max). The result is
+    exactly one of the inputs, so a rank whose own max already equals it sees no change."""
     local = -values.detach().float().max().reshape(1).cpu()
     return -_all_reduce_min(local, group, layer, timeout_s).reshape(())
 

@@ -67,7 +67,6 @@ class Design(str, Enum):
         return f"{self.value} design (vLLM {self.releases})"
 
 
-# (first, newest read) release of each design (docs/SUPPORT.md, read from each wheel).
 _DESIGN_RELEASES = {
     Design.INIT_PREPARE_FINALIZE: ((0, 11, 0), (0, 11, 0)),
     Design.MODULAR_METHOD: ((0, 11, 1), (0, 13, 0)),
@@ -355,9 +354,6 @@ def stock_wrong_with_scales(design_key: str | Design, fmt: str, stored: Sequence
 
 
 # --- uncalibrated experts (an activation scale no calibration produced) ------------------------
-# Kinds, from scale_check.uncalibrated: "high" (NaN, inf or far above the layer's amax:
-# compressed-tensors input_global_scale 0 or ~1e-29) or "low" (0, negative or far below:
-# ModelOpt input_scale 0, compressed-tensors 2.3e23 or a negative value).
 
 def stock_wrong_with_uncalibrated(design_key: str | Design, fmt: str,
                                   kinds: Sequence[str]) -> bool:

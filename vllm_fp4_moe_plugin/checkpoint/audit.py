@@ -1,39 +1,14 @@
 """Is an NVFP4 MoE checkpoint hit by a vLLM release's GEMM1 activation-scale bug? Read only scales.
 
-``design`` picks the release's semantics (``support.Design``; the default,
-init_prepare_finalize, is vLLM 0.11.0's, described first):
-
-Stock 0.11.0 pre-quantizes every FlashInfer CUTLASS MoE input with ONE expert's GEMM1 input scale
-(expert 0, or the first local expert of the quantizing rank) but dequantizes with each expert's
-own, so expert e's output is off by ``in_scale[e] / in_scale[e0]`` (docs/ROOT-CAUSE.md §5).
-GEMM2 is always consistent. So a layer is computed wrongly iff its experts' GEMM1 input scales
-differ, and a checkpoint can be judged from those scalars alone (:mod:`.scalars` reads them). An
-*uncalibrated* expert (an input scale that no calibration could have produced,
-``scale_check.uncalibrated``) is a finding: reported per layer with what stock does with it on the
-judged release (``support.stock_wrong_with_uncalibrated``), while the layer's other figures are of
-what the plugin loads (the calibrated experts' max amax for it). Each layer also shows its
-calibration's signature: all-experts calibration leaves every gate/up input scale identical, routed
-calibration spreads them. Config keys the checkpoint's readers get wrong: :mod:`.config_lint`.
-
-"affected", per layout (``LAYOUTS``), is computed exactly for stock 0.11.0 at the given EP size:
-
-* single, pp, tp, dp: quantized with expert 0's scale -> affected iff not all scales are equal.
-* dp_ep_allgather, dp_ep_all2allv: quantized on the *sender* with its first local expert's
-  scale, dequantized on any receiver -> affected iff not all scales are equal.
-* tp_ep: each rank quantizes its own tokens with its first local expert's scale -> affected iff
-  some rank's slice (vLLM's ``determine_expert_map``, layer.py:786-846) is not uniform.
-* every EP layout, whatever the scales, when the experts do not split into equal contiguous
-  blocks (``round_robin`` placement, or experts % EP size != 0): FlashInfer then computes the
-  wrong experts (``support.ep_layout_problem``).
-
-The modular_method design (0.11.1 - 0.13.0): ModelOpt is consistent everywhere (#26135);
-compressed-tensors with DP dispatch (dp, dp_ep_*) still pre-quantizes with element 0 -> affected
-iff not all equal.
-
-The nvfp4_oracle design (0.14.0 - 0.34.0): ModelOpt is consistent everywhere; compressed-tensors
-under DP+EP (dp_ep_*) quantizes on the sender with the max amax of the *sender's* local experts and
-dequantizes with the owner's -> affected iff the EP slices' maxima differ (at ``ep_size`` =
-DP x TP, ``support.rank_local_maxima``). Single, pp, tp, tp_ep and dp without EP are consistent.
+Stock vLLM quantizes an MoE layer's input with one GEMM1 input scale (0.11.0: expert 0's, or the
+quantizing rank's first local expert's; 0.14.0+: the sender's local max) and dequantizes with the
+owning expert's, so GEMM1 is off by their ratio (docs/ROOT-CAUSE.md §5, §12); GEMM2 is
+consistent. A checkpoint is therefore judged from its scalars alone (:mod:`.scalars` reads them),
+per layout and EP size, by the support model (``support.stock_wrong_with_scales``,
+``support.ep_layout_problem``) of the release's design (``design``; default vLLM 0.11.0's). An
+*uncalibrated* expert (``scale_check.uncalibrated``) is a finding, reported per layer with what
+stock does with it (``support.stock_wrong_with_uncalibrated``); the layer's other figures are of
+what the plugin loads (the calibrated experts' max amax for it).
 """
 
 from __future__ import annotations
@@ -116,10 +91,7 @@ def _layer_report(fmt: str, layer: str, gate: list[float], up: list[float], down
     missing = missing or {"w13": [], "w2": []}
     ct = fmt == "compressed-tensors"
     ep_slices(len(gate), ep_size, placement)  # placement and EP size, checked with audit's words
-    # Uncalibrated experts (scale_check.uncalibrated, judged on gate and up each) are reported
-    # on their own; every figure below is of the layer the plugin loads, where they carry the
-    # calibrated experts' max amax (the stored gate and up values of such an expert differ:
-    # both get the fallback).
+    # judged on gate and up each; both get the fallback (their stored values differ)
     bad13 = uncalibrated(list(zip(_amax_like(fmt, gate), _amax_like(fmt, up))))
     bad2 = uncalibrated(_amax_like(fmt, list(down)))
     gate_used = _with_fallback(fmt, layer, "GEMM1 (gate/up)", list(gate), bad13)

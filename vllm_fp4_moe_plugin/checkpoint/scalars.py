@@ -1,8 +1,8 @@
 """The per-expert scale scalars of a checkpoint, and nothing else: each shard is opened lazily
 (``safe_open``) and ``get_tensor`` is called on the input scales and the weight global scales
-only -- never on ``weight``/``weight_packed``/``weight_scale`` -- so a DeepSeek-R1-sized index
-audits in seconds. Every scale read is judged by the plugin's own rule (``scale_check``): a bad
-one is a bad checkpoint (:class:`CheckpointAuditError`), not a finding."""
+only (the plugin refuses a bad one of either at load) -- never on the weights or block scales --
+so a DeepSeek-R1-sized index audits in seconds. Every scale read is judged by the plugin's own
+rule (``scale_check``): a bad one is a bad checkpoint (:class:`CheckpointAuditError`)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,6 @@ from vllm_fp4_moe_plugin.scale_check import InvalidScaleError, check_scale
 from .tensor_index import CheckpointAuditError, open_safetensors, tensor_files
 
 INPUT_SCALE = {"modelopt": "input_scale", "compressed-tensors": "input_global_scale"}
-# Per-expert weight global scales: the plugin refuses a bad one at load, so the audit reads them
-# too (scalars, as cheap as the input scales; never the weights or block scales).
 WEIGHT_SCALE = {"modelopt": "weight_scale_2", "compressed-tensors": "weight_global_scale"}
 # Checkpoint projection names -> FusedMoE shard; Mixtral-style checkpoints use w1/w3/w2.
 PROJECTION_STYLES = ({"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"},

@@ -1,11 +1,8 @@
-"""The checkpoint's global scales of one NVFP4 MoE layer, checked and repaired as loaded, written
-once for the quant-method patches of the pre-oracle designs (the oracle design's wrapper works on
-the helpers' arguments instead: nvfp4_oracle/ep_agreed_gemm1_scale.py).
-
-Weight global scales must be finite and > 0 (:class:`scales.InvalidScaleError` otherwise).
-Activation scales no calibration produced, or absent from the checkpoint (:mod:`unloaded`), get
-the calibrated experts' max amax (:func:`scales.repair_uncalibrated`), before vLLM inverts them
-and before any collapse or agreement could carry them to other experts or ranks.
+"""The checkpoint's global scales of one NVFP4 MoE layer, checked (weight) and repaired
+(activation: :func:`scales.repair_uncalibrated`) as loaded, before vLLM inverts them and before
+any collapse or agreement could carry them to other experts or ranks. Written once for the
+quant-method patches of the pre-oracle designs; the oracle wrapper works on the helpers'
+arguments instead (nvfp4_oracle/ep_agreed_gemm1_scale.py).
 """
 
 from __future__ import annotations

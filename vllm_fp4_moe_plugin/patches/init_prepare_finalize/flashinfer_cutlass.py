@@ -1,12 +1,8 @@
-"""Prepare/finalize, experts and direct call for the FlashInfer CUTLASS NVFP4 MoE path.
-
-vLLM 0.11.0 always quantizes activations in ``prepare`` with ``fp4_quantize(x, a1_gscale)``
-(flashinfer_cutlass_prepare_finalize.py:95-104, 171-178), and FlashInfer reads only element 0
-of that per-expert vector. For layouts without DP dispatch there is no reason to quantize
-before the kernel: the kernel quantizes bf16 input per expert itself. These classes let it.
-
-They are *subclasses* used only by our NVFP4 quant methods: the stock classes are shared with
-the FP8 path (quantization/utils/flashinfer_utils.py:176-198) and stay untouched.
+"""Prepare/finalize, experts and direct call for the FlashInfer CUTLASS NVFP4 MoE path, with the
+bf16 passthrough (:mod:`..bf16_passthrough`) where vLLM 0.11.0 quantizes in ``prepare``
+(flashinfer_cutlass_prepare_finalize.py:95-104, 171-178). They are *subclasses* used only by our
+NVFP4 quant methods: the stock classes are shared with the FP8 path
+(quantization/utils/flashinfer_utils.py:176-198) and stay untouched.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """INIT_PREPARE_FINALIZE design (vLLM 0.11.0): NVFP4 MoE quant methods whose quant config tells
-the truth.
-
+the truth (why: the ledger entries in ``patches/init_prepare_finalize``). The subclasses of
 ``ModelOptNvFp4FusedMoE`` (modelopt.py:1040) and ``CompressedTensorsW4A4MoeMethod``
-(compressed_tensors_moe.py:152) compute per-expert GEMM1 scales, then hand them to a prepare
-step that quantizes every token with expert 0's scale. The subclasses keep the class names
-(vLLM 0.11.1+ checks the ModelOpt name, layer.py:968 there) and change only the FlashInfer
-paths; Marlin and vLLM's own CUTLASS path fall through to the stock methods untouched.
+(compressed_tensors_moe.py:152) change only the FlashInfer paths; Marlin and vLLM's own CUTLASS
+path fall through to the stock methods untouched.
 """
 
 from __future__ import annotations

@@ -1,26 +1,10 @@
 """vLLM 0.14.0+ (NVFP4 backend oracle): one GEMM1 activation scale agreed over the EP group.
 
-Where stock is wrong (:mod:`vllm_fp4_moe_plugin.support`): the FlashInfer backends collapse
-GEMM1's input scales to the max amax over the experts a rank loaded, and compressed-tensors
-loads only the rank's local experts. Under DP+EP a sender-side dispatcher quantizes with the
-sender's max while the owning rank's ``g1_alphas`` fold in its own: GEMM1 is off by their ratio.
-
-The fix wraps the two oracle helpers that do the collapse, as the oracle looks them up
-(``convert_to_nvfp4_moe_kernel_format`` calls them by their module-global names, v0.34.0
-FM/oracle/nvfp4.py:312-420; v0.14.0 :114-160; the CuteDSL helper exists from 0.20.0). When the
-layer's quantized activations cross ranks, the wrapper replaces ``a13_scale`` by the max over
-the whole EP group (one MAX all-reduce of one scalar, at load time) *before* upstream's code
-runs, so upstream collapses to the same value on every rank and folds it into ``g1_alphas``
-itself: quantization scale and alphas agree by construction, as ModelOpt's already do. GEMM2
-(``a2_scale``) is quantized and dequantized on the owning rank and is left alone. Every other
-layer, layout and backend goes through upstream's code with its arguments untouched.
-
-The wrapper also refuses NaN, inf, zero and negative weight global scales in the checkpoint,
-naming the layer, the tensor and the expert, for every layer it sees; and it gives an expert
-whose activation scale is uncalibrated (whatever a quantizer wrote for an expert no calibration
-token reached: 0, 1e-29, a negative value, ...; ``scale_check.uncalibrated``) the calibrated
-experts' max amax, in ``a13_scale`` and ``a2_scale``, before upstream's max-collapse (or the EP
-agreement) could make it the whole layer's scale.
+Why and how: the ledger entry (``patches/nvfp4_oracle``); where stock is wrong:
+``support.oracle_design_hole``. The wrapper replaces ``a13_scale`` by the EP group's max *before*
+upstream's code runs, so upstream collapses to the same value on every rank and folds it into
+``g1_alphas`` itself: quantization scale and alphas agree by construction, as ModelOpt's already
+do. GEMM2 (``a2_scale``) is quantized and dequantized on the owning rank and is left alone.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """vllm-fp4-moe-plugin: correct NVFP4 MoE activation scales on stock vLLM (0.11.0 to 0.34.0).
 
-vLLM calls :func:`register` in every process it starts (API server, engine cores, workers) via
-the ``vllm.general_plugins`` entry point ``fp4_moe``. It is cheap (no vLLM import of its own),
-idempotent, and never raises for an environment it does not support; it raises only for an
-explicit misconfiguration (a bad ``VLLM_FP4_MOE_PLUGIN`` or ``VLLM_FP4_MOE_PLUGIN_CHECK``
-value, whether the plugin is on or off).
-
-The probe and the patches run when vLLM first imports its NVFP4 MoE quantization modules
-(immediately if it already has): see :mod:`vllm_fp4_moe_plugin.import_hook`.
+vLLM calls :func:`register` in every process it starts via the ``vllm.general_plugins`` entry
+point ``fp4_moe``. It is cheap (no vLLM import of its own), idempotent, never raises for an
+unsupported vLLM, and raises for a bad ``VLLM_FP4_MOE_PLUGIN*`` value, the plugin on or off. The
+probe and the patches run when vLLM first imports its NVFP4 MoE modules (:mod:`.import_hook`).
 """
 
 from __future__ import annotations

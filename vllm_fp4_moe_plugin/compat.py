@@ -176,14 +176,10 @@ def compressed_tensors_nvfp4_class_name() -> Optional[str]:
 
 
 def all2allv_tp_prequantizes() -> bool:
-    """P6, behavioural: does the all-to-all prepare still quantize when there is no DP?
-
-    0.11.1 taught the all-gather prepare to pass bf16 through without DP (v0111 PF:184-185) but
-    not the all-to-all one (v0111 PF:104-113), while ``FlashInferExperts(use_dp=False)`` sizes
-    its output for bf16 input. Calls ``prepare`` on two CPU tokens: the fixed code returns the
-    input tensor itself; the unfixed code tries to quantize (FlashInfer refuses CPU tensors, so
-    no kernel ever runs here) or returns something else.
-    """
+    """P6, behavioural: does the all-to-all prepare still quantize when there is no DP (v0111
+    PF:104-113)? Calls ``prepare`` on two CPU tokens: the fixed code returns the input tensor
+    itself; the unfixed code tries to quantize (FlashInfer refuses CPU tensors, so no kernel
+    ever runs here) or returns something else."""
     import torch
     from vllm.model_executor.layers.fused_moe.config import nvfp4_moe_quant_config
 
@@ -202,17 +198,14 @@ def all2allv_tp_prequantizes() -> bool:
 
 
 def compressed_tensors_dp_scale_shared(cls_name: str) -> bool:
-    """P4, behavioural: does compressed-tensors give every expert one GEMM1 activation scale?
+    """P4, behavioural: does compressed-tensors give every expert one GEMM1 activation scale
+    under DP dispatch (the hole: v0111 CT:358-368, v0120 CT:378-393)?
 
-    Under DP dispatch the prepare quantizes with element 0 of ``w13_input_scale_quant`` while
-    ``g1_alphas`` fold in each expert's own (v0111 CT:358-368, v0120 CT:378-393); ModelOpt got one
-    shared scale in #26135. Runs the method's own ``process_weights_after_loading`` (FlashInfer
-    CUTLASS, DP=2) on a two-expert CPU layer whose experts' input global scales differ, and reads
-    back ``w13_input_scale_quant``: shared means every element is equal. The function runs with a
-    private copy of its module globals in which ``swizzle_blockscale`` (it moves the block scales
-    to the GPU, v0120 quant_utils.py:675) is the identity, so the probe never touches a GPU and
-    vLLM's module is not changed. Anything that stops the probe from seeing the vector counts as
-    not shared (the patch is a no-op where the scales already agree, so that answer is safe).
+    Runs the method's own ``process_weights_after_loading`` (FlashInfer CUTLASS, DP=2) on a
+    two-expert CPU layer whose input global scales differ, with ``swizzle_blockscale`` (a GPU
+    move, v0120 quant_utils.py:675) the identity in a private copy of its globals, and reads
+    back ``w13_input_scale_quant``. Anything that stops it from seeing the vector counts as not
+    shared (the patch is a no-op where the scales already agree, so that answer is safe).
     """
     import types
 

@@ -1,11 +1,8 @@
 """A read-only watch on parameter registration: the one load-time event that every vLLM design
-and every plugin state (on, off, unset) shares.
-
-vLLM's NVFP4 MoE quant methods register their tensors on the layer in ``create_weights`` (model
-construction) and ``process_weights_after_loading``; a torch module-parameter registration hook
-sees both without replacing anything of vLLM, so the plugin can watch a load while it is off.
-The hook is installed as soon as torch is imported (always so when vLLM calls ``register()``;
-importing torch here would cost ~2 s in a process that may never load a model).
+and every plugin state (on, off, unset) shares. vLLM's NVFP4 MoE quant methods register their
+tensors in ``create_weights`` and ``process_weights_after_loading``; a torch registration hook
+sees both without replacing anything of vLLM. It is installed once torch is imported (importing
+torch here would cost ~2 s in a process that may never load a model).
 """
 
 from __future__ import annotations

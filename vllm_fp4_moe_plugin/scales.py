@@ -153,13 +153,9 @@ class ScaleAgreementTimeout(RuntimeError):
 
 def agree_min_scale(gs_local: torch.Tensor, group=None, *, layer: str = "",
                     timeout_s: float | None = None) -> torch.Tensor:
-    """min over this rank's experts, then MIN all-reduce over ``group`` (a CPU/gloo group).
-
-    Every rank of the EP group walks the MoE layers in the same order at weight-processing time,
-    so this collective is matched one-to-one across ranks. ``group=None`` means a single rank.
-    Ranks that do not arrive within ``timeout_s`` (default ``VLLM_FP4_MOE_PLUGIN_TIMEOUT_S``)
-    are named in :class:`ScaleAgreementTimeout` instead of a hang.
-    """
+    """min over this rank's experts, then MIN all-reduce over ``group`` (a CPU/gloo group;
+    None: a single rank). Every rank of the EP group walks the MoE layers in the same order at
+    weight-processing time, so the collective is matched one-to-one across ranks."""
     local = gs_local.detach().float().min().reshape(1).cpu()
     return _all_reduce_min(local, group, layer, timeout_s).reshape(()).to(gs_local.device)
 
@@ -185,11 +181,9 @@ def agree_max(values: torch.Tensor, group=None, *, layer: str = "",
 
 def _all_reduce_min(local: torch.Tensor, group, layer: str,
                     timeout_s: float | None) -> torch.Tensor:
-    """One MIN all-reduce of ``local`` (CPU fp32) over ``group``, bounded by ``timeout_s``.
-
-    The one collective per layer: no barrier before it. Its wait is bounded instead
-    (``Work.wait(timeout)``), and each rank notes in the world's rendezvous store how many
-    agreements it has reached, so a timeout can name the ranks that are behind."""
+    """One MIN all-reduce of ``local`` (CPU fp32) over ``group``, no barrier before it: its wait
+    is bounded by ``timeout_s`` (default ``VLLM_FP4_MOE_PLUGIN_TIMEOUT_S``), and a timeout
+    (:class:`ScaleAgreementTimeout`) names the ranks that are behind (:class:`_Progress`)."""
     if group is None:
         return local
     import torch.distributed as dist

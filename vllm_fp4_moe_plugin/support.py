@@ -1,20 +1,10 @@
-"""Where stock vLLM's NVFP4 MoE backend-oracle design (0.14.0+) computes wrongly: vLLM-free.
+"""Where stock vLLM computes NVFP4 MoE layers wrongly, by design, format and layout: vLLM-free.
 
-One place for this design's knowledge, asked by the patch (which layers to change), ``doctor``,
-``audit`` and the off-switch warning. The mechanism (docs/ROOT-CAUSE.md §12):
-
-* every FlashInfer NVFP4 MoE backend with one global activation scale (TRT-LLM, CUTLASS,
-  CuteDSL) collapses the GEMM1 input scales to the max input amax over the experts *it
-  loaded*; compressed-tensors loads only the rank's local experts' scales (ModelOpt loads
-  every expert's), so under EP the collapsed value is a per-rank local max
-  (v0.34.0 Q/utils/flashinfer_fp4_moe.py:495-504, Q/compressed_tensors/compressed_tensors_moe/
-  compressed_tensors_moe_w4a4_nvfp4.py:189-208, FM/routed_experts.py:764-771);
-* GEMM1's alpha of an expert folds in the max of the rank that *owns* it, while the
-  activations are quantized by whichever rank quantizes them. Only dispatchers that quantize on
-  the sender before the all-to-all mix two ranks' scales.
-
-Citation prefixes: ``FM`` = ``vllm/model_executor/layers/fused_moe``, ``Q`` =
-``vllm/model_executor/layers/quantization`` (docs/CITATIONS.md).
+One place for this knowledge, asked by the patches, ``doctor``, ``audit``, the off-switch warning
+and the matrix; docs/SUPPORT.md's table is checked against it. The mechanisms are
+docs/ROOT-CAUSE.md's (§5 for 0.11.0, §12 for the oracle design). Citation prefixes: ``FM`` =
+``vllm/model_executor/layers/fused_moe``, ``Q`` = ``vllm/model_executor/layers/quantization``
+(docs/CITATIONS.md).
 """
 
 from __future__ import annotations
@@ -26,13 +16,10 @@ from typing import Optional, Sequence
 
 
 class Design(str, Enum):
-    """vLLM's NVFP4 MoE designs, named for what each one *is*.
-
-    The plugin decides which design is *installed* by feature probes (``compat``); the release
-    ranges here (read from each release's wheel, docs/SUPPORT.md) only serve commands that judge
-    a release that is not installed (``audit --vllm``) and the words shown to users. The value
-    is the name used in the ledger, reports, matrix rows and ``patches/<design>/``.
-    """
+    """vLLM's NVFP4 MoE designs, named for what each one *is* (the name of the ledger's
+    ``patches/<design>/``, reports and matrix rows). The installed one is found by feature
+    probes (``compat``); the release ranges (read from each wheel, docs/SUPPORT.md) only serve
+    judging a release that is not installed (``audit --vllm``) and the words users read."""
 
     # Quant methods build their modular kernel in FusedMoEMethodBase.init_prepare_finalize.
     INIT_PREPARE_FINALIZE = "init_prepare_finalize"
@@ -170,13 +157,8 @@ def oracle_design_hole(fmt: str, *, dp: int, ep: bool, all2all_backend: str,
                        deepep_ll_nvfp4_dispatch: bool = False,
                        global_scale_backend: bool = True) -> bool:
     """Can stock vLLM (0.14.0+ design) compute this layer with mismatched GEMM1 scales?
-
-    True only for compressed-tensors, with EP across DP ranks (the all-to-all kernels), a
-    FlashInfer backend with one global activation scale, a dispatcher that quantizes on the
-    sender, and no EPLB on a release whose helper all-reduces with EPLB (0.28.0+,
-    ``eplb_agrees``). Whether it *does* also needs the ranks' local maxima to differ
-    (:func:`stock_dp_ep_off_by`).
-    """
+    ``eplb_agrees``: the release's helper all-reduces under EPLB (0.28.0+). Whether it *does*
+    also needs the ranks' local maxima to differ (:func:`stock_dp_ep_off_by`)."""
     if fmt != "compressed-tensors" or dp <= 1 or not ep or not global_scale_backend:
         return False
     if enable_eplb and eplb_agrees:

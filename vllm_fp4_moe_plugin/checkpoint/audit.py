@@ -231,12 +231,8 @@ def _hole_summary(layers: list[dict], design: Design = Design.INIT_PREPARE_FINAL
 def audit_checkpoint(path, *, ep_size: int = 2, expert_placement: str = "linear",
                      design: Design = Design.INIT_PREPARE_FINALIZE) -> dict:
     """Audit the per-expert activation scales of every NVFP4 MoE layer under ``path``.
-
-    ``ep_size``/``expert_placement`` describe the EP layouts judged (0.11.0: ``tp_ep``; 0.14.0:
-    the ``dp_ep_*`` layouts, EP size = DP x TP); default 2 ranks, vLLM's default linear
-    placement. ``design``: whose semantics (``support.DESIGNS``). Raises
-    :class:`CheckpointAuditError`.
-    """
+    ``ep_size``/``expert_placement``: the EP layouts judged (EP size = DP x TP); ``design``: whose
+    semantics (``support.DESIGNS``). Raises :class:`CheckpointAuditError`."""
     design = support.design(design)  # ValueError for an unknown one, before any file is read
     with _audit_errors():
         root = checkpoint_dir(path)

@@ -46,13 +46,9 @@ class KernelOutputShapeFlashInferExperts(FlashInferExperts):
 
 
 def make_prepare_finalize(moe: FusedMoEConfig) -> mk.FusedMoEPrepareAndFinalize:
-    """The prepare/finalize for one NVFP4 FlashInfer CUTLASS MoE layer, by layout.
-
-    * no DP: bf16 passthrough (also replaces stock's pre-quantizing ``AllToAll(use_dp=False)``);
-    * DP + ``flashinfer_all2allv``: the stock all-to-all (quantizes on the sender);
-    * DP otherwise: the stock all-gather (quantizes on the sender).
-    The DP classes are correct once the quant config carries one shared scalar scale.
-    """
+    """No DP: bf16 passthrough (also instead of stock's pre-quantizing
+    ``AllToAll(use_dp=False)``); DP: the stock all-to-all or all-gather, which quantize on the
+    sender and are correct once the quant config carries one shared scalar scale."""
     use_dp = moe.moe_parallel_config.dp_size > 1
     if use_dp and vllm_envs.VLLM_ALL2ALL_BACKEND == "flashinfer_all2allv":
         return FlashInferAllToAllMoEPrepareAndFinalize(use_dp=True)
@@ -81,11 +77,8 @@ def flashinfer_cutlass_moe_fp4(
     expert_map: Optional[torch.Tensor] = None,
     apply_router_weight_on_input: bool = False,
 ) -> torch.Tensor:
-    """The direct (no modular kernel) path, taken when the EP group has one rank.
-
-    Same signature as vLLM 0.11.0 flashinfer_cutlass_moe.py:194-225, with the passthrough
-    prepare and the output-shape fix; upstream's equivalent is 0.11.1's ``use_dp=False`` call.
-    """
+    """The direct path (EP group of one: no modular kernel), with vLLM 0.11.0's signature
+    (flashinfer_cutlass_moe.py:194-225); upstream's equivalent is 0.11.1's ``use_dp=False``."""
     fused_experts = mk.FusedMoEModularKernel(
         KernelQuantizedPrepareAndFinalize(use_dp=False),
         KernelOutputShapeFlashInferExperts(out_dtype=hidden_states.dtype,

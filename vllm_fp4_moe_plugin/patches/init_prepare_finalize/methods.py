@@ -70,7 +70,6 @@ class ConsistentNvFp4MoEMixin:
     # every activation scale it loads is validated and repaired (unloaded.py fills them)
     fp4_moe_repairs_activation_scales = True
 
-    # -- which path is in use -------------------------------------------------------------
     def _fp4_uses_trtllm(self) -> bool:
         from vllm.model_executor.layers.quantization.utils.flashinfer_utils import (
             FlashinferMoeBackend,
@@ -82,7 +81,6 @@ class ConsistentNvFp4MoEMixin:
     def _fp4_uses_cutlass(self) -> bool:
         return bool(self.allow_flashinfer) and not self.use_marlin and not self._fp4_uses_trtllm()
 
-    # -- load time ------------------------------------------------------------------------
     def create_weights(self, layer: torch.nn.Module, *args: Any, **kwargs: Any):
         if self.allow_flashinfer:
             check_flashinfer_layout(layer)
@@ -130,13 +128,10 @@ class ConsistentNvFp4MoEMixin:
         layer.fp4_moe_plugin_gemm1 = chosen
 
     def _fp4_set_trtllm_scales(self, layer: torch.nn.Module) -> None:
-        """TRT-LLM ("latency") backend: make the one scale ``fp4_quantize`` reads the truth.
-
-        ``apply`` calls ``fp4_quantize(x, w13_input_scale_quant)`` (modelopt.py:1445-1449), which
-        reads element 0, while ``g1_alphas`` / ``g1_scale_c`` are per expert. There is no
-        prepare/finalize on this path: the rank that computes quantizes, so the min over local
-        experts is enough. Every element is set to it, and both GEMM1 output scales rebuilt.
-        """
+        """TRT-LLM ("latency") backend: ``apply`` quantizes with element 0 of
+        ``w13_input_scale_quant`` (modelopt.py:1445-1449) while ``g1_alphas`` / ``g1_scale_c``
+        are per expert. The rank that computes quantizes (no prepare/finalize here), so every
+        element becomes the min over local experts and both GEMM1 output scales are rebuilt."""
         vec = layer.w13_input_scale_quant.data
         g = vec.float().min()
         ws2 = layer.w13_weight_scale_2.data.float()
@@ -147,7 +142,6 @@ class ConsistentNvFp4MoEMixin:
             (layer.w2_input_scale_quant.data.float() * g1_alphas).to(torch.float32),
             requires_grad=False)
 
-    # -- what the kernel is told ----------------------------------------------------------
     def get_fused_moe_quant_config(self, layer: torch.nn.Module):
         config = super().get_fused_moe_quant_config(layer)
         chosen = getattr(layer, "fp4_moe_plugin_gemm1", None)

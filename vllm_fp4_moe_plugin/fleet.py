@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Callable, Optional, Sequence
 
+from vllm_fp4_moe_plugin import envs
 from vllm_fp4_moe_plugin.log import get_logger
 
 logger = get_logger("fleet")
@@ -226,8 +227,6 @@ def check_now(reporter: Callable[[], Report],
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
         return None
     if timeout_s is None:
-        from vllm_fp4_moe_plugin import envs
-
         timeout_s = envs.VLLM_FP4_MOE_PLUGIN_TIMEOUT_S
     rank, world = dist.get_rank(), dist.get_world_size()
     store = dist.distributed_c10d._get_default_store()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from vllm_fp4_moe_plugin import support
 from vllm_fp4_moe_plugin.log import get_logger, layer_label
 from vllm_fp4_moe_plugin.param_watch import ParamWatch
 
@@ -64,8 +65,6 @@ def _installed_design():
 def _at_risk_where(module) -> Optional[str]:
     """None if stock vLLM of the installed design computes this layer right; else the words
     for where it does not. The rule is the support model's (``support.stock_hole``)."""
-    from vllm_fp4_moe_plugin import support
-
     design = _installed_design()
     if design not in (support.Design.INIT_PREPARE_FINALIZE, support.Design.MODULAR_METHOD):
         return None
@@ -83,7 +82,7 @@ def _at_risk_where(module) -> Optional[str]:
 def _on_oracle_parameter(module) -> None:
     """NVFP4_ORACLE design: warn if this compressed-tensors layer is in a layout where stock can
     mix ranks' scales."""
-    from vllm_fp4_moe_plugin import compat, support
+    from vllm_fp4_moe_plugin import compat
 
     pc = getattr(getattr(module, "moe_config", None), "moe_parallel_config", None)
     if pc is None or not getattr(pc, "use_all2all_kernels", False):

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+from vllm_fp4_moe_plugin import import_hook
+
 _TORCH_MODULE = "torch.nn.modules.module"
 
 
@@ -35,8 +37,6 @@ class ParamWatch:
         self._stopped = True
 
     def install(self) -> None:
-        from vllm_fp4_moe_plugin import import_hook
-
         self._stopped = False
         if self._handle is None and self._pending is None:
             self._pending = import_hook.run_after_first_import((_TORCH_MODULE,), self._now)
@@ -50,8 +50,6 @@ class ParamWatch:
 
     def remove(self) -> None:
         """Stop and unregister (not from inside a hook: :meth:`stop` there)."""
-        from vllm_fp4_moe_plugin import import_hook
-
         self._stopped = True
         import_hook.cancel(self._pending)
         self._pending = None

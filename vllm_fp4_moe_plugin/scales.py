@@ -17,6 +17,7 @@ from datetime import timedelta
 
 import torch
 
+from vllm_fp4_moe_plugin import envs
 from vllm_fp4_moe_plugin.log import get_logger
 from vllm_fp4_moe_plugin.scale_check import InvalidScaleError, check_scale, uncalibrated
 
@@ -96,8 +97,6 @@ def repair_uncalibrated(stored: torch.Tensor, *, reciprocal: bool, layer: str, n
             "moe_calibrate_all_experts=True)")
     kept = values[good]
     fallback = kept.min() if reciprocal else kept.max()
-    from vllm_fp4_moe_plugin import envs
-
     if envs.VLLM_FP4_MOE_PLUGIN_CHECK == "strict":
         raise UncalibratedScaleError(
             f"{where}: uncalibrated activation scale (the expert saw no calibration token, or "
@@ -191,8 +190,6 @@ def _all_reduce_min(local: torch.Tensor, group, layer: str,
     if dist.get_world_size(group) <= 1:
         return local
     if timeout_s is None:
-        from vllm_fp4_moe_plugin import envs
-
         timeout_s = envs.VLLM_FP4_MOE_PLUGIN_TIMEOUT_S
     reached = _progress.mark(layer)
     work = dist.all_reduce(local, op=dist.ReduceOp.MIN, group=group, async_op=True)

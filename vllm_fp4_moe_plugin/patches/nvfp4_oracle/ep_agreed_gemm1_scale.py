@@ -18,6 +18,7 @@ import torch
 from vllm_fp4_moe_plugin import compat, scales, support, unloaded
 from vllm_fp4_moe_plugin import vllm_modules as vm
 from vllm_fp4_moe_plugin.log import get_logger, layer_label
+from vllm_fp4_moe_plugin.nvfp4_constants import E4M3_MAX, FP4_MAX
 from vllm_fp4_moe_plugin.patches.checkpoint_scales import RAW_SCALES
 
 logger = get_logger("methods")
@@ -112,8 +113,6 @@ def agreed_a13_scale(layer: torch.nn.Module, a13_scale: torch.Tensor) -> torch.T
     agreed = scales.agree_max(a13_scale, get_ep_group().cpu_group, layer=label)
     local = a13_scale.detach().float().max().cpu()
     # a13 is the scale's ModelOpt form, amax / (448 * 6); the log speaks in the checkpoint's amax
-    from vllm_fp4_moe_plugin.nvfp4_constants import E4M3_MAX, FP4_MAX
-
     to_amax = E4M3_MAX * FP4_MAX
     if torch.equal(local, agreed):
         logger.debug("%s: GEMM1 activation amax %.6g is already the EP group's max", label,

@@ -87,11 +87,9 @@ def experts_take_use_dp() -> bool:
 
 
 def builds_modular_kernel() -> bool:
-    """Both pre-oracle designs build a prepare/finalize + experts kernel only when the EP group
-    has more than one rank: only then does the group get a device communicator (v0110
-    parallel_state.py:252, v0120 :360), whose prepare_communication_buffer_for_model builds it
-    (v0110 base_device_communicator.py:274, v0120 :276). With one rank the quant method's apply
-    runs FlashInfer's direct call."""
+    """Both pre-oracle designs build a modular kernel only for an EP group of several ranks, in
+    its device communicator's prepare_communication_buffer_for_model (v0110 parallel_state.py:252,
+    base_device_communicator.py:274; v0120 :360, :276); one rank runs FlashInfer's direct call."""
     from vllm.distributed import get_ep_group
 
     return get_ep_group().world_size > 1
@@ -199,14 +197,11 @@ def all2allv_tp_prequantizes() -> bool:
 
 def compressed_tensors_dp_scale_shared(cls_name: str) -> bool:
     """P4, behavioural: does compressed-tensors give every expert one GEMM1 activation scale
-    under DP dispatch (the hole: v0111 CT:358-368, v0120 CT:378-393)?
-
-    Runs the method's own ``process_weights_after_loading`` (FlashInfer CUTLASS, DP=2) on a
-    two-expert CPU layer whose input global scales differ, with ``swizzle_blockscale`` (a GPU
-    move, v0120 quant_utils.py:675) the identity in a private copy of its globals, and reads
-    back ``w13_input_scale_quant``. Anything that stops it from seeing the vector counts as not
-    shared (the patch is a no-op where the scales already agree, so that answer is safe).
-    """
+    under DP dispatch (the hole: v0111 CT:358-368, v0120 CT:378-393)? Runs the method's own
+    ``process_weights_after_loading`` (FlashInfer CUTLASS, DP=2) on a two-expert CPU layer whose
+    input global scales differ, with ``swizzle_blockscale`` (a GPU move, v0120
+    quant_utils.py:675) the identity in a private copy of its globals. Anything that hides the
+    vector counts as not shared (safe: the patch is a no-op where the scales agree)."""
     import types
 
     import torch
@@ -291,10 +286,9 @@ def eplb_scale_allreduce() -> bool:
 
 def _probe_nvfp4_oracle(findings: dict) -> Observation:
     """Patchable when the oracle still calls the scale-collapsing helpers by module-global name
-    with the layer and ``a13_scale``, decides global-scale backends with
-    ``is_global_sf_supported_for_nvfp4_backend``, and the MoE parallel config says whether the
-    all-to-all kernels are in use (v0.34.0 FM/oracle/nvfp4.py:60-83, :312-420,
-    FM/config.py:1066-1069; the same names in 0.14.0, 0.20.0 and 0.28.0)."""
+    with the layer and ``a13_scale``, has ``is_global_sf_supported_for_nvfp4_backend``, and the
+    MoE parallel config tells whether the all-to-all kernels are in use (v0.34.0
+    FM/oracle/nvfp4.py:60-83, :312-420, FM/config.py:1066-1069; same in 0.14.0, 0.20.0, 0.28.0)."""
     d = Design.NVFP4_ORACLE
     try:
         oracle = importlib.import_module(vm.NVFP4_ORACLE)

@@ -1,15 +1,13 @@
 """The fleet check: every rank of a deployment runs the plugin the same way, or none loads.
 
 The fix is per process: ranks that disagree (one node without ``VLLM_FP4_MOE_PLUGIN=1``, another
-plugin version, another vLLM MoE design) compute the NVFP4 MoE layers with different scales,
-silently in TP-like layouts. So every process that builds an NVFP4 MoE layer, whatever its switch,
-reports its :class:`RankState` once, when the first such layer registers its tensors (before any
-weight is read), waits for every rank's, and all compare (docs/DEPLOYING.md).
-
-The reports go through the world's rendezvous store, not a gloo collective: a collective is
-matched by order, and a rank that is off or has no plugin cannot be relied on to issue it at the
-same point in vLLM's own sequence of CPU-group collectives. The store has no order, and it tells
-which ranks never wrote.
+plugin version or vLLM MoE design) compute the NVFP4 MoE layers with different scales, silently
+in TP-like layouts. So every process that builds an NVFP4 MoE layer, whatever its switch, reports
+its :class:`RankState` when the first such layer registers its tensors, waits for every rank's,
+and all compare (docs/DEPLOYING.md). Through the world's rendezvous store, not a gloo collective:
+a collective is matched by order, and a rank that is off or has no plugin cannot be relied on to
+issue it at the same point in vLLM's own sequence; the store has no order, and it tells which
+ranks never wrote.
 """
 
 from __future__ import annotations
@@ -134,9 +132,8 @@ def missing_ranks_message(missing: Sequence[int], states: Sequence[RankState], w
 
 def exchange(store, rank: int, world: int, state: RankState,
              timeout_s: float) -> list[RankState]:
-    """Write this rank's state to ``store``, wait for every rank's, return all of them.
-
-    Raises :class:`FleetTimeout` naming the ranks that did not write within ``timeout_s``."""
+    """Write this rank's state to ``store``, wait for every rank's, return all of them;
+    :class:`FleetTimeout` names the ranks that did not write within ``timeout_s``."""
     store.set(f"{STORE_PREFIX}{rank}", json.dumps(asdict(state)))
     keys = [f"{STORE_PREFIX}{r}" for r in range(world)]
     try:
@@ -164,8 +161,8 @@ def _read(store, key: str) -> RankState:
 
 @dataclass(frozen=True)
 class Report:
-    """What ``register()`` decided in this process (given to :func:`watch`, so that this module
-    does not import the entry point)."""
+    """What ``register()`` decided in this process (handed to :func:`check_now`, so that this
+    module does not import the entry point)."""
 
     version: str
     state: Optional[str]  # the entry point's state: "active", "inactive", "inert", ...
@@ -213,10 +210,8 @@ _checked: Optional[list[RankState]] = None
 def check_now(reporter: Callable[[], Report],
               timeout_s: Optional[float] = None) -> Optional[list[RankState]]:
     """Run the fleet check once per process (``reporter``: what ``register()`` decided, at this
-    moment); None where there is no world of several ranks.
-
-    Raises :class:`FleetMismatchError` or :class:`FleetTimeout` (after logging it as an
-    ERROR, so each rank's log carries it)."""
+    moment); None where there is no world of several ranks. A :class:`FleetMismatchError` or
+    :class:`FleetTimeout` is logged as an ERROR first, so each rank's log carries it."""
     global _checked
     if _checked is not None:
         return _checked

@@ -1,13 +1,12 @@
 """One WARNING per process when the plugin is installed, off, and a layer needs it.
 
-"Off" must leave vLLM untouched, so nothing of vLLM is replaced: a read-only parameter-registration
-hook (:mod:`.param_watch`) sees each NVFP4 MoE layer load and asks the support model
-(``support.stock_hole``) whether stock computes it wrongly. The pre-oracle designs register the
-per-expert ``w13_input_scale_quant`` in ``process_weights_after_loading`` (v0110
+"Off" must leave vLLM untouched: a read-only parameter-registration hook (:mod:`.param_watch`)
+sees each NVFP4 MoE layer load and asks ``support.stock_hole`` whether stock computes it wrongly.
+The pre-oracle designs register the per-expert ``w13_input_scale_quant`` after loading (v0110
 modelopt.py:1317, compressed_tensors_moe.py:307): at risk if it is not uniform. On the oracle
-design the hole depends on the *other* ranks' scales, which one process cannot see without a
-collective: it warns when compressed-tensors registers ``w13_input_global_scale`` on a layer in
-such a layout, and names the audit command. The hook stops after warning once.
+design the hole depends on the *other* ranks' scales, which one process cannot see: it warns
+when compressed-tensors registers ``w13_input_global_scale`` in such a layout, naming the audit
+command. The hook stops after warning once.
 """
 
 from __future__ import annotations

@@ -16,11 +16,8 @@ _TORCH_MODULE = "torch.nn.modules.module"
 
 class ParamWatch:
     """Calls ``on_parameter(module, name, param)`` for every parameter registered, from
-    :meth:`install` until :meth:`stop` or :meth:`remove` (all idempotent).
-
-    A callback that is done stops its watch with :meth:`stop`: torch iterates over its global
-    hooks while it calls them, so removing one from inside a hook would change the dict under
-    that iteration ("OrderedDict mutated during iteration")."""
+    :meth:`install` until :meth:`stop` or :meth:`remove` (all idempotent). Inside a hook, stop:
+    torch iterates over its hooks while calling them ("OrderedDict mutated during iteration")."""
 
     def __init__(self, on_parameter: Callable) -> None:
         self._on_parameter = on_parameter

@@ -53,10 +53,9 @@ def check_scale(values: Sequence[float], *, where: str, name: str, dtype: Option
     """Raise :class:`InvalidScaleError` naming ``where`` (layer or file) and ``name`` (tensor).
 
     ``values``: the tensor's elements, flattened. ``per_expert``: elements per expert when the
-    tensor stacks experts (its first dimension), so the message names the expert; 0 for a
-    per-expert checkpoint tensor (one expert, nothing to index). ``index_note`` qualifies that
-    index (e.g. local to an EP rank). ``activation``: an input scale, whose values are judged by
-    :func:`uncalibrated` instead; its dtype and shape are still checked here.
+    tensor stacks experts (its first dimension), so the message names the expert (0: one
+    expert); ``index_note`` qualifies that index. ``activation``: an input scale, whose values
+    are judged by :func:`uncalibrated` instead; its dtype and shape are still checked here.
     """
     if dtype is not None and not is_float_dtype(dtype):
         raise InvalidScaleError(
@@ -100,11 +99,10 @@ def uncalibrated(amax: Sequence) -> dict[int, str]:
     each with its kind: ``"high"`` (a value NaN, inf or above the margin: a max over experts
     takes it and poisons the layer's scale) or ``"low"`` (0, negative or below: a max ignores it).
 
-    ``amax``: per expert, a value (or a tuple of values, e.g. gate and up) proportional to its
-    input amax: ModelOpt's ``input_scale``, or ``1 / input_global_scale`` of compressed-tensors.
+    ``amax``: per expert, a value (or a tuple, e.g. gate and up) proportional to its input amax.
     An expert is uncalibrated when any of its values is not finite and > 0, or lies more than
-    :data:`UNCALIBRATED_MARGIN` times above or below the layer's reference amax: the lower
-    median of all its finite positive values, which a minority of such values cannot move.
+    :data:`UNCALIBRATED_MARGIN` times off the layer's reference amax: the lower median of all
+    its finite positive values, which a minority of such values cannot move.
     """
     values = [tuple(a) if isinstance(a, (tuple, list)) else (a,) for a in amax]
     usable = sorted(v for vs in values for v in vs if 0 < v < math.inf)

@@ -67,15 +67,11 @@ _uncalibrated_warned = False
 def repair_uncalibrated(stored: torch.Tensor, *, reciprocal: bool, layer: str, name: str,
                         index_note: str = "", stock_effect: str = "",
                         missing: tuple = ()) -> torch.Tensor:
-    """``stored`` unchanged, or a copy whose uncalibrated experts (any of their ``k`` values:
-    :func:`scale_check.uncalibrated`) carry the stored value of the calibrated expert with the
-    largest amax, so no rounding is added (NVIDIA's ModelOpt exporter's fallback too).
-
-    ``stored``: one layer's per-expert activation scales, ``[E]`` or ``[E, k]`` (gate/up);
-    ``reciprocal``: inverse to the amax (compressed-tensors' ``input_global_scale``). The first
-    layer that needs it logs a WARNING per process, later ones INFO; strict mode raises
-    :class:`UncalibratedScaleError`.
-    """
+    """``stored`` (one layer's per-expert activation scales, ``[E]`` or ``[E, k]``) unchanged, or
+    a copy whose uncalibrated experts (:func:`scale_check.uncalibrated`) carry the stored value
+    of the calibrated expert with the largest amax, as NVIDIA's ModelOpt exporter does.
+    ``reciprocal``: inverse to the amax (``input_global_scale``). The first layer that needs it
+    logs a WARNING per process, later ones INFO; strict mode raises UncalibratedScaleError."""
     values = stored.detach().float().reshape(stored.shape[0] if stored.dim() else 1, -1)
     with torch.no_grad():
         amax = (1.0 / values) if reciprocal else values  # a stored 0 becomes inf

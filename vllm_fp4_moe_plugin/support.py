@@ -259,15 +259,11 @@ WHERE_WRONG = {
 def stock_hole(design_key: str | Design, fmt: str, layout: str | Layout,
                kernel: str = "flashinfer_cutlass", *, deepep_ll_nvfp4_dispatch: bool = False,
                enable_eplb: bool = False, eplb_agrees: bool = False) -> Optional[str]:
-    """Where stock vLLM of a design computes an NVFP4 MoE layer on ``kernel`` wrongly.
-
-    ``WRONG``: inconsistent GEMM1 scales, whenever the scales that matter differ
-    (INIT_PREPARE_FINALIZE: the experts' input scales; MODULAR_METHOD: the experts' scales
-    under DP dispatch; NVFP4_ORACLE: the EP ranks' local maxima). ``FAILS``: the layer cannot
-    run. None: consistent. ValueError for a layout the design does not have. ``layout``: a
-    matrix layout name or a :class:`Layout` (a deployment). docs/SUPPORT.md's table is checked
-    against this function; the keywords are the oracle design's (:func:`oracle_design_hole`).
-    """
+    """Where stock vLLM of a design computes an NVFP4 MoE layer on ``kernel`` wrongly:
+    ``WRONG`` (inconsistent GEMM1 scales whenever the scales that matter differ:
+    :func:`stock_wrong_with_scales`), ``FAILS`` (the layer cannot run) or None (consistent).
+    ``layout``: a matrix layout name or a :class:`Layout`; ValueError for one the design does
+    not have. The keywords are :func:`oracle_design_hole`'s."""
     d = design(design_key)
     spec = LAYOUTS[layout] if isinstance(layout, str) else layout
     if DESIGNS.index(d) < DESIGNS.index(spec.first_design):
@@ -294,9 +290,8 @@ EP_LAYOUTS = ("tp_ep", "dp_ep_allgather", "dp_ep_all2allv")
 
 def ep_layout_problem(num_experts: int, ep_size: int, placement: str) -> Optional[str]:
     """Why vLLM 0.11.0's FlashInfer NVFP4 MoE kernel computes the wrong experts in an EP layout
-    of ``ep_size`` ranks whatever the scales are (it assumes each rank owns a contiguous, equal
-    block of experts; the plugin refuses these layouts with UnsupportedLayoutError), or None.
-    Judged for the INIT_PREPARE_FINALIZE design only."""
+    of ``ep_size`` ranks whatever the scales are (the plugin refuses these layouts:
+    UnsupportedLayoutError), or None."""
     if ep_size <= 1:
         return None
     if placement == "round_robin":
@@ -313,12 +308,10 @@ def ep_layout_problem(num_experts: int, ep_size: int, placement: str) -> Optiona
 def stock_wrong_with_scales(design_key: str | Design, fmt: str, stored: Sequence[float],
                             amax: Sequence[float], ep_size: int, placement: str,
                             layouts: Sequence[str]) -> dict[str, bool]:
-    """Per layout, does stock vLLM of a design compute a layer with these scales wrongly?
-
-    Where it can is :func:`stock_hole`'s; whether it does depends on the scales that matter to
-    the design. ``stored``: the per-expert GEMM1 value the pre-oracle designs keep (expert 0's,
-    or a rank's first expert's, is what they quantize with); ``amax``: the activation amax the
-    oracle design collapses per rank (max over gate/up of the input amax)."""
+    """Per layout, does stock vLLM of a design (where :func:`stock_hole` says it can) compute a
+    layer with these scales wrongly? ``stored``: the per-expert GEMM1 value the pre-oracle
+    designs keep (they quantize with expert 0's, or a rank's first expert's); ``amax``: the
+    activation amax the oracle design collapses per rank (max over gate/up)."""
     d = design(design_key)
     uneven = any(v != stored[0] for v in stored)
     differ: dict[str, bool] = {}
@@ -355,8 +348,6 @@ def stock_wrong_with_uncalibrated(design_key: str | Design, fmt: str,
 
 def plugin_repairs_uncalibrated(design_key: str | Design, fmt: str) -> bool:
     """Does the plugin give uncalibrated experts the calibrated max amax on this design and
-    format? Everywhere: it patches both quant methods of the pre-oracle designs (on 0.11.1 -
-    0.13.0 the ModelOpt one only for this) and the oracle helpers from 0.14.0
-    (docs/ROOT-CAUSE.md §13)."""
+    format? Everywhere: every design's patch repairs them (docs/ROOT-CAUSE.md §13)."""
     design(design_key)  # ValueError for an unknown design
     return fmt in ("modelopt", "compressed-tensors")

@@ -16,8 +16,6 @@ import torch
 
 from vllm_fp4_moe_plugin.param_watch import ParamWatch
 
-# The activation (input) scale parameters of vLLM's NVFP4 MoE quant methods, every design:
-# ModelOpt's input_scale, compressed-tensors' input_global_scale, per GEMM.
 ACTIVATION_SCALES = ("w13_input_scale", "w2_input_scale", "w13_input_global_scale",
                      "w2_input_global_scale")
 # A quiet NaN (exponent all ones, top mantissa bit set) with the payload 0x0FEED: exporters
@@ -46,9 +44,8 @@ _watch = ParamWatch(_on_parameter)
 
 
 def watch(should_fill) -> None:
-    """Fill the NVFP4 MoE activation-scale parameters of every layer for which
-    ``should_fill(layer)`` says the plugin repairs them after loading (a sentinel no repair
-    reads would reach the kernel as NaN) with the sentinel, when they are created."""
+    """Fill the activation-scale parameters of every layer ``should_fill`` says the plugin
+    repairs after loading (elsewhere the sentinel would reach the kernel as NaN)."""
     global _should_fill
     _should_fill = should_fill
     _watch.install()

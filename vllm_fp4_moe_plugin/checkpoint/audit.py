@@ -2,13 +2,11 @@
 
 Stock vLLM quantizes an MoE layer's input with one GEMM1 input scale (0.11.0: expert 0's, or the
 quantizing rank's first local expert's; 0.14.0+: the sender's local max) and dequantizes with the
-owning expert's, so GEMM1 is off by their ratio (docs/ROOT-CAUSE.md §5, §12); GEMM2 is
-consistent. A checkpoint is therefore judged from its scalars alone (:mod:`.scalars` reads them),
-per layout and EP size, by the support model (``support.stock_wrong_with_scales``,
-``support.ep_layout_problem``) of the release's design (``design``; default vLLM 0.11.0's). An
-*uncalibrated* expert (``scale_check.uncalibrated``) is a finding, reported per layer with what
-stock does with it (``support.stock_wrong_with_uncalibrated``); the layer's other figures are of
-what the plugin loads (the calibrated experts' max amax for it).
+owning expert's (docs/ROOT-CAUSE.md §5, §12), so a checkpoint is judged from its scalars alone
+(:mod:`.scalars`), per layout and EP size, by the support model (``support``) of the release's
+design (``design``; default vLLM 0.11.0's). An *uncalibrated* expert is a finding, reported per
+layer with what stock does with it; the layer's other figures are of what the plugin loads (the
+calibrated experts' max amax for it).
 """
 
 from __future__ import annotations

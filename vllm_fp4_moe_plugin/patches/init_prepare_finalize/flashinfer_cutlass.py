@@ -30,12 +30,9 @@ class KernelQuantizedPrepareAndFinalize(Bf16PassthroughPrepareMixin,
 
 
 class KernelOutputShapeFlashInferExperts(FlashInferExperts):
-    """``FlashInferExperts`` whose output buffer is ``(tokens, hidden)`` for bf16 input too.
-
-    Stock ``workspace_shapes`` (flashinfer_cutlass_moe.py:112-121) doubles the last dim of ``aq``
-    for nvfp4, assuming packed FP4 input; with bf16 passthrough that gives ``(M, 2H)`` and
-    FlashInfer's output shape check fails. The hidden size is ``a.size(-1)`` in both cases.
-    """
+    """``FlashInferExperts`` whose output buffer is ``(tokens, hidden)`` for bf16 input too:
+    stock ``workspace_shapes`` (flashinfer_cutlass_moe.py:112-121) doubles the last dim of ``aq``
+    for nvfp4 (packed FP4), ``(M, 2H)`` for bf16, which FlashInfer's shape check refuses."""
 
     fp4_moe_output_for_bf16 = True  # read by the load-time check (consistency)
 

@@ -29,11 +29,9 @@ class UnsupportedLayoutError(ValueError):
 
 
 def check_flashinfer_layout(layer: torch.nn.Module) -> None:
-    """Refuse expert placements FlashInfer 0.3.1 would silently mis-route.
-
-    The kernel assumes rank r owns the contiguous experts ``[E_local*r, E_local*(r+1))``
-    (fi cutlass_fused_moe_kernels.cuh:1936-1938), checks ``num_experts % ep_size == 0``
-    (flashinfer_cutlass_fused_moe_sm100_ops.cu:301-302), and vLLM 0.11.0 has no NVFP4 EPLB.
+    """Refuse expert placements FlashInfer 0.3.1 would silently mis-route: it assumes rank r
+    owns the contiguous experts ``[E_local*r, E_local*(r+1))`` (fi cutlass_fused_moe_kernels.cuh:
+    1936-1938, flashinfer_cutlass_fused_moe_sm100_ops.cu:301-302); vLLM 0.11.0 has no NVFP4 EPLB.
     """
     name = layer_label(layer)
     if getattr(layer, "enable_eplb", False):

@@ -12,6 +12,10 @@ SERVING_MODULES = frozenset({
     "vllm_fp4_moe_plugin",
     "vllm_fp4_moe_plugin.checkpoint",
     "vllm_fp4_moe_plugin.checkpoint.audit",
+    "vllm_fp4_moe_plugin.checkpoint.config_lint",
+    "vllm_fp4_moe_plugin.checkpoint.detect",
+    "vllm_fp4_moe_plugin.checkpoint.render",
+    "vllm_fp4_moe_plugin.checkpoint.scalars",
     "vllm_fp4_moe_plugin.checkpoint.tensor_index",
     "vllm_fp4_moe_plugin.cli",
     "vllm_fp4_moe_plugin.compat",
@@ -46,9 +50,8 @@ SERVING_MODULES = frozenset({
     "vllm_fp4_moe_plugin.vllm_modules",
 })
 
-# The serving code stays small enough to review: lines of code (not blank, not comment-only)
-# of every Python file in the wheel.
-MAX_SERVING_CODE_LINES = 5000
+# The serving code stays small enough to review: physical lines of every Python file in the wheel.
+MAX_SERVING_LINES = 5000
 
 
 def module_of(path: str) -> str:
@@ -56,8 +59,3 @@ def module_of(path: str) -> str:
     parts = path[:-len(".py")].split("/")
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
-
-def code_lines(text: str) -> int:
-    """Lines that are neither blank nor only a comment."""
-    return sum(1 for line in text.splitlines()
-               if line.strip() and not line.lstrip().startswith("#"))

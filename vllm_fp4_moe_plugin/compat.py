@@ -4,17 +4,8 @@ compat only observes. :func:`probe` names the design (``support.Design``), says 
 code the design's patches are written against is all there (``patchable``), and returns the
 findings; the ledger (``patches/``) decides from those findings which entries are needed. Every
 probe reads what the code *is*, never ``vllm.__version__`` (a source build or a backport would
-lie). docs/ROOT-CAUSE.md §10 explains the probes; docs/SUPPORT.md lists which release has which
-design (read from each release's wheel).
-
-- ``INIT_PREPARE_FINALIZE`` (0.11.0): quant methods build their modular kernel in
-  ``init_prepare_finalize``; every FlashInfer layout pre-quantizes with expert 0's scale.
-- ``MODULAR_METHOD`` (0.11.1-0.13.0): ``FusedMoE.maybe_init_modular_kernel`` swaps the quant
-  method for a ``FusedMoEModularMethod``; upstream fixed TP (#27223) and ModelOpt DP (#26135).
-- ``NVFP4_ORACLE`` (0.14.0-0.34.0): ``fused_moe/oracle/nvfp4.py`` picks the backend and
-  collapses the activation scales (from 0.28.0 with an EPLB-only all-reduce).
-
-Anything else is left alone, with the reason in the one log line.
+lie). docs/ROOT-CAUSE.md §10 explains the probes. Anything else is left alone, with the reason in
+the one log line.
 """
 
 from __future__ import annotations
@@ -96,11 +87,9 @@ def experts_take_use_dp() -> bool:
 
 
 def builds_modular_kernel() -> bool:
-    """Both pre-oracle designs build a prepare/finalize + experts kernel only when the EP group
-    has more than one rank: only then does the group get a device communicator (v0110
-    parallel_state.py:252, v0120 :360), whose prepare_communication_buffer_for_model builds it
-    (v0110 base_device_communicator.py:274, v0120 :276). With one rank the quant method's apply
-    runs FlashInfer's direct call."""
+    """Both pre-oracle designs build a modular kernel only for an EP group of several ranks, in
+    its device communicator's prepare_communication_buffer_for_model (v0110 parallel_state.py:252,
+    base_device_communicator.py:274; v0120 :360, :276); one rank runs FlashInfer's direct call."""
     from vllm.distributed import get_ep_group
 
     return get_ep_group().world_size > 1
@@ -185,14 +174,10 @@ def compressed_tensors_nvfp4_class_name() -> Optional[str]:
 
 
 def all2allv_tp_prequantizes() -> bool:
-    """P6, behavioural: does the all-to-all prepare still quantize when there is no DP?
-
-    0.11.1 taught the all-gather prepare to pass bf16 through without DP (v0111 PF:184-185) but
-    not the all-to-all one (v0111 PF:104-113), while ``FlashInferExperts(use_dp=False)`` sizes
-    its output for bf16 input. Calls ``prepare`` on two CPU tokens: the fixed code returns the
-    input tensor itself; the unfixed code tries to quantize (FlashInfer refuses CPU tensors, so
-    no kernel ever runs here) or returns something else.
-    """
+    """P6, behavioural: does the all-to-all prepare still quantize when there is no DP (v0111
+    PF:104-113)? Calls ``prepare`` on two CPU tokens: the fixed code returns the input tensor
+    itself; the unfixed code tries to quantize (FlashInfer refuses CPU tensors, so no kernel
+    ever runs here) or returns something else."""
     import torch
     from vllm.model_executor.layers.fused_moe.config import nvfp4_moe_quant_config
 
@@ -211,18 +196,12 @@ def all2allv_tp_prequantizes() -> bool:
 
 
 def compressed_tensors_dp_scale_shared(cls_name: str) -> bool:
-    """P4, behavioural: does compressed-tensors give every expert one GEMM1 activation scale?
-
-    Under DP dispatch the prepare quantizes with element 0 of ``w13_input_scale_quant`` while
-    ``g1_alphas`` fold in each expert's own (v0111 CT:358-368, v0120 CT:378-393); ModelOpt got one
-    shared scale in #26135. Runs the method's own ``process_weights_after_loading`` (FlashInfer
-    CUTLASS, DP=2) on a two-expert CPU layer whose experts' input global scales differ, and reads
-    back ``w13_input_scale_quant``: shared means every element is equal. The function runs with a
-    private copy of its module globals in which ``swizzle_blockscale`` (it moves the block scales
-    to the GPU, v0120 quant_utils.py:675) is the identity, so the probe never touches a GPU and
-    vLLM's module is not changed. Anything that stops the probe from seeing the vector counts as
-    not shared (the patch is a no-op where the scales already agree, so that answer is safe).
-    """
+    """P4, behavioural: does compressed-tensors give every expert one GEMM1 activation scale
+    under DP dispatch (the hole: v0111 CT:358-368, v0120 CT:378-393)? Runs the method's own
+    ``process_weights_after_loading`` (FlashInfer CUTLASS, DP=2) on a two-expert CPU layer whose
+    input global scales differ, with ``swizzle_blockscale`` (a GPU move, v0120
+    quant_utils.py:675) the identity in a private copy of its globals. Anything that hides the
+    vector counts as not shared (safe: the patch is a no-op where the scales agree)."""
     import types
 
     import torch
@@ -307,10 +286,9 @@ def eplb_scale_allreduce() -> bool:
 
 def _probe_nvfp4_oracle(findings: dict) -> Observation:
     """Patchable when the oracle still calls the scale-collapsing helpers by module-global name
-    with the layer and ``a13_scale``, decides global-scale backends with
-    ``is_global_sf_supported_for_nvfp4_backend``, and the MoE parallel config says whether the
-    all-to-all kernels are in use (v0.34.0 FM/oracle/nvfp4.py:60-83, :312-420,
-    FM/config.py:1066-1069; the same names in 0.14.0, 0.20.0 and 0.28.0)."""
+    with the layer and ``a13_scale``, has ``is_global_sf_supported_for_nvfp4_backend``, and the
+    MoE parallel config tells whether the all-to-all kernels are in use (v0.34.0
+    FM/oracle/nvfp4.py:60-83, :312-420, FM/config.py:1066-1069; same in 0.14.0, 0.20.0, 0.28.0)."""
     d = Design.NVFP4_ORACLE
     try:
         oracle = importlib.import_module(vm.NVFP4_ORACLE)
@@ -329,7 +307,6 @@ def _probe_nvfp4_oracle(findings: dict) -> Observation:
     fields = getattr(parallel_config, "__dataclass_fields__", {})  # all2all_backend is a field
     findings["moe_parallel_config_all2all"] = (hasattr(parallel_config, "use_all2all_kernels")
                                                and "all2all_backend" in fields)
-    # 0.28.0+: the collapse all-reduces over the EP group, but only with EPLB (#48355).
     findings["eplb_scale_allreduce"] = eplb_scale_allreduce()
     required = ("oracle_helpers_take_layer_and_a13_scale", "global_sf_backend_probe",
                 "moe_parallel_config_all2all")

@@ -1,12 +1,10 @@
 """Load-time check: does each NVFP4 MoE layer's quant config match what its prepare step does?
 
-The original failure was silent. This check looks at the objects vLLM actually built for a
-layer -- the quant config, the prepare/finalize (or the direct-call function), the experts --
-and verifies the one invariant that makes GEMM1 right: for every local expert ``e``,
-``g1_alphas[e] * g == ws2_e``, where ``g`` is the activation scale the input is really
-quantized with (element 0 of ``a1_gscale`` when prepare pre-quantizes, ``a1_gscale[e]`` when
-the kernel quantizes bf16 input per expert). It runs once per layer at load time, never per
-forward. ``VLLM_FP4_MOE_PLUGIN_CHECK``: ``off`` | ``warn`` (default) | ``strict``.
+The original failure was silent. This check reads what vLLM actually built for a layer (quant
+config, prepare/finalize or direct call, experts) and verifies the invariant that makes GEMM1
+right: ``g1_alphas[e] * g == ws2_e`` for every local expert ``e``, where ``g`` is the scale the
+input is really quantized with (``a1_gscale[0]`` when prepare pre-quantizes, ``a1_gscale[e]``
+when the kernel quantizes bf16 per expert). Once per layer at load, never per forward.
 """
 
 from __future__ import annotations
@@ -16,6 +14,7 @@ from typing import Optional
 
 import torch
 
+from vllm_fp4_moe_plugin import envs
 from vllm_fp4_moe_plugin.log import get_logger, layer_label
 
 logger = get_logger("check")
@@ -134,8 +133,6 @@ def run_check(layer: torch.nn.Module, quant_config, prepare_finalize=None, exper
               *, mode: Optional[str] = None) -> Optional[LayerCheck]:
     """Check one layer per ``VLLM_FP4_MOE_PLUGIN_CHECK``; raises in strict mode."""
     if mode is None:
-        from vllm_fp4_moe_plugin import envs
-
         mode = envs.VLLM_FP4_MOE_PLUGIN_CHECK
     if mode == "off":
         return None

@@ -8,9 +8,11 @@ the verdict. Exit codes: 0 fine, 1 at risk, 2 cannot tell.
 from __future__ import annotations
 
 import importlib.metadata as md
+import logging
 import os
 from typing import Optional
 
+from vllm_fp4_moe_plugin import envs, patches, support
 from vllm_fp4_moe_plugin.support import Design, Layout
 
 FINE, AT_RISK, CANNOT_TELL = 0, 1, 2
@@ -62,8 +64,6 @@ def vllm_plugins_allowed(value: Optional[str]) -> Optional[list]:
 def environment() -> dict:
     env = {k: os.environ.get(k) for k in VLLM_ENV + OWN_ENV}
     allowed = vllm_plugins_allowed(os.environ.get("VLLM_PLUGINS"))
-    from vllm_fp4_moe_plugin import envs
-
     try:
         enabled, switch_error = envs.VLLM_FP4_MOE_PLUGIN, None
     except ValueError as err:
@@ -90,8 +90,6 @@ def entry_point() -> dict:
 def probes() -> dict:
     """The plugin's own feature probes against the installed vLLM (imports vLLM's MoE code),
     and what the ledger would apply."""
-    from vllm_fp4_moe_plugin import patches
-
     result = patches.plan()
     return {"would_install": result.install, "reason": result.reason,
             "upstream_fixed": result.upstream_fixed,
@@ -100,14 +98,9 @@ def probes() -> dict:
 
 
 def deployment() -> dict:
-    """What a multi-process deployment of this vLLM does with the plugin's switch: whether Ray
-    workers and Ray data-parallel engine cores receive it (this release's own
-    ``get_env_vars_to_copy``, stock and with the variables register() lists), and the fleet
-    check's wait."""
-    import logging
-
-    from vllm_fp4_moe_plugin import envs
-
+    """Whether Ray workers and Ray data-parallel engine cores of this vLLM receive the switch
+    (its own ``get_env_vars_to_copy``, stock and with register()'s list), and the fleet check's
+    wait."""
     out: dict = {"timeout_s": None, "ray": None}
     try:
         out["timeout_s"] = envs.VLLM_FP4_MOE_PLUGIN_TIMEOUT_S
@@ -143,10 +136,9 @@ ORACLE_MOE_BACKENDS = {"flashinfer_trtllm": "flashinfer_trtllm",
 
 def kernel_path(capability: Optional[str], fmt: Optional[str], design: Optional[Design] = None,
                 moe_backend: str = "auto") -> tuple[Optional[str], str]:
-    """Which NVFP4 MoE kernel the installed design picks; ``None`` when it cannot be known here.
-    0.11.x: ``VLLM_USE_FLASHINFER_MOE_FP4`` + ``VLLM_FLASHINFER_MOE_BACKEND`` (v0110
-    nvfp4_moe_support.py:28-57, flashinfer_fp4_moe.py:26-31). 0.14.0+: ``--moe-backend``, and
-    with ``auto`` the oracle's first choice on SM100, FlashInfer TRT-LLM (v0.34.0
+    """Which NVFP4 MoE kernel the installed design picks (``None``: unknown here). 0.11.x: the
+    FlashInfer variables (v0110 nvfp4_moe_support.py:28-57, flashinfer_fp4_moe.py:26-31);
+    0.14.0+: ``--moe-backend``, ``auto`` being FlashInfer TRT-LLM on SM100 (v0.34.0
     FM/oracle/nvfp4.py:238-247)."""
     if capability is None:
         return None, "no GPU here: pass --capability (e.g. 10.0 for B200) to evaluate a target"
@@ -175,12 +167,8 @@ def kernel_path(capability: Optional[str], fmt: Optional[str], design: Optional[
 
 def _stock_hole(design: Optional[Design], fmt: str, layout: Layout, path: Optional[str],
                 affected: bool) -> Optional[bool]:
-    """Does stock vLLM of ``design`` compute this layer inconsistently? None: not modelled.
-    Where it can is the support model's (``support.stock_hole``); ``affected`` (the audit) says
-    whether this checkpoint's scales make it so (for NVFP4_ORACLE: the EP ranks' local maxima
-    differ)."""
-    from vllm_fp4_moe_plugin import support
-
+    """Does stock vLLM of ``design`` compute this layer inconsistently (``support.stock_hole``,
+    and the audit's ``affected``: this checkpoint's scales make it so)? None: not modelled."""
     if design is None:
         return None
     try:
@@ -315,8 +303,6 @@ def uncalibrated_reasons(report: dict) -> list[str]:
     """One line per layer with uncalibrated experts (a value no calibration produced, or a
     tensor the checkpoint lacks), saying what happens to them here: named also when the
     verdict is fine, since the operator should hear of them before serving."""
-    from vllm_fp4_moe_plugin import support
-
     ckpt = report.get("checkpoint")
     if not ckpt:
         return []

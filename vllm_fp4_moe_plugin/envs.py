@@ -79,14 +79,10 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # CLI only: "1" shows the Python traceback of an internal error (same as --debug); "0" or
     # unset shows one line and exit code 70.
     "VLLM_FP4_MOE_DEBUG": _choice("VLLM_FP4_MOE_DEBUG", {"0": False, "1": True}, "0"),
-    # Seconds a rank waits at load for the others (fleet check, EP scale agreement), then
-    # raises naming the ranks that never arrived.
     "VLLM_FP4_MOE_PLUGIN_TIMEOUT_S": _seconds("VLLM_FP4_MOE_PLUGIN_TIMEOUT_S",
                                               DEFAULT_TIMEOUT_S),
-    # Not for operators: register() sets it to "1" in the first process of a deployment that
-    # has the switch on; the processes it starts inherit it (vLLM copies it to Ray workers), so
-    # a worker whose own environment turns the switch off (a Ray node started with
-    # VLLM_FP4_MOE_PLUGIN=0: Ray keeps a worker's own value) knows it was launched to be on.
+    # Not for operators: register() sets it in a deployment's first process with the switch
+    # on, so a worker whose own environment turns the switch off knows it was launched to be on.
     "VLLM_FP4_MOE_PLUGIN_LAUNCHER": _choice("VLLM_FP4_MOE_PLUGIN_LAUNCHER",
                                             {"0": False, "1": True}, "0"),
 }

@@ -1,27 +1,13 @@
 """The fleet check: every rank of a deployment runs the plugin the same way, or none loads.
 
-Why: the fix is per process. A deployment whose ranks disagree (one node without
-``VLLM_FP4_MOE_PLUGIN=1``, another plugin version, a vLLM of another MoE design there) computes
-NVFP4 MoE layers with different scales on different ranks. In TP-like layouts that is silent
-(no collective of the plugin's would even notice); under DP+EP the ranks would wait for each
-other's scale agreement until a timeout.
-
-How: every process that builds an NVFP4 MoE layer -- the plugin on, off or unset -- reports its
-state once, when the first such layer registers its tensors (model construction, before any
-weight is read: ``register()`` watches for it, ``vllm_modules.NVFP4_MOE_MARKERS``), and waits
-for every other rank of the torch world's report; then all compare.
-Any difference raises :class:`FleetMismatchError` on every rank, naming the ranks, what differs
-and the fix; a rank that never reports ends the wait with :class:`FleetTimeout` after
-``VLLM_FP4_MOE_PLUGIN_TIMEOUT_S``.
-
-The reports go through the world group's rendezvous store (the TCPStore vLLM's process groups
-were created from), not a gloo collective: a collective is matched by order, and a rank that is
-off (nothing of vLLM replaced) or has no plugin at all cannot be relied on to issue it at the
-same point in vLLM's own sequence of CPU-group collectives; a mismatched collective hangs or
-corrupts vLLM's. The store has no order, and it tells which ranks never wrote.
-
-What a rank reports: plugin version, vLLM MoE design (``compat.probe``), mode (active, inactive,
-off, pending), plus where it is (host, pid, vLLM's TP/PP/DP ranks) for the messages.
+The fix is per process: ranks that disagree (one node without ``VLLM_FP4_MOE_PLUGIN=1``, another
+plugin version or vLLM MoE design) compute the NVFP4 MoE layers with different scales, silently
+in TP-like layouts. So every process that builds an NVFP4 MoE layer, whatever its switch, reports
+its :class:`RankState` when the first such layer registers its tensors, waits for every rank's,
+and all compare (docs/DEPLOYING.md). Through the world's rendezvous store, not a gloo collective:
+a collective is matched by order, and a rank that is off or has no plugin cannot be relied on to
+issue it at the same point in vLLM's own sequence; the store has no order, and it tells which
+ranks never wrote.
 """
 
 from __future__ import annotations
@@ -33,6 +19,7 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Callable, Optional, Sequence
 
+from vllm_fp4_moe_plugin import envs
 from vllm_fp4_moe_plugin.log import get_logger
 
 logger = get_logger("fleet")
@@ -145,9 +132,8 @@ def missing_ranks_message(missing: Sequence[int], states: Sequence[RankState], w
 
 def exchange(store, rank: int, world: int, state: RankState,
              timeout_s: float) -> list[RankState]:
-    """Write this rank's state to ``store``, wait for every rank's, return all of them.
-
-    Raises :class:`FleetTimeout` naming the ranks that did not write within ``timeout_s``."""
+    """Write this rank's state to ``store``, wait for every rank's, return all of them;
+    :class:`FleetTimeout` names the ranks that did not write within ``timeout_s``."""
     store.set(f"{STORE_PREFIX}{rank}", json.dumps(asdict(state)))
     keys = [f"{STORE_PREFIX}{r}" for r in range(world)]
     try:
@@ -173,12 +159,10 @@ def _read(store, key: str) -> RankState:
     return RankState(**json.loads(store.get(key)))
 
 
-# -- this process ------------------------------------------------------------------------
-
 @dataclass(frozen=True)
 class Report:
-    """What ``register()`` decided in this process (given to :func:`watch`, so that this module
-    does not import the entry point)."""
+    """What ``register()`` decided in this process (handed to :func:`check_now`, so that this
+    module does not import the entry point)."""
 
     version: str
     state: Optional[str]  # the entry point's state: "active", "inactive", "inert", ...
@@ -226,10 +210,8 @@ _checked: Optional[list[RankState]] = None
 def check_now(reporter: Callable[[], Report],
               timeout_s: Optional[float] = None) -> Optional[list[RankState]]:
     """Run the fleet check once per process (``reporter``: what ``register()`` decided, at this
-    moment); None where there is no world of several ranks.
-
-    Raises :class:`FleetMismatchError` or :class:`FleetTimeout` (after logging it as an
-    ERROR, so each rank's log carries it)."""
+    moment); None where there is no world of several ranks. A :class:`FleetMismatchError` or
+    :class:`FleetTimeout` is logged as an ERROR first, so each rank's log carries it."""
     global _checked
     if _checked is not None:
         return _checked
@@ -240,8 +222,6 @@ def check_now(reporter: Callable[[], Report],
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
         return None
     if timeout_s is None:
-        from vllm_fp4_moe_plugin import envs
-
         timeout_s = envs.VLLM_FP4_MOE_PLUGIN_TIMEOUT_S
     rank, world = dist.get_rank(), dist.get_world_size()
     store = dist.distributed_c10d._get_default_store()

@@ -1,10 +1,9 @@
 """Run a callback right after vLLM first imports one of a few modules.
 
 Why: probing and patching need vLLM's MoE modules, whose first import costs seconds (triton,
-FlashInfer, ...). ``register()`` runs in every vLLM process before those are needed, so doing
-the work there would make it slow. vLLM imports the quantization modules itself (every
-``ModelConfig`` verifies its quantization method, config/model.py:879-930), and only after that
-looks up the classes we replace, so patching at that moment is both cheap and in time.
+FlashInfer, ...), too slow for ``register()``, which runs in every vLLM process. vLLM imports
+them itself (every ``ModelConfig`` verifies its quantization method, config/model.py:879-930)
+before it looks up the classes we replace, so patching then is both cheap and in time.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""NVFP4 format constants (docs/NVFP4-FORMAT.md §3.1-3.2), torch-free.
-
-Kept in one place so that every module (and every test) agrees on the same table and limits:
-the serving code reads the two maxima, the CLI the largest input-scale spread, and the
-development package (``fp4_moe_lab.nvfp4``) builds its tensors from these numbers.
+"""NVFP4 format constants (docs/NVFP4-FORMAT.md §3.1-3.2), torch-free, in one place: the serving
+code, the CLI and the lab (``fp4_moe_lab.nvfp4``) agree on the same table and limits.
 """
 
 from __future__ import annotations

@@ -1,25 +1,19 @@
 """One WARNING per process when the plugin is installed, off, and a layer needs it.
 
-Why this way: "off" must leave vLLM untouched, so nothing of vLLM is replaced. Instead a
-read-only torch hook watches parameter registration, which happens only at load time: vLLM
-0.11.0 registers ``w13_input_scale_quant`` on every NVFP4 MoE layer in
-``process_weights_after_loading`` (modelopt.py:1317, compressed_tensors_moe.py:307). If that
-per-expert vector is not uniform on a FlashInfer path, stock vLLM computes the layer wrongly in
-every layout; on a modular_method vLLM (0.11.1-0.13.0) only compressed-tensors with DP dispatch
-is still wrong (0.11.1 ModelOpt's vector is already uniform); support.stock_hole decides. The
-hook removes itself after warning once (or never fires): no per-forward cost.
-
-On the nvfp4_oracle design (0.14.0+) the hole (compressed-tensors under DP+EP with a sender-side
-dispatcher, ``support.oracle_design_hole``) depends on the *other* ranks' scales, which one
-process cannot see without a collective. The hook therefore warns when compressed-tensors
-registers ``w13_input_global_scale`` (in ``create_weights``) on a layer in such a layout, and
-says how to check the checkpoint (``vllm-fp4-moe audit``).
+"Off" must leave vLLM untouched: a read-only parameter-registration hook (:mod:`.param_watch`)
+sees each NVFP4 MoE layer load and asks ``support.stock_hole`` whether stock computes it wrongly.
+The pre-oracle designs register the per-expert ``w13_input_scale_quant`` after loading (v0110
+modelopt.py:1317, compressed_tensors_moe.py:307): at risk if it is not uniform. On the oracle
+design the hole depends on the *other* ranks' scales, which one process cannot see: it warns
+when compressed-tensors registers ``w13_input_global_scale`` in such a layout, naming the audit
+command. The hook stops after warning once.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
+from vllm_fp4_moe_plugin import support
 from vllm_fp4_moe_plugin.log import get_logger, layer_label
 from vllm_fp4_moe_plugin.param_watch import ParamWatch
 
@@ -70,8 +64,6 @@ def _installed_design():
 def _at_risk_where(module) -> Optional[str]:
     """None if stock vLLM of the installed design computes this layer right; else the words
     for where it does not. The rule is the support model's (``support.stock_hole``)."""
-    from vllm_fp4_moe_plugin import support
-
     design = _installed_design()
     if design not in (support.Design.INIT_PREPARE_FINALIZE, support.Design.MODULAR_METHOD):
         return None
@@ -89,7 +81,7 @@ def _at_risk_where(module) -> Optional[str]:
 def _on_oracle_parameter(module) -> None:
     """NVFP4_ORACLE design: warn if this compressed-tensors layer is in a layout where stock can
     mix ranks' scales."""
-    from vllm_fp4_moe_plugin import compat, support
+    from vllm_fp4_moe_plugin import compat
 
     pc = getattr(getattr(module, "moe_config", None), "moe_parallel_config", None)
     if pc is None or not getattr(pc, "use_all2all_kernels", False):

@@ -1,27 +1,23 @@
 """A read-only watch on parameter registration: the one load-time event that every vLLM design
-and every plugin state (on, off, unset) shares.
-
-vLLM's NVFP4 MoE quant methods register their tensors on the layer in ``create_weights`` (model
-construction) and ``process_weights_after_loading``; a torch module-parameter registration hook
-sees both without replacing anything of vLLM, so the plugin can watch a load while it is off.
-The hook is installed as soon as torch is imported (always so when vLLM calls ``register()``;
-importing torch here would cost ~2 s in a process that may never load a model).
+and every plugin state (on, off, unset) shares. vLLM's NVFP4 MoE quant methods register their
+tensors in ``create_weights`` and ``process_weights_after_loading``; a torch registration hook
+sees both without replacing anything of vLLM. It is installed once torch is imported (importing
+torch here would cost ~2 s in a process that may never load a model).
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
+from vllm_fp4_moe_plugin import import_hook
+
 _TORCH_MODULE = "torch.nn.modules.module"
 
 
 class ParamWatch:
     """Calls ``on_parameter(module, name, param)`` for every parameter registered, from
-    :meth:`install` until :meth:`stop` or :meth:`remove` (all idempotent).
-
-    A callback that is done stops its watch with :meth:`stop`: torch iterates over its global
-    hooks while it calls them, so removing one from inside a hook would change the dict under
-    that iteration ("OrderedDict mutated during iteration")."""
+    :meth:`install` until :meth:`stop` or :meth:`remove` (all idempotent). Inside a hook, stop:
+    torch iterates over its hooks while calling them ("OrderedDict mutated during iteration")."""
 
     def __init__(self, on_parameter: Callable) -> None:
         self._on_parameter = on_parameter
@@ -38,8 +34,6 @@ class ParamWatch:
         self._stopped = True
 
     def install(self) -> None:
-        from vllm_fp4_moe_plugin import import_hook
-
         self._stopped = False
         if self._handle is None and self._pending is None:
             self._pending = import_hook.run_after_first_import((_TORCH_MODULE,), self._now)
@@ -53,15 +47,9 @@ class ParamWatch:
 
     def remove(self) -> None:
         """Stop and unregister (not from inside a hook: :meth:`stop` there)."""
-        from vllm_fp4_moe_plugin import import_hook
-
         self._stopped = True
         import_hook.cancel(self._pending)
         self._pending = None
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
-
-    @property
-    def installed(self) -> bool:
-        return not self._stopped and (self._handle is not None or self._pending is not None)

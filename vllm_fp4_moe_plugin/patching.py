@@ -3,9 +3,7 @@
 Mirrors the shape of ArcticInference's ``patching.py`` (one object per replaced symbol, a
 double-patch guard), but patches *module attributes*, because that is how vLLM looks up almost
 every symbol the plugin replaces (docs/PATCHES.md); ``attr`` may be dotted
-(``Config.FusedMoEMethodCls``) for the one vLLM reads from a class attribute. The ledger
-(``patches/``) is built from these objects; ``compat`` reads :func:`original_attr` to probe what
-vLLM itself defines. vLLM-free.
+(``Config.FusedMoEMethodCls``) for the one vLLM reads from a class attribute. vLLM-free.
 """
 
 from __future__ import annotations
@@ -26,13 +24,9 @@ class PatchConflictError(RuntimeError):
 
 @dataclass(frozen=True)
 class ModulePatch:
-    """One replaced vLLM symbol, with its ledger entry.
-
-    ``build`` receives the original object and returns the replacement, so replacements can
-    subclass or wrap what is really installed. ``needed`` reads the probe's findings
-    (``compat.FINDINGS[design]``) and says whether the installed vLLM still has the hole; it is
-    the only place that decides whether the entry is applied.
-    """
+    """One replaced vLLM symbol, with its ledger entry. ``build`` turns the original into the
+    replacement (a subclass or wrapper of what is really installed); ``needed``, over the probe's
+    findings (``compat.FINDINGS[design]``), alone decides whether the entry is applied."""
 
     module: str
     attr: str

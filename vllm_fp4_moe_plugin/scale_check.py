@@ -1,19 +1,14 @@
 """The one rule every NVFP4 global scale of a checkpoint must satisfy, in one place.
 
-Used by the plugin at load time (:func:`vllm_fp4_moe_plugin.scales.check_positive_finite`, on
-the layer's tensors) and by ``audit`` / ``doctor`` (on the checkpoint's tensors), so a file the
-plugin refuses at load is a bad checkpoint in the CLI too, with the same words. Pure Python: no
-torch or numpy import, so ``audit`` stays fast.
-
-A global scale (ModelOpt ``input_scale`` / ``weight_scale_2``, compressed-tensors
-``input_global_scale`` / ``weight_global_scale``) is bad when it is not floating point (an
-int32 or bool tensor would be silently converted by vLLM's loader), does not have the expected
-number of elements, or holds a NaN, inf, zero or negative value: each poisons every token routed
-through that expert. Activation (input) scales are judged differently: a quantizer writes any
-value for an expert that saw no calibration token (llmcompressor 0.14: uninitialised memory, so
-0, negative, tiny or huge), a known calibration outcome rather than corruption, and
-:func:`uncalibrated` says which experts carry one; the plugin replaces it at load by the
-calibrated experts' max amax, as NVIDIA's ModelOpt exporter does (docs/NVFP4-FORMAT.md §6).
+Used by the plugin at load time (:func:`vllm_fp4_moe_plugin.scales.check_positive_finite`) and
+by ``audit`` / ``doctor`` on the checkpoint's tensors, so a file the plugin refuses at load is a
+bad checkpoint in the CLI too, with the same words. Pure Python (no torch or numpy), so ``audit``
+stays fast. A global scale is bad when it is not floating point (vLLM's loader would convert an
+int32 or bool tensor silently), does not have the expected number of elements, or holds a NaN,
+inf, zero or negative value: each poisons every token routed through that expert. Activation
+scales are judged by :func:`uncalibrated` instead: a quantizer writes any value for an expert
+that saw no calibration token, a known calibration outcome rather than corruption, which the
+plugin replaces at load by the calibrated experts' max amax (docs/NVFP4-FORMAT.md §6).
 """
 
 from __future__ import annotations
@@ -21,6 +16,8 @@ from __future__ import annotations
 import functools
 import math
 from typing import Optional, Sequence
+
+from vllm_fp4_moe_plugin.nvfp4_constants import E4M3_MAX
 
 # The dtypes a global scale may be stored in: every exporter writes float32; 16- and 64-bit floats
 # convert exactly enough. 8-bit floats do not: E4M3's largest value is 448, below typical
@@ -56,11 +53,9 @@ def check_scale(values: Sequence[float], *, where: str, name: str, dtype: Option
     """Raise :class:`InvalidScaleError` naming ``where`` (layer or file) and ``name`` (tensor).
 
     ``values``: the tensor's elements, flattened. ``per_expert``: elements per expert when the
-    tensor stacks experts (its first dimension), so the message names the expert; 0 for a
-    per-expert checkpoint tensor (one expert, nothing to index). ``index_note`` qualifies that
-    index (e.g. local to an EP rank). ``activation``: an input scale, whose values are judged by
-    :func:`uncalibrated` instead (a quantizer writes any value for an expert it never
-    calibrated); its dtype and shape are still checked here.
+    tensor stacks experts (its first dimension), so the message names the expert (0: one
+    expert); ``index_note`` qualifies that index. ``activation``: an input scale, whose values
+    are judged by :func:`uncalibrated` instead; its dtype and shape are still checked here.
     """
     if dtype is not None and not is_float_dtype(dtype):
         raise InvalidScaleError(
@@ -87,9 +82,7 @@ def check_scale(values: Sequence[float], *, where: str, name: str, dtype: Option
 
 
 # --- uncalibrated activation scales ----------------------------------------------------------
-# E4M3, the format of NVFP4's per-block scales: largest finite value and smallest normal.
-E4M3_MAX = 448.0
-E4M3_MIN_NORMAL = 2.0 ** -6
+E4M3_MIN_NORMAL = 2.0 ** -6  # smallest normal of E4M3 (NVFP4's block-scale format)
 # How far from the layer's reference input amax an expert's amax may lie before no calibration of
 # this layer can have produced it: E4M3's normal range, 448 / 2**-6 = 28672 (2**14.8), either way.
 # Shared as one scale (vLLM 0.14+ collapses each rank's experts to their max; every DP dispatch
@@ -106,13 +99,10 @@ def uncalibrated(amax: Sequence) -> dict[int, str]:
     each with its kind: ``"high"`` (a value NaN, inf or above the margin: a max over experts
     takes it and poisons the layer's scale) or ``"low"`` (0, negative or below: a max ignores it).
 
-    ``amax``: per expert, a value (or a tuple of values, e.g. gate and up) proportional to its
-    input amax: ModelOpt's ``input_scale``, or ``1 / input_global_scale`` of compressed-tensors.
-    An expert is uncalibrated when any of its values is not finite and > 0 (llmcompressor 0.14
-    writes uninitialised memory for an expert no calibration token reached, measured 0.0,
-    -127.6, 1.2e-38, 2.3e23 as input_global_scale), or lies more than
-    :data:`UNCALIBRATED_MARGIN` times above or below the layer's reference amax: the lower
-    median of all its finite positive values, which a minority of such values cannot move.
+    ``amax``: per expert, a value (or a tuple, e.g. gate and up) proportional to its input amax.
+    An expert is uncalibrated when any of its values is not finite and > 0, or lies more than
+    :data:`UNCALIBRATED_MARGIN` times off the layer's reference amax: the lower median of all
+    its finite positive values, which a minority of such values cannot move.
     """
     values = [tuple(a) if isinstance(a, (tuple, list)) else (a,) for a in amax]
     usable = sorted(v for vs in values for v in vs if 0 < v < math.inf)

@@ -1,22 +1,13 @@
 """The activation-scale policy, as pure functions of per-expert scales and the parallel layout.
 
-Why a policy at all: in vLLM 0.11.0 the quant config must describe what prepare/finalize really
-does (docs/ROOT-CAUSE.md §9):
-
-* TP-like layouts (single GPU, PP, TP, TP+EP) pass bf16 through; the FlashInfer kernel quantizes
-  each routed row with its own expert's scale. The config carries the per-expert vector
-  ``gs_e`` and ``g1_alphas[e] = ws2_e / gs_e`` -- the checkpoint's calibration, unchanged.
-* DP layouts quantize once on the sender, before the destination expert is known, so one scalar
-  must serve every expert on every EP rank. We use ``g* = min_e gs_e`` over the whole EP group
-  (the largest calibrated activation amax, so no expert saturates more than it was calibrated
-  for) and rebuild ``g1_alphas[e] = ws2_e / g*`` so ``alpha_e * g* == ws2_e`` holds exactly.
-
-Checkpoint scales are validated here before any of that (:func:`check_positive_finite`), and an
-expert whose activation scale is *uncalibrated* (:func:`scale_check.uncalibrated_experts`) gets
-the calibrated experts' max amax instead (:func:`repair_uncalibrated`), before any collapse or
-agreement can carry its value to other experts or ranks.
-
-Nothing here imports vLLM; the one collective takes the process group as an argument.
+In vLLM 0.11.0 the quant config must describe what prepare/finalize really does
+(docs/ROOT-CAUSE.md §9). TP-like layouts pass bf16 through and the kernel quantizes each routed
+row with its own expert's scale: the per-expert vectors ``gs_e`` and ``g1_alphas[e] = ws2_e /
+gs_e`` stay. DP layouts quantize once on the sender, before the destination expert is known, so
+one scalar must serve every expert on every EP rank: ``g* = min_e gs_e`` over the EP group (the
+largest calibrated amax, so no expert saturates more than it was calibrated for), with
+``g1_alphas[e] = ws2_e / g*`` rebuilt. Nothing here imports vLLM; the one collective takes the
+process group as an argument.
 """
 
 from __future__ import annotations
@@ -26,6 +17,7 @@ from datetime import timedelta
 
 import torch
 
+from vllm_fp4_moe_plugin import envs
 from vllm_fp4_moe_plugin.log import get_logger
 from vllm_fp4_moe_plugin.scale_check import InvalidScaleError, check_scale, uncalibrated
 
@@ -46,12 +38,10 @@ class Gemm1ActivationScales:
 
 def check_positive_finite(tensor: torch.Tensor, *, layer: str, name: str,
                           index_note: str = "", activation: bool = False) -> None:
-    """Raise, naming the layer, the tensor and the first bad expert, on NaN/inf/zero/negative
-    or a dtype a global scale may not have (the rule of :mod:`vllm_fp4_moe_plugin.scale_check`,
-    which audit and doctor apply to the checkpoint's own tensors). ``index_note`` qualifies the
-    expert index (e.g. local to an EP rank). ``activation``: an input scale, whose values are
-    judged by :func:`repair_uncalibrated` instead (a quantizer writes any value, NaN and
-    negative ones included, for an expert it never calibrated); only its dtype is checked."""
+    """Raise by the rule of :mod:`vllm_fp4_moe_plugin.scale_check`, naming the layer, the
+    tensor and the first bad expert (``index_note`` qualifies its index, e.g. local to an EP
+    rank). ``activation``: only the dtype is checked (:func:`repair_uncalibrated` judges the
+    values)."""
     t = tensor.detach()
     if not t.is_floating_point() or t.dtype.itemsize == 1:  # float8 scales are refused too
         check_scale([], where=layer, name=name, dtype=str(t.dtype))
@@ -77,18 +67,11 @@ _uncalibrated_warned = False
 def repair_uncalibrated(stored: torch.Tensor, *, reciprocal: bool, layer: str, name: str,
                         index_note: str = "", stock_effect: str = "",
                         missing: tuple = ()) -> torch.Tensor:
-    """``stored`` unchanged, or a copy whose uncalibrated experts carry the calibrated experts'
-    max amax (NVIDIA's ModelOpt exporter gives uncalibrated experts that fallback too).
-
-    ``stored``: one layer's per-expert activation scales, ``[E]`` or ``[E, k]`` (gate/up).
-    ``reciprocal``: the values are inverse to the amax (compressed-tensors'
-    ``input_global_scale``) rather than proportional (ModelOpt's ``input_scale``, vLLM 0.14+'s
-    ``a13_scale``/``a2_scale``). An expert is uncalibrated when any of its ``k`` values is
-    (:func:`scale_check.uncalibrated`); all its values get the fallback, the stored value of the
-    calibrated expert with the largest amax, so no rounding is added. The first layer that needs
-    it logs a WARNING per process, later ones INFO; ``VLLM_FP4_MOE_PLUGIN_CHECK=strict`` raises
-    :class:`UncalibratedScaleError`.
-    """
+    """``stored`` (one layer's per-expert activation scales, ``[E]`` or ``[E, k]``) unchanged, or
+    a copy whose uncalibrated experts (:func:`scale_check.uncalibrated`) carry the stored value
+    of the calibrated expert with the largest amax, as NVIDIA's ModelOpt exporter does.
+    ``reciprocal``: inverse to the amax (``input_global_scale``). The first layer that needs it
+    logs a WARNING per process, later ones INFO; strict mode raises UncalibratedScaleError."""
     values = stored.detach().float().reshape(stored.shape[0] if stored.dim() else 1, -1)
     with torch.no_grad():
         amax = (1.0 / values) if reciprocal else values  # a stored 0 becomes inf
@@ -110,8 +93,6 @@ def repair_uncalibrated(stored: torch.Tensor, *, reciprocal: bool, layer: str, n
             "moe_calibrate_all_experts=True)")
     kept = values[good]
     fallback = kept.min() if reciprocal else kept.max()
-    from vllm_fp4_moe_plugin import envs
-
     if envs.VLLM_FP4_MOE_PLUGIN_CHECK == "strict":
         raise UncalibratedScaleError(
             f"{where}: uncalibrated activation scale (the expert saw no calibration token, or "
@@ -167,13 +148,9 @@ class ScaleAgreementTimeout(RuntimeError):
 
 def agree_min_scale(gs_local: torch.Tensor, group=None, *, layer: str = "",
                     timeout_s: float | None = None) -> torch.Tensor:
-    """min over this rank's experts, then MIN all-reduce over ``group`` (a CPU/gloo group).
-
-    Every rank of the EP group walks the MoE layers in the same order at weight-processing time,
-    so this collective is matched one-to-one across ranks. ``group=None`` means a single rank.
-    Ranks that do not arrive within ``timeout_s`` (default ``VLLM_FP4_MOE_PLUGIN_TIMEOUT_S``)
-    are named in :class:`ScaleAgreementTimeout` instead of a hang.
-    """
+    """min over this rank's experts, then MIN all-reduce over ``group`` (a CPU/gloo group;
+    None: a single rank). Every rank of the EP group walks the MoE layers in the same order at
+    weight-processing time, so the collective is matched one-to-one across ranks."""
     local = gs_local.detach().float().min().reshape(1).cpu()
     return _all_reduce_min(local, group, layer, timeout_s).reshape(()).to(gs_local.device)
 
@@ -190,23 +167,18 @@ def agree_min_max(values: torch.Tensor, group=None, *, layer: str = "",
 
 def agree_max(values: torch.Tensor, group=None, *, layer: str = "",
               timeout_s: float | None = None) -> torch.Tensor:
-    """max over ``values``, then MAX over ``group`` (a CPU/gloo group), in fp32.
-
-    The 0.14.0+ twin of :func:`agree_min_scale`: vLLM there works with the activation amax
-    (``1 / input global scale``) and collapses it with a max. The result is exactly one of the
-    inputs (a max is exact), so a rank whose own max already equals it sees no change.
-    """
+    """max over ``values``, then MAX over ``group``, in fp32: the 0.14.0+ twin of
+    :func:`agree_min_scale` (vLLM there collapses the activation amax with a max). The result is
+    exactly one of the inputs, so a rank whose own max already equals it sees no change."""
     local = -values.detach().float().max().reshape(1).cpu()
     return -_all_reduce_min(local, group, layer, timeout_s).reshape(())
 
 
 def _all_reduce_min(local: torch.Tensor, group, layer: str,
                     timeout_s: float | None) -> torch.Tensor:
-    """One MIN all-reduce of ``local`` (CPU fp32) over ``group``, bounded by ``timeout_s``.
-
-    The one collective per layer: no barrier before it. Its wait is bounded instead
-    (``Work.wait(timeout)``), and each rank notes in the world's rendezvous store how many
-    agreements it has reached, so a timeout can name the ranks that are behind."""
+    """One MIN all-reduce of ``local`` (CPU fp32) over ``group``, no barrier before it: its wait
+    is bounded by ``timeout_s`` (default ``VLLM_FP4_MOE_PLUGIN_TIMEOUT_S``), and a timeout
+    (:class:`ScaleAgreementTimeout`) names the ranks that are behind (:class:`_Progress`)."""
     if group is None:
         return local
     import torch.distributed as dist
@@ -214,8 +186,6 @@ def _all_reduce_min(local: torch.Tensor, group, layer: str,
     if dist.get_world_size(group) <= 1:
         return local
     if timeout_s is None:
-        from vllm_fp4_moe_plugin import envs
-
         timeout_s = envs.VLLM_FP4_MOE_PLUGIN_TIMEOUT_S
     reached = _progress.mark(layer)
     work = dist.all_reduce(local, op=dist.ReduceOp.MIN, group=group, async_op=True)

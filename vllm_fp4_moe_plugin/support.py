@@ -1,20 +1,10 @@
-"""Where stock vLLM's NVFP4 MoE backend-oracle design (0.14.0+) computes wrongly: vLLM-free.
+"""Where stock vLLM computes NVFP4 MoE layers wrongly, by design, format and layout: vLLM-free.
 
-One place for this design's knowledge, asked by the patch (which layers to change), ``doctor``,
-``audit`` and the off-switch warning. The mechanism (docs/ROOT-CAUSE.md §12):
-
-* every FlashInfer NVFP4 MoE backend with one global activation scale (TRT-LLM, CUTLASS,
-  CuteDSL) collapses the GEMM1 input scales to the max input amax over the experts *it
-  loaded*; compressed-tensors loads only the rank's local experts' scales (ModelOpt loads
-  every expert's), so under EP the collapsed value is a per-rank local max
-  (v0.34.0 Q/utils/flashinfer_fp4_moe.py:495-504, Q/compressed_tensors/compressed_tensors_moe/
-  compressed_tensors_moe_w4a4_nvfp4.py:189-208, FM/routed_experts.py:764-771);
-* GEMM1's alpha of an expert folds in the max of the rank that *owns* it, while the
-  activations are quantized by whichever rank quantizes them. Only dispatchers that quantize on
-  the sender before the all-to-all mix two ranks' scales.
-
-Citation prefixes: ``FM`` = ``vllm/model_executor/layers/fused_moe``, ``Q`` =
-``vllm/model_executor/layers/quantization`` (docs/CITATIONS.md).
+One place for this knowledge, asked by the patches, ``doctor``, ``audit``, the off-switch warning
+and the matrix; docs/SUPPORT.md's table is checked against it. The mechanisms are
+docs/ROOT-CAUSE.md's (§5 for 0.11.0, §12 for the oracle design). Citation prefixes: ``FM`` =
+``vllm/model_executor/layers/fused_moe``, ``Q`` = ``vllm/model_executor/layers/quantization``
+(docs/CITATIONS.md).
 """
 
 from __future__ import annotations
@@ -26,13 +16,10 @@ from typing import Optional, Sequence
 
 
 class Design(str, Enum):
-    """vLLM's NVFP4 MoE designs, named for what each one *is*.
-
-    The plugin decides which design is *installed* by feature probes (``compat``); the release
-    ranges here (read from each release's wheel, docs/SUPPORT.md) only serve commands that judge
-    a release that is not installed (``audit --vllm``) and the words shown to users. The value
-    is the name used in the ledger, reports, matrix rows and ``patches/<design>/``.
-    """
+    """vLLM's NVFP4 MoE designs, named for what each one *is* (the name of the ledger's
+    ``patches/<design>/``, reports and matrix rows). The installed one is found by feature
+    probes (``compat``); the release ranges (read from each wheel, docs/SUPPORT.md) only serve
+    judging a release that is not installed (``audit --vllm``) and the words users read."""
 
     # Quant methods build their modular kernel in FusedMoEMethodBase.init_prepare_finalize.
     INIT_PREPARE_FINALIZE = "init_prepare_finalize"
@@ -67,7 +54,6 @@ class Design(str, Enum):
         return f"{self.value} design (vLLM {self.releases})"
 
 
-# (first, newest read) release of each design (docs/SUPPORT.md, read from each wheel).
 _DESIGN_RELEASES = {
     Design.INIT_PREPARE_FINALIZE: ((0, 11, 0), (0, 11, 0)),
     Design.MODULAR_METHOD: ((0, 11, 1), (0, 13, 0)),
@@ -171,13 +157,8 @@ def oracle_design_hole(fmt: str, *, dp: int, ep: bool, all2all_backend: str,
                        deepep_ll_nvfp4_dispatch: bool = False,
                        global_scale_backend: bool = True) -> bool:
     """Can stock vLLM (0.14.0+ design) compute this layer with mismatched GEMM1 scales?
-
-    True only for compressed-tensors, with EP across DP ranks (the all-to-all kernels), a
-    FlashInfer backend with one global activation scale, a dispatcher that quantizes on the
-    sender, and no EPLB on a release whose helper all-reduces with EPLB (0.28.0+,
-    ``eplb_agrees``). Whether it *does* also needs the ranks' local maxima to differ
-    (:func:`stock_dp_ep_off_by`).
-    """
+    ``eplb_agrees``: the release's helper all-reduces under EPLB (0.28.0+). Whether it *does*
+    also needs the ranks' local maxima to differ (:func:`stock_dp_ep_off_by`)."""
     if fmt != "compressed-tensors" or dp <= 1 or not ep or not global_scale_backend:
         return False
     if enable_eplb and eplb_agrees:
@@ -249,10 +230,6 @@ class Layout:
         """DP layouts quantize on the sender, before the destination expert is known (0.11.x)."""
         return self.dp > 1
 
-    @property
-    def dp_ep(self) -> bool:
-        return self.dp > 1 and self.ep
-
 
 LAYOUTS: dict[str, Layout] = {s.name: s for s in (
     Layout("single"),
@@ -282,15 +259,11 @@ WHERE_WRONG = {
 def stock_hole(design_key: str | Design, fmt: str, layout: str | Layout,
                kernel: str = "flashinfer_cutlass", *, deepep_ll_nvfp4_dispatch: bool = False,
                enable_eplb: bool = False, eplb_agrees: bool = False) -> Optional[str]:
-    """Where stock vLLM of a design computes an NVFP4 MoE layer on ``kernel`` wrongly.
-
-    ``WRONG``: inconsistent GEMM1 scales, whenever the scales that matter differ
-    (INIT_PREPARE_FINALIZE: the experts' input scales; MODULAR_METHOD: the experts' scales
-    under DP dispatch; NVFP4_ORACLE: the EP ranks' local maxima). ``FAILS``: the layer cannot
-    run. None: consistent. ValueError for a layout the design does not have. ``layout``: a
-    matrix layout name or a :class:`Layout` (a deployment). docs/SUPPORT.md's table is checked
-    against this function; the keywords are the oracle design's (:func:`oracle_design_hole`).
-    """
+    """Where stock vLLM of a design computes an NVFP4 MoE layer on ``kernel`` wrongly:
+    ``WRONG`` (inconsistent GEMM1 scales whenever the scales that matter differ:
+    :func:`stock_wrong_with_scales`), ``FAILS`` (the layer cannot run) or None (consistent).
+    ``layout``: a matrix layout name or a :class:`Layout`; ValueError for one the design does
+    not have. The keywords are :func:`oracle_design_hole`'s."""
     d = design(design_key)
     spec = LAYOUTS[layout] if isinstance(layout, str) else layout
     if DESIGNS.index(d) < DESIGNS.index(spec.first_design):
@@ -317,9 +290,8 @@ EP_LAYOUTS = ("tp_ep", "dp_ep_allgather", "dp_ep_all2allv")
 
 def ep_layout_problem(num_experts: int, ep_size: int, placement: str) -> Optional[str]:
     """Why vLLM 0.11.0's FlashInfer NVFP4 MoE kernel computes the wrong experts in an EP layout
-    of ``ep_size`` ranks whatever the scales are (it assumes each rank owns a contiguous, equal
-    block of experts; the plugin refuses these layouts with UnsupportedLayoutError), or None.
-    Judged for the INIT_PREPARE_FINALIZE design only."""
+    of ``ep_size`` ranks whatever the scales are (the plugin refuses these layouts:
+    UnsupportedLayoutError), or None."""
     if ep_size <= 1:
         return None
     if placement == "round_robin":
@@ -336,12 +308,10 @@ def ep_layout_problem(num_experts: int, ep_size: int, placement: str) -> Optiona
 def stock_wrong_with_scales(design_key: str | Design, fmt: str, stored: Sequence[float],
                             amax: Sequence[float], ep_size: int, placement: str,
                             layouts: Sequence[str]) -> dict[str, bool]:
-    """Per layout, does stock vLLM of a design compute a layer with these scales wrongly?
-
-    Where it can is :func:`stock_hole`'s; whether it does depends on the scales that matter to
-    the design. ``stored``: the per-expert GEMM1 value the pre-oracle designs keep (expert 0's,
-    or a rank's first expert's, is what they quantize with); ``amax``: the activation amax the
-    oracle design collapses per rank (max over gate/up of the input amax)."""
+    """Per layout, does stock vLLM of a design (where :func:`stock_hole` says it can) compute a
+    layer with these scales wrongly? ``stored``: the per-expert GEMM1 value the pre-oracle
+    designs keep (they quantize with expert 0's, or a rank's first expert's); ``amax``: the
+    activation amax the oracle design collapses per rank (max over gate/up)."""
     d = design(design_key)
     uneven = any(v != stored[0] for v in stored)
     differ: dict[str, bool] = {}
@@ -359,9 +329,6 @@ def stock_wrong_with_scales(design_key: str | Design, fmt: str, stored: Sequence
 
 
 # --- uncalibrated experts (an activation scale no calibration produced) ------------------------
-# Kinds, from scale_check.uncalibrated: "high" (NaN, inf or far above the layer's amax:
-# compressed-tensors input_global_scale 0 or ~1e-29) or "low" (0, negative or far below:
-# ModelOpt input_scale 0, compressed-tensors 2.3e23 or a negative value).
 
 def stock_wrong_with_uncalibrated(design_key: str | Design, fmt: str,
                                   kinds: Sequence[str]) -> bool:
@@ -381,8 +348,6 @@ def stock_wrong_with_uncalibrated(design_key: str | Design, fmt: str,
 
 def plugin_repairs_uncalibrated(design_key: str | Design, fmt: str) -> bool:
     """Does the plugin give uncalibrated experts the calibrated max amax on this design and
-    format? Everywhere: it patches both quant methods of the pre-oracle designs (on 0.11.1 -
-    0.13.0 the ModelOpt one only for this) and the oracle helpers from 0.14.0
-    (docs/ROOT-CAUSE.md §13)."""
+    format? Everywhere: every design's patch repairs them (docs/ROOT-CAUSE.md §13)."""
     design(design_key)  # ValueError for an unknown design
     return fmt in ("modelopt", "compressed-tensors")

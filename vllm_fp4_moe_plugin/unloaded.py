@@ -1,19 +1,13 @@
 """Which experts' activation scales the checkpoint never provided.
 
 vLLM creates an NVFP4 MoE layer's activation-scale parameters with ``torch.empty`` and lets the
-weight loader overwrite the entries the checkpoint has (v0110 Q/modelopt.py:1186-1194,
-v0.34.0 Q/modelopt.py:1041-1058; the compressed-tensors methods alike); nothing complains about
-an absent one (vllm#45212: ModelOpt exports that omit the ``input_scale`` of experts no
-calibration token reached). What the parameter then holds is whatever the memory held: NaN, a
-denormal, 1e21, or a plausible number no value rule can tell from a calibrated one.
-
-So, with the plugin active, every such parameter of a layer whose scales the plugin repairs
-after loading is filled with a sentinel when the layer registers it (``create_weights``, before
-any weight is read): a NaN whose payload no exporter writes. After loading, the entries still
-holding it are the ones the checkpoint did not provide; :func:`missing_rows` names those
-experts, and the repair (``scales.repair_uncalibrated``) treats them as uncalibrated (a NaN
-is), saying "missing" in its WARNING. A checkpoint that provides
-every tensor overwrites every sentinel, so it loads bit-identical to stock.
+weight loader overwrite the entries the checkpoint has (v0110 Q/modelopt.py:1186-1194, v0.34.0
+Q/modelopt.py:1041-1058; the compressed-tensors methods alike): an absent one (vllm#45212) keeps
+whatever the memory held, possibly a plausible number no value rule can tell from a calibrated
+one. So, with the plugin active, those parameters of a layer whose scales the plugin repairs are
+filled with a sentinel NaN when the layer registers them (before any weight is read); after
+loading, :func:`missing_rows` names the experts still holding it, and the repair treats them as
+uncalibrated. A checkpoint that provides every tensor loads bit-identical to stock.
 """
 
 from __future__ import annotations
@@ -22,8 +16,6 @@ import torch
 
 from vllm_fp4_moe_plugin.param_watch import ParamWatch
 
-# The activation (input) scale parameters of vLLM's NVFP4 MoE quant methods, every design:
-# ModelOpt's input_scale, compressed-tensors' input_global_scale, per GEMM.
 ACTIVATION_SCALES = ("w13_input_scale", "w2_input_scale", "w13_input_global_scale",
                      "w2_input_global_scale")
 # A quiet NaN (exponent all ones, top mantissa bit set) with the payload 0x0FEED: exporters
@@ -52,9 +44,8 @@ _watch = ParamWatch(_on_parameter)
 
 
 def watch(should_fill) -> None:
-    """Fill the NVFP4 MoE activation-scale parameters of every layer for which
-    ``should_fill(layer)`` says the plugin repairs them after loading (a sentinel no repair
-    reads would reach the kernel as NaN) with the sentinel, when they are created."""
+    """Fill the activation-scale parameters of every layer ``should_fill`` says the plugin
+    repairs after loading (elsewhere the sentinel would reach the kernel as NaN)."""
     global _should_fill
     _should_fill = should_fill
     _watch.install()

@@ -9,13 +9,9 @@ import pytest
 from safetensors.numpy import save_file
 
 from vllm_fp4_moe_plugin.checkpoint import tensor_index
-from vllm_fp4_moe_plugin.checkpoint.audit import (
-    LAYOUTS,
-    CheckpointAuditError,
-    audit_checkpoint,
-    ep_slices,
-    format_audit,
-)
+from vllm_fp4_moe_plugin.checkpoint.audit import LAYOUTS, audit_checkpoint, ep_slices
+from vllm_fp4_moe_plugin.checkpoint.render import format_audit
+from vllm_fp4_moe_plugin.checkpoint.tensor_index import CheckpointAuditError
 
 from .conftest import FORMATS
 from .synthetic import MISSING_WEIGHT_SHARD, SCALE, WEIGHT_GLOBAL, write_scales_only

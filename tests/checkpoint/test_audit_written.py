@@ -11,12 +11,9 @@ import pytest
 from fp4_moe_lab.checkpoint.writer import write_checkpoint
 from tests.real_quantizer_checks import MODELS
 from vllm_fp4_moe_plugin.checkpoint import tensor_index
-from vllm_fp4_moe_plugin.checkpoint.audit import (
-    LAYOUTS,
-    CheckpointAuditError,
-    audit_checkpoint,
-    format_audit,
-)
+from vllm_fp4_moe_plugin.checkpoint.audit import LAYOUTS, audit_checkpoint
+from vllm_fp4_moe_plugin.checkpoint.render import format_audit
+from vllm_fp4_moe_plugin.checkpoint.tensor_index import CheckpointAuditError
 
 from .conftest import ARCHS, FORMATS
 from .synthetic import write_scales_only

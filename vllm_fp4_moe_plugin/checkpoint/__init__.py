@@ -1,9 +1,7 @@
 """The audit of real NVFP4 MoE checkpoints (the ``audit`` and ``doctor`` commands).
 
-* :mod:`.audit` -- ``audit_checkpoint`` / ``format_audit``: is a checkpoint hit by the bug?
-* :mod:`.tensor_index` -- tensor name -> shard file, from the index or the headers only.
-
-Writing tiny test checkpoints is development code: ``fp4_moe_lab.checkpoint`` (lab/, not in the
-wheel). Loading a checkpoint through vLLM's real model class is test-only and lives in
-``tests/checkpoint/vllm_load.py``.
+:mod:`.audit` (``audit_checkpoint``) judges what :mod:`.detect`, :mod:`.config_lint` and
+:mod:`.scalars` read; :mod:`.render` tabulates it; :mod:`.tensor_index` maps tensor names to
+shards. Writing test checkpoints is the lab's (``fp4_moe_lab.checkpoint``); loading one through
+vLLM's model class is test-only (``tests/checkpoint/vllm_load.py``).
 """

@@ -20,6 +20,11 @@ class CheckpointError(ValueError):
     tensor or layer at fault and what to fix."""
 
 
+class CheckpointAuditError(CheckpointError):
+    """The checkpoint cannot be audited; the message names the file, tensor or layer and the
+    fix."""
+
+
 def read_json(path: Path, *, what: str) -> dict:
     """Parse a JSON object file; errors name the file and the position of a syntax error."""
     try:

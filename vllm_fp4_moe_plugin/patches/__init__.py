@@ -1,11 +1,10 @@
 """The patch ledger: every vLLM symbol this plugin replaces, and why, one folder per design.
 
-Each design (``support.Design``) has its slice in ``patches/<design>/__init__.py``: entries that
-say why they exist, how they work, which upstream change fixes the same thing and when to delete
-them (the vllm-ascend ledger format), each with a ``needed(findings)`` predicate over what
-``compat.probe()`` observed. The predicates alone decide what is applied (:func:`plan`).
-Dropping a design is deleting its folder and its line in ``_SLICES``. ``docs/PATCHES.md`` is
-generated from the ledger (``python -m vllm_fp4_moe_plugin.patches``); a test keeps them in sync.
+Each design (``support.Design``) has its slice in ``patches/<design>/__init__.py``: entries in
+the vllm-ascend ledger format (why, how, upstream, when to delete), each with a
+``needed(findings)`` predicate over what ``compat.probe()`` observed, which alone decides what
+is applied (:func:`plan`). Dropping a design is deleting its folder and its line in ``_SLICES``.
+``docs/PATCHES.md`` is generated from the ledger (``python -m vllm_fp4_moe_plugin.patches``).
 """
 
 from __future__ import annotations
@@ -32,10 +31,8 @@ LEDGER: tuple[ModulePatch, ...] = tuple(p for s in _SLICES.values() for p in s.L
 @dataclass(frozen=True)
 class Plan:
     """What register() does on the installed vLLM: apply ``patches`` (ledger targets), or stay
-    inactive for ``reason``. Inactive because upstream already does what the patches would
-    (``upstream_fixed``) is fine; inactive for any other reason (an unknown design, code the
-    patches cannot be applied to, a partial backport they would fight) means the operator
-    asked for the fix and does not get it."""
+    inactive for ``reason``: fine when upstream already does what the patches would
+    (``upstream_fixed``); otherwise the operator asked for the fix and does not get it."""
 
     install: bool
     reason: str
@@ -103,11 +100,9 @@ class PatchInstallError(RuntimeError):
 
 
 def apply_targets(design: Design, targets) -> list[str]:
-    """Apply the ledger entries of ``design`` named in ``targets``: all of them, or none.
-
-    Returns the targets newly replaced. On any failure every requested entry is reverted
-    (also those applied by an earlier call), and so are the every-design entries, and
-    :class:`PatchInstallError` names the target."""
+    """Apply the ledger entries of ``design`` named in ``targets``, all or none; returns the
+    targets newly replaced. On any failure every requested entry (also from an earlier call)
+    and every every-design entry is reverted, and :class:`PatchInstallError` names the target."""
     wanted = set(targets)
     entries = [p for p in entries_for_design(design) if p.target in wanted]
     unknown = sorted(wanted - {p.target for p in entries})

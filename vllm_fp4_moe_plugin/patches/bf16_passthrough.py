@@ -13,10 +13,7 @@ from __future__ import annotations
 class Bf16PassthroughPrepareMixin:
     """Put before a FlashInfer prepare/finalize class: without DP, ``prepare`` applies the
     router weight (if asked) and returns the bf16 input itself; with DP it is the class's own.
-
-    ``fp4_moe_bf16_passthrough`` tells the load-time check (``consistency``) what this prepare
-    does, without the check importing the patches.
-    """
+    ``fp4_moe_bf16_passthrough`` tells ``consistency`` so, without it importing the patches."""
 
     fp4_moe_bf16_passthrough = True
 

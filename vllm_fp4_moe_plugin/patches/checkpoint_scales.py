@@ -1,11 +1,8 @@
-"""The checkpoint's global scales of one NVFP4 MoE layer, checked and repaired as loaded, written
-once for the quant-method patches of the pre-oracle designs (the oracle design's wrapper works on
-the helpers' arguments instead: nvfp4_oracle/ep_agreed_gemm1_scale.py).
-
-Weight global scales must be finite and > 0 (:class:`scales.InvalidScaleError` otherwise).
-Activation scales no calibration produced, or absent from the checkpoint (:mod:`unloaded`), get
-the calibrated experts' max amax (:func:`scales.repair_uncalibrated`), before vLLM inverts them
-and before any collapse or agreement could carry them to other experts or ranks.
+"""The checkpoint's global scales of one NVFP4 MoE layer, checked (weight) and repaired
+(activation: :func:`scales.repair_uncalibrated`) as loaded, before vLLM inverts them and before
+any collapse or agreement could carry them to other experts or ranks. Written once for the
+quant-method patches of the pre-oracle designs; the oracle wrapper works on the helpers'
+arguments instead (nvfp4_oracle/ep_agreed_gemm1_scale.py).
 """
 
 from __future__ import annotations
@@ -15,7 +12,8 @@ import torch
 from vllm_fp4_moe_plugin import scales, unloaded
 from vllm_fp4_moe_plugin.log import layer_label, local_experts_note
 
-# The raw tensors as each format's quant method registers them on the layer.
+# The raw tensors as each format's quant method registers them on the layer, in every design
+# (v0.34.0 CT w4a4_nvfp4.py:180-210; Q/modelopt.py:1020-1060).
 RAW_SCALES = {
     "modelopt": {"input": ("w13_input_scale", "w2_input_scale"),
                  "weight": ("w13_weight_scale_2", "w2_weight_scale_2")},

@@ -16,8 +16,7 @@ DESIGN = Design.INIT_PREPARE_FINALIZE
 ACTIVE = "every FlashInfer prepare quantizes with expert 0's GEMM1 scale"
 NOTHING_NEEDED = ("vLLM already carries part of the upstream fix (#27223/#26135); these "
                   "patches would fight it")
-# Whether NOTHING_NEEDED means upstream computes right (a partial backport: the plugin cannot
-# help, stock may still be wrong).
+# NOTHING_NEEDED is not a fix: a partial backport the plugin cannot help; stock may be wrong.
 NOTHING_NEEDED_IS_FIXED = False
 
 

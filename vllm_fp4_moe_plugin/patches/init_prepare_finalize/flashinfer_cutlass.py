@@ -1,12 +1,8 @@
-"""Prepare/finalize, experts and direct call for the FlashInfer CUTLASS NVFP4 MoE path.
-
-vLLM 0.11.0 always quantizes activations in ``prepare`` with ``fp4_quantize(x, a1_gscale)``
-(flashinfer_cutlass_prepare_finalize.py:95-104, 171-178), and FlashInfer reads only element 0
-of that per-expert vector. For layouts without DP dispatch there is no reason to quantize
-before the kernel: the kernel quantizes bf16 input per expert itself. These classes let it.
-
-They are *subclasses* used only by our NVFP4 quant methods: the stock classes are shared with
-the FP8 path (quantization/utils/flashinfer_utils.py:176-198) and stay untouched.
+"""Prepare/finalize, experts and direct call for the FlashInfer CUTLASS NVFP4 MoE path, with the
+bf16 passthrough (:mod:`..bf16_passthrough`) where vLLM 0.11.0 quantizes in ``prepare``
+(flashinfer_cutlass_prepare_finalize.py:95-104, 171-178). They are *subclasses* used only by our
+NVFP4 quant methods: the stock classes are shared with the FP8 path
+(quantization/utils/flashinfer_utils.py:176-198) and stay untouched.
 """
 
 from __future__ import annotations
@@ -34,12 +30,9 @@ class KernelQuantizedPrepareAndFinalize(Bf16PassthroughPrepareMixin,
 
 
 class KernelOutputShapeFlashInferExperts(FlashInferExperts):
-    """``FlashInferExperts`` whose output buffer is ``(tokens, hidden)`` for bf16 input too.
-
-    Stock ``workspace_shapes`` (flashinfer_cutlass_moe.py:112-121) doubles the last dim of ``aq``
-    for nvfp4, assuming packed FP4 input; with bf16 passthrough that gives ``(M, 2H)`` and
-    FlashInfer's output shape check fails. The hidden size is ``a.size(-1)`` in both cases.
-    """
+    """``FlashInferExperts`` whose output buffer is ``(tokens, hidden)`` for bf16 input too:
+    stock ``workspace_shapes`` (flashinfer_cutlass_moe.py:112-121) doubles the last dim of ``aq``
+    for nvfp4 (packed FP4), ``(M, 2H)`` for bf16, which FlashInfer's shape check refuses."""
 
     fp4_moe_output_for_bf16 = True  # read by the load-time check (consistency)
 
@@ -50,13 +43,9 @@ class KernelOutputShapeFlashInferExperts(FlashInferExperts):
 
 
 def make_prepare_finalize(moe: FusedMoEConfig) -> mk.FusedMoEPrepareAndFinalize:
-    """The prepare/finalize for one NVFP4 FlashInfer CUTLASS MoE layer, by layout.
-
-    * no DP: bf16 passthrough (also replaces stock's pre-quantizing ``AllToAll(use_dp=False)``);
-    * DP + ``flashinfer_all2allv``: the stock all-to-all (quantizes on the sender);
-    * DP otherwise: the stock all-gather (quantizes on the sender).
-    The DP classes are correct once the quant config carries one shared scalar scale.
-    """
+    """No DP: bf16 passthrough (also instead of stock's pre-quantizing
+    ``AllToAll(use_dp=False)``); DP: the stock all-to-all or all-gather, which quantize on the
+    sender and are correct once the quant config carries one shared scalar scale."""
     use_dp = moe.moe_parallel_config.dp_size > 1
     if use_dp and vllm_envs.VLLM_ALL2ALL_BACKEND == "flashinfer_all2allv":
         return FlashInferAllToAllMoEPrepareAndFinalize(use_dp=True)
@@ -85,11 +74,8 @@ def flashinfer_cutlass_moe_fp4(
     expert_map: Optional[torch.Tensor] = None,
     apply_router_weight_on_input: bool = False,
 ) -> torch.Tensor:
-    """The direct (no modular kernel) path, taken when the EP group has one rank.
-
-    Same signature as vLLM 0.11.0 flashinfer_cutlass_moe.py:194-225, with the passthrough
-    prepare and the output-shape fix; upstream's equivalent is 0.11.1's ``use_dp=False`` call.
-    """
+    """The direct path (EP group of one: no modular kernel), with vLLM 0.11.0's signature
+    (flashinfer_cutlass_moe.py:194-225); upstream's equivalent is 0.11.1's ``use_dp=False``."""
     fused_experts = mk.FusedMoEModularKernel(
         KernelQuantizedPrepareAndFinalize(use_dp=False),
         KernelOutputShapeFlashInferExperts(out_dtype=hidden_states.dtype,

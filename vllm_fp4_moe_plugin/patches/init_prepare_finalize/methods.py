@@ -1,11 +1,8 @@
 """INIT_PREPARE_FINALIZE design (vLLM 0.11.0): NVFP4 MoE quant methods whose quant config tells
-the truth.
-
+the truth (why: the ledger entries in ``patches/init_prepare_finalize``). The subclasses of
 ``ModelOptNvFp4FusedMoE`` (modelopt.py:1040) and ``CompressedTensorsW4A4MoeMethod``
-(compressed_tensors_moe.py:152) compute per-expert GEMM1 scales, then hand them to a prepare
-step that quantizes every token with expert 0's scale. The subclasses keep the class names
-(vLLM 0.11.1+ checks the ModelOpt name, layer.py:968 there) and change only the FlashInfer
-paths; Marlin and vLLM's own CUTLASS path fall through to the stock methods untouched.
+(compressed_tensors_moe.py:152) change only the FlashInfer paths; Marlin and vLLM's own CUTLASS
+path fall through to the stock methods untouched.
 """
 
 from __future__ import annotations
@@ -32,11 +29,9 @@ class UnsupportedLayoutError(ValueError):
 
 
 def check_flashinfer_layout(layer: torch.nn.Module) -> None:
-    """Refuse expert placements FlashInfer 0.3.1 would silently mis-route.
-
-    The kernel assumes rank r owns the contiguous experts ``[E_local*r, E_local*(r+1))``
-    (fi cutlass_fused_moe_kernels.cuh:1936-1938), checks ``num_experts % ep_size == 0``
-    (flashinfer_cutlass_fused_moe_sm100_ops.cu:301-302), and vLLM 0.11.0 has no NVFP4 EPLB.
+    """Refuse expert placements FlashInfer 0.3.1 would silently mis-route: it assumes rank r
+    owns the contiguous experts ``[E_local*r, E_local*(r+1))`` (fi cutlass_fused_moe_kernels.cuh:
+    1936-1938, flashinfer_cutlass_fused_moe_sm100_ops.cu:301-302); vLLM 0.11.0 has no NVFP4 EPLB.
     """
     name = layer_label(layer)
     if getattr(layer, "enable_eplb", False):
@@ -73,7 +68,6 @@ class ConsistentNvFp4MoEMixin:
     # every activation scale it loads is validated and repaired (unloaded.py fills them)
     fp4_moe_repairs_activation_scales = True
 
-    # -- which path is in use -------------------------------------------------------------
     def _fp4_uses_trtllm(self) -> bool:
         from vllm.model_executor.layers.quantization.utils.flashinfer_utils import (
             FlashinferMoeBackend,
@@ -85,7 +79,6 @@ class ConsistentNvFp4MoEMixin:
     def _fp4_uses_cutlass(self) -> bool:
         return bool(self.allow_flashinfer) and not self.use_marlin and not self._fp4_uses_trtllm()
 
-    # -- load time ------------------------------------------------------------------------
     def create_weights(self, layer: torch.nn.Module, *args: Any, **kwargs: Any):
         if self.allow_flashinfer:
             check_flashinfer_layout(layer)
@@ -133,13 +126,10 @@ class ConsistentNvFp4MoEMixin:
         layer.fp4_moe_plugin_gemm1 = chosen
 
     def _fp4_set_trtllm_scales(self, layer: torch.nn.Module) -> None:
-        """TRT-LLM ("latency") backend: make the one scale ``fp4_quantize`` reads the truth.
-
-        ``apply`` calls ``fp4_quantize(x, w13_input_scale_quant)`` (modelopt.py:1445-1449), which
-        reads element 0, while ``g1_alphas`` / ``g1_scale_c`` are per expert. There is no
-        prepare/finalize on this path: the rank that computes quantizes, so the min over local
-        experts is enough. Every element is set to it, and both GEMM1 output scales rebuilt.
-        """
+        """TRT-LLM ("latency") backend: ``apply`` quantizes with element 0 of
+        ``w13_input_scale_quant`` (modelopt.py:1445-1449) while ``g1_alphas`` / ``g1_scale_c``
+        are per expert. The rank that computes quantizes (no prepare/finalize here), so every
+        element becomes the min over local experts and both GEMM1 output scales are rebuilt."""
         vec = layer.w13_input_scale_quant.data
         g = vec.float().min()
         ws2 = layer.w13_weight_scale_2.data.float()
@@ -150,7 +140,6 @@ class ConsistentNvFp4MoEMixin:
             (layer.w2_input_scale_quant.data.float() * g1_alphas).to(torch.float32),
             requires_grad=False)
 
-    # -- what the kernel is told ----------------------------------------------------------
     def get_fused_moe_quant_config(self, layer: torch.nn.Module):
         config = super().get_fused_moe_quant_config(layer)
         chosen = getattr(layer, "fp4_moe_plugin_gemm1", None)

@@ -1,9 +1,7 @@
 """The MODULAR_METHOD design's slice of the ledger (vLLM 0.11.1-0.13.0). vLLM-free.
 
-Upstream fixed TP (#27223) and ModelOpt DP (#26135). Three holes stay: compressed-tensors under
-DP dispatch (expert 0's scale), TP with ``--all2all-backend flashinfer_all2allv`` (the layer
-cannot run), and ModelOpt with dead or missing expert scales (one leftover value becomes the
-layer's scale). Each entry is needed only while its probe still sees its hole.
+Upstream fixed TP (#27223) and ModelOpt DP (#26135); each entry below is a hole left, needed only
+while its probe still sees it.
 """
 
 from __future__ import annotations
@@ -16,8 +14,7 @@ DESIGN = Design.MODULAR_METHOD
 ACTIVE = ("compressed-tensors DP dispatch (and TP with flashinfer_all2allv) still quantize "
           "with expert 0's scale")
 NOTHING_NEEDED = "no hole left that this plugin fixes"
-# Whether NOTHING_NEEDED means upstream computes right (every hole of this design is fixed
-# upstream).
+# NOTHING_NEEDED means upstream computes right: every hole of this design is fixed upstream.
 NOTHING_NEEDED_IS_FIXED = True
 
 

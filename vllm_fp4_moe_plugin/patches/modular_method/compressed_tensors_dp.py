@@ -1,15 +1,7 @@
 """MODULAR_METHOD design (vLLM 0.11.1-0.13.0): compressed-tensors NVFP4 MoE gets one shared
-GEMM1 scale under DP dispatch.
-
-0.11.1 fixed TP for everyone (the all-gather prepare passes bf16 through, v0111 PF:184-185) and
-DP for ModelOpt only (#26135: every expert's input scale collapsed to the global max). The
-compressed-tensors method still hands the DP prepare a per-expert ``w13_input_scale_quant``
-(v0111 CT:358-368, v0120 CT:378-393), of which ``fp4_quantize`` reads element 0, while
-``g1_alphas`` stay per expert. This subclass keeps the class name and everything upstream does,
-and changes only the DP + FlashInfer CUTLASS case: after upstream's own processing, the scale
-becomes the min over the whole EP group (what ModelOpt's global max of ``input_scale`` is, in
-compressed-tensors' inverted convention) and ``g1_alphas`` are rebuilt to match. Where the
-scales are already one value across the group it changes nothing (docs/ROOT-CAUSE.md §10, P5).
+GEMM1 scale under DP dispatch. Why and how: its ledger entry (``patches/modular_method``). The
+shared scale is the min over the whole EP group: what ModelOpt's global max of ``input_scale`` is
+(#26135), in compressed-tensors' inverted convention (docs/ROOT-CAUSE.md §10, P5).
 """
 
 from __future__ import annotations
@@ -24,8 +16,7 @@ from vllm_fp4_moe_plugin.patching import same_named_subclass
 
 logger = get_logger("methods")
 
-_INPUT = ("w13_input_global_scale", "w2_input_global_scale")
-_RAW = _INPUT + ("w13_weight_global_scale", "w2_weight_global_scale")
+_RAW = checkpoint_scales.RAW_SCALES["compressed-tensors"]
 
 
 class SharedGemm1ScaleForDpMixin:
@@ -52,9 +43,9 @@ class SharedGemm1ScaleForDpMixin:
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         dp = self._fp4_dp_dispatch()
         if dp:  # validate what we are about to reduce over, before upstream inverts it
-            for attr in _RAW:
+            for attr in _RAW["input"] + _RAW["weight"]:
                 scales.check_positive_finite(getattr(layer, attr), layer=layer_label(layer),
-                                             name=attr, activation=attr in _INPUT)
+                                             name=attr, activation=attr in _RAW["input"])
         if not getattr(self, "use_marlin", False):  # every path that reads activation scales
             self._fp4_repair_uncalibrated(layer)
         super().process_weights_after_loading(layer)
@@ -62,10 +53,8 @@ class SharedGemm1ScaleForDpMixin:
             self._fp4_share_gemm1_scale(layer)
 
     def _fp4_repair_uncalibrated(self, layer: torch.nn.Module) -> None:
-        """An expert that saw no calibration token (input global scale 0 or ~1e-29) or whose
-        tensor the checkpoint lacks gets the calibrated experts' max amax, on every path that
-        reads activation scales: stock inverts a 0 to inf per expert, and under DP the EP-group
-        agreement would carry it to every rank."""
+        """Before stock inverts a 0 to inf per expert, and before the DP agreement could carry
+        an uncalibrated scale to every rank."""
         checkpoint_scales.repair_activation_scales(layer, "compressed-tensors")
 
     def _fp4_share_gemm1_scale(self, layer: torch.nn.Module) -> None:

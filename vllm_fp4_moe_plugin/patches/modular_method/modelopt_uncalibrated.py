@@ -1,16 +1,6 @@
-"""MODULAR_METHOD design (vLLM 0.11.1-0.13.0): ModelOpt NVFP4 MoE with dead expert scales.
-
-Upstream fixed ModelOpt's GEMM1 scale for every layout in 0.11.1 (#27223, #26135), so the plugin
-left this method alone; but it still reads whatever a checkpoint gives as an expert's
-``input_scale``, and whatever ``torch.empty`` left when the checkpoint gives none (vllm#45212:
-ModelOpt exports omit the ``input_scale`` of experts no calibration token reached). With the
-FlashInfer backends it then collapses the layer to the max over experts (v0120
-Q/modelopt.py:1348-1357): one absurd or leftover value becomes every token's scale, and the
-layer computes nothing (measured on this design's layer: an all-zero output). This subclass
-keeps the class name (vLLM checks it, v0111 layer.py:968) and everything upstream does, and only
-repairs the checkpoint's scales before upstream's ``process_weights_after_loading``, as the
-plugin does in every other design (patches/checkpoint_scales.py).
-"""
+"""MODULAR_METHOD design (vLLM 0.11.1-0.13.0): ModelOpt NVFP4 MoE with its dead or missing expert
+scales repaired before upstream's ``process_weights_after_loading``, as in every other design
+(``checkpoint_scales``). Why and how: its ledger entry (``patches/modular_method``)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The NVFP4_ORACLE design's slice of the ledger (vLLM 0.14.0-0.34.0). vLLM-free.
-
-Compressed-tensors collapses GEMM1's input scales to each EP rank's local max, which DP+EP
-dispatch with sender-side quantization mixes across ranks (docs/ROOT-CAUSE.md §12). One patch,
-the EP-agreed GEMM1 scale, wraps each scale-collapsing helper the oracle has.
+"""The NVFP4_ORACLE design's slice of the ledger (vLLM 0.14.0-0.34.0): one patch, the EP-agreed
+GEMM1 scale, on each scale-collapsing helper the oracle has. vLLM-free.
 """
 
 from __future__ import annotations
@@ -15,8 +12,7 @@ DESIGN = Design.NVFP4_ORACLE
 ACTIVE = ("compressed-tensors collapses GEMM1 input scales to each EP rank's local max, which "
           "DP+EP dispatch mixes across ranks")
 NOTHING_NEEDED = "the oracle has none of the scale-collapsing helpers this plugin wraps"
-# Whether NOTHING_NEEDED means upstream computes right (the helpers moved: whether upstream fixed
-# the hole is unknown).
+# NOTHING_NEEDED is not a fix: the helpers moved, whether upstream fixed the hole is unknown.
 NOTHING_NEEDED_IS_FIXED = False
 
 

@@ -1,26 +1,10 @@
 """vLLM 0.14.0+ (NVFP4 backend oracle): one GEMM1 activation scale agreed over the EP group.
 
-Where stock is wrong (:mod:`vllm_fp4_moe_plugin.support`): the FlashInfer backends collapse
-GEMM1's input scales to the max amax over the experts a rank loaded, and compressed-tensors
-loads only the rank's local experts. Under DP+EP a sender-side dispatcher quantizes with the
-sender's max while the owning rank's ``g1_alphas`` fold in its own: GEMM1 is off by their ratio.
-
-The fix wraps the two oracle helpers that do the collapse, as the oracle looks them up
-(``convert_to_nvfp4_moe_kernel_format`` calls them by their module-global names, v0.34.0
-FM/oracle/nvfp4.py:312-420; v0.14.0 :114-160; the CuteDSL helper exists from 0.20.0). When the
-layer's quantized activations cross ranks, the wrapper replaces ``a13_scale`` by the max over
-the whole EP group (one MAX all-reduce of one scalar, at load time) *before* upstream's code
-runs, so upstream collapses to the same value on every rank and folds it into ``g1_alphas``
-itself: quantization scale and alphas agree by construction, as ModelOpt's already do. GEMM2
-(``a2_scale``) is quantized and dequantized on the owning rank and is left alone. Every other
-layer, layout and backend goes through upstream's code with its arguments untouched.
-
-The wrapper also refuses NaN, inf, zero and negative weight global scales in the checkpoint,
-naming the layer, the tensor and the expert, for every layer it sees; and it gives an expert
-whose activation scale is uncalibrated (whatever a quantizer wrote for an expert no calibration
-token reached: 0, 1e-29, a negative value, ...; ``scale_check.uncalibrated``) the calibrated
-experts' max amax, in ``a13_scale`` and ``a2_scale``, before upstream's max-collapse (or the EP
-agreement) could make it the whole layer's scale.
+Why and how: the ledger entry (``patches/nvfp4_oracle``); where stock is wrong:
+``support.oracle_design_hole``. The wrapper replaces ``a13_scale`` by the EP group's max *before*
+upstream's code runs, so upstream collapses to the same value on every rank and folds it into
+``g1_alphas`` itself: quantization scale and alphas agree by construction, as ModelOpt's already
+do. GEMM2 (``a2_scale``) is quantized and dequantized on the owning rank and is left alone.
 """
 
 from __future__ import annotations
@@ -34,17 +18,10 @@ import torch
 from vllm_fp4_moe_plugin import compat, scales, support, unloaded
 from vllm_fp4_moe_plugin import vllm_modules as vm
 from vllm_fp4_moe_plugin.log import get_logger, layer_label
+from vllm_fp4_moe_plugin.nvfp4_constants import E4M3_MAX, FP4_MAX
+from vllm_fp4_moe_plugin.patches.checkpoint_scales import RAW_SCALES
 
 logger = get_logger("methods")
-
-# The checkpoint's global scales as each format's quant method registers them on the layer
-# (v0.34.0 CT w4a4_nvfp4.py:180-210; Q/modelopt.py:1020-1060).
-CHECKPOINT_SCALES = {
-    "compressed-tensors": ("w13_input_global_scale", "w2_input_global_scale",
-                           "w13_weight_global_scale", "w2_weight_global_scale"),
-    "modelopt": ("w13_input_scale", "w2_input_scale", "w13_weight_scale_2",
-                 "w2_weight_scale_2"),
-}
 
 _first_change_logged = False
 
@@ -66,7 +43,7 @@ def validate_checkpoint_scales(layer: torch.nn.Module, a13_scale: torch.Tensor) 
     if fmt is None:
         return
     per_token = bool((a13_scale == 1).all())
-    for name in CHECKPOINT_SCALES[fmt]:
+    for name in RAW_SCALES[fmt]["input"] + RAW_SCALES[fmt]["weight"]:
         if per_token and "input" in name:
             continue
         tensor = getattr(layer, name)
@@ -95,7 +72,7 @@ def repaired_activation_scale(layer: torch.nn.Module, scale: torch.Tensor,
     checkpoint tensor the value comes from."""
     fmt = layer_format(layer) or "compressed-tensors"
     gemm = 0 if name == "a13_scale" else 1
-    source = CHECKPOINT_SCALES[fmt][gemm]
+    source = RAW_SCALES[fmt]["input"][gemm]
     how = "1 / " if fmt == "compressed-tensors" else ""
     raw = getattr(layer, source, None)  # the checkpoint's tensor, as the loader left it
     missing = (unloaded.missing_rows(raw) if isinstance(raw, torch.Tensor) and scale.dim()
@@ -117,18 +94,13 @@ def quantized_inputs_cross_ranks(layer: torch.nn.Module, backend) -> bool:
     if backend is not None and not importlib.import_module(
             vm.NVFP4_ORACLE).is_global_sf_supported_for_nvfp4_backend(backend):
         return False  # per-expert scales (vLLM CUTLASS): quantized on the owning rank
-    if getattr(pc, "enable_eplb", False) and stock_agrees_under_eplb():
-        return False
+    if getattr(pc, "enable_eplb", False) and compat.eplb_scale_allreduce():
+        return False  # 0.28.0+: upstream all-reduces the collapsed scale when EPLB is on
     import vllm.envs as envs
 
     return support.quantizes_on_sender(
         pc.all2all_backend,
         deepep_ll_nvfp4_dispatch=bool(getattr(envs, "VLLM_DEEPEPLL_NVFP4_DISPATCH", False)))
-
-
-def stock_agrees_under_eplb() -> bool:
-    """0.28.0+: upstream all-reduces the collapsed scale when EPLB is on (compat's probe)."""
-    return compat.eplb_scale_allreduce()
 
 
 def agreed_a13_scale(layer: torch.nn.Module, a13_scale: torch.Tensor) -> torch.Tensor:
@@ -141,8 +113,6 @@ def agreed_a13_scale(layer: torch.nn.Module, a13_scale: torch.Tensor) -> torch.T
     agreed = scales.agree_max(a13_scale, get_ep_group().cpu_group, layer=label)
     local = a13_scale.detach().float().max().cpu()
     # a13 is the scale's ModelOpt form, amax / (448 * 6); the log speaks in the checkpoint's amax
-    from vllm_fp4_moe_plugin.nvfp4_constants import E4M3_MAX, FP4_MAX
-
     to_amax = E4M3_MAX * FP4_MAX
     if torch.equal(local, agreed):
         logger.debug("%s: GEMM1 activation amax %.6g is already the EP group's max", label,

@@ -1,13 +1,7 @@
-"""The slice of the ledger for every design: vLLM learns the plugin's environment variables.
-vLLM-free.
-
-vLLM treats ``VLLM_*`` variables it does not list in ``vllm.envs.environment_variables`` as
-strangers: releases up to 0.13.x copy only listed ones to Ray workers and Ray data-parallel
-engine cores (``vllm/ray/ray_env.py get_env_vars_to_copy``), so a worker on another node
-starts without the switch; newer ones warn about each unlisted one, or refuse to start with
-``--fail-on-environ-validation`` (``Platform.validate_environ``). One entry lists them. It is
-applied by ``register()`` in every process when the switch is on, before vLLM starts any
-worker; the MoE patches are applied later, when vLLM imports its NVFP4 MoE modules.
+"""The slice of the ledger for every design: vLLM learns the plugin's environment variables
+(why: the entry below). vLLM-free. ``register()`` applies it in every process when the switch is
+on, before vLLM starts any worker; the MoE patches come later, when vLLM imports its NVFP4 MoE
+modules.
 """
 
 from __future__ import annotations

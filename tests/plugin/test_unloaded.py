@@ -26,11 +26,11 @@ def watching():
 _METHOD = Method()
 
 
-def _layer(method=_METHOD) -> torch.nn.Module:
+def _layer(method=_METHOD, init=torch.empty) -> torch.nn.Module:
     layer = torch.nn.Module()
     layer.quant_method = method
     layer.register_parameter("w13_input_scale", torch.nn.Parameter(
-        torch.empty(4, 2), requires_grad=False))
+        init(4, 2), requires_grad=False))
     return layer
 
 
@@ -52,8 +52,10 @@ def test_a_plausible_leftover_is_still_found_missing(watching):
 def test_only_layers_the_plugin_repairs_and_only_at_creation(watching):
     """A quant method that does not repair keeps stock's parameter; a re-registration after
     loading (process_weights_after_loading) is never overwritten."""
-    stock = _layer(method=object())
+    # zeros, not torch.empty: freed memory may still hold an earlier test's sentinel
+    stock = _layer(method=object(), init=torch.zeros)
     assert unloaded.missing_rows(stock.w13_input_scale.data) == []
+    assert not stock.w13_input_scale.data.any()  # left exactly as created
     layer = _layer()
     assert unloaded.missing_rows(layer.w13_input_scale.data) == [0, 1, 2, 3]
     layer.w13_input_scale = torch.nn.Parameter(torch.ones(4, 2), requires_grad=False)

@@ -6,6 +6,8 @@ virtualenvs (quantize, train) import their siblings by bare name, which Python a
 script's own folder."""
 
 import ast
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -51,3 +53,32 @@ def test_the_check_sees_both_kinds(tmp_path):
     bad.write_text("import sys\nsys.path.insert(0, '..')\nfrom accuracy import table\n")
     assert len(_offences("tests", bad)) == 2
     assert _offences("accuracy", bad) == ["line 2: edits sys.path"]
+
+
+# The project's own tracker is not part of the repository: its numbers mean nothing to a reader.
+# Upstream reports are cited with their project and '#' (docs/CITATIONS.md), which this allows.
+_TRACKER = re.compile(r"\bissues? \d+", re.IGNORECASE)
+
+
+def _tracker_references(text: str) -> list[str]:
+    return [m.group(0) for m in _TRACKER.finditer(text)]
+
+
+def test_no_references_to_the_projects_own_tracker():
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
+                           check=True).stdout.decode().split("\0")
+    found = {}
+    for name in filter(None, files):
+        try:
+            text = (ROOT / name).read_text()
+        except (UnicodeDecodeError, FileNotFoundError, IsADirectoryError):
+            continue  # binary files (weights, images) and paths removed in the work tree
+        if hits := _tracker_references(text):
+            found[name] = hits
+    assert not found, f"say what the thing is instead of a tracker number: {found}"
+
+
+def test_the_tracker_check_allows_upstream_citations():
+    ours = "see issue" + " 18 and Issues" + " 4"  # split so this file passes its own check
+    assert _tracker_references(ours) == ["issue" + " 18", "Issues" + " 4"]
+    assert _tracker_references("compressed-tensors issue #389; vLLM #27223") == []

@@ -9,7 +9,9 @@ sets environment variables. Three engines per case, same checkpoint, same prompt
 * stock: plugin off, same emulator.
 
 The plugin must reproduce the reference (greedy tokens equal, logprobs within bf16 noise);
-stock must diverge. Runs with ``.venv-engine`` (``scripts/bootstrap-engine.sh``).
+stock must diverge. At TP=2 the reference is checked call by call inside the plugin's own
+engine instead (``kernel="shadow"``, see that test). Runs with ``.venv-engine``
+(``scripts/bootstrap-engine.sh``).
 """
 
 from __future__ import annotations
@@ -17,11 +19,20 @@ from __future__ import annotations
 import pytest
 
 from fp4_moe_lab.engines import engine
-from fp4_moe_lab.engines.engine import ACTIVE_LINE, engine_python, max_logprob_gap
+from fp4_moe_lab.engines.engine import (
+    ACTIVE_LINE,
+    engine_python,
+    max_logprob_gap,
+    shadow_calls,
+)
 
 pytestmark = [pytest.mark.cpu, pytest.mark.multiproc, pytest.mark.slow]
 
 PLUGIN_LOGPROB_TOL = 0.02  # bf16 noise; measured 0.0 at TP=1
+# One bf16 rounding (2**-8) relative to the call's output: per-call noise between the emulator
+# and the oracle; measured <= 3.2e-4 over the 32 MoE calls of a TP=2 run. Stock's wrong
+# activation scales are 0.1-1 off in the layer tests (tests/plugin).
+SHADOW_REL_TOL = 2.0 ** -8
 
 
 def run_engine(checkpoint, **kw):
@@ -83,14 +94,26 @@ def test_tp1_plugin_matches_reference_and_stock_diverges(checkpoints, tp1_refere
 
 
 def test_tp2_multiprocessing_executor(checkpoints):
-    """TP=2 on the multiprocessing executor: every vLLM process loads the plugin itself."""
-    ref, _ = run_engine(checkpoints["modelopt"], plugin="1", kernel="reference", tp=2)
-    plugin, plugin_log = run_engine(checkpoints["modelopt"], plugin="1", tp=2)
+    """TP=2 on the multiprocessing executor: every vLLM process loads the plugin itself.
+
+    The plugin run checks every MoE call of both workers against the ideal oracle on the same
+    arguments (``kernel="shadow"``) instead of comparing with a separate reference engine: at
+    TP=2 the emulator and the oracle differ by a few bf16 roundings per call (relative error
+    ~3e-4), and in a few runs in a hundred here (more in CI) the engine as a whole takes a
+    rounding-level different path (cause not isolated, docs/VERIFICATION.md); the nearly flat
+    logits of the tiny random model then turn either into different greedy tokens after the
+    first one."""
+    plugin, plugin_log = run_engine(checkpoints["modelopt"], plugin="1", kernel="shadow", tp=2)
     stock, stock_log = run_engine(checkpoints["modelopt"], plugin="0", tp=2)
     # LLM process + engine core + 2 workers (spawned), each logs its own line.
     assert plugin_log.count(ACTIVE_LINE) >= 3, plugin_log.count(ACTIVE_LINE)
     assert "Worker_TP1" in plugin_log and ACTIVE_LINE not in stock_log
-    assert_plugin_matches_and_stock_diverges(ref, plugin, stock)
+    calls = shadow_calls(plugin_log)
+    assert len({c["pid"] for c in calls}) == 2, "both TP workers must report their MoE calls"
+    worst = max(c["rel_err"] for c in calls)
+    assert worst <= SHADOW_REL_TOL, f"an MoE call is {worst:.2e} off the ideal oracle"
+    diverged = [s["tokens"] != p["tokens"] for s, p in zip(stock, plugin)]
+    assert all(diverged), f"stock vLLM 0.11.0 should diverge on every prompt: {diverged}"
 
 
 def test_pp2_multiprocessing_executor(checkpoints, tp1_reference):

@@ -1,6 +1,8 @@
 """The engine reference kernel: ideal NVFP4 from kernel-format tensors, independent of the
 emulator's code, must agree with the emulator on the plugin's (bf16, per-expert) path."""
 
+import json
+
 import pytest
 import torch
 
@@ -11,8 +13,10 @@ from fp4_moe_lab.nvfp4 import (
     to_flashinfer_inputs,
 )
 from fp4_moe_lab.simulation.reference_kernel import (
+    SHADOW_PREFIX,
     experts_from_kernel_args,
     reference_cutlass_fused_moe,
+    shadow_cutlass_fused_moe,
 )
 
 pytestmark = pytest.mark.cpu
@@ -140,3 +144,38 @@ def test_prequantized_refuses_per_expert_scales(case):
         reference_cutlass_fused_moe_prequantized(
             input=q, input_sf=sf, token_selected_experts=ids, token_final_scales=w,
             output_dtype=torch.bfloat16, **kw)
+
+
+def _plugin_path_args(case):
+    experts, x, w, ids = case
+    kw = to_flashinfer_inputs(experts, a1_gs=experts.w13_input_gs)
+    return dict(input=x, token_selected_experts=ids, token_final_scales=w,
+                output_dtype=torch.bfloat16, **kw)
+
+
+def _records(err: str) -> list[dict]:
+    return [json.loads(ln.split(SHADOW_PREFIX + " ", 1)[1]) for ln in err.splitlines()
+            if ln.startswith(SHADOW_PREFIX + " ")]
+
+
+def test_shadow_returns_the_emulator_output_and_reports_noise(case, capfd):
+    args = _plugin_path_args(case)
+    out = shadow_cutlass_fused_moe(**args)[0]
+    assert torch.equal(out, cutlass_fused_moe(**args)[0])
+    (record,) = _records(capfd.readouterr().err)
+    assert record["rows"] == M and record["rel_err"] <= 2.0 ** -8
+
+
+def test_shadow_reports_an_emulator_that_ignores_per_expert_scales(case, capfd, monkeypatch):
+    """The failure the shadow exists to see: a kernel that quantizes every expert's input with
+    expert 0's scale while its alphas stay per expert (the stock 0.11.0 mismatch)."""
+    import fp4_moe_lab.nvfp4 as nvfp4
+
+    def first_scale_only(**kw):
+        a1, *rest = kw["quant_scales"]
+        return cutlass_fused_moe(**{**kw, "quant_scales": [a1[:1].expand_as(a1), *rest]})
+
+    monkeypatch.setattr(nvfp4, "cutlass_fused_moe", first_scale_only)
+    shadow_cutlass_fused_moe(**_plugin_path_args(case))
+    (record,) = _records(capfd.readouterr().err)
+    assert record["rel_err"] > 0.5, record  # measured 2.9; noise 0.0

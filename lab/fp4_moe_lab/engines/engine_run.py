@@ -27,7 +27,7 @@ def main() -> int:
                    help="external_launcher: this process is one rank (RANK, LOCAL_RANK, "
                         "WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the environment)")
     p.add_argument("--moe-backend", default=None, help="0.14.0+: --moe-backend")
-    p.add_argument("--kernel", choices=("emulator", "reference"), default="emulator")
+    p.add_argument("--kernel", choices=("emulator", "reference", "shadow"), default="emulator")
     p.add_argument("--prompts", required=True, help="JSON list of token-id lists")
     p.add_argument("--max-tokens", type=int, default=6)
     p.add_argument("--logprobs", type=int, default=5)

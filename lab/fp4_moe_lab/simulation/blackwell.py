@@ -207,13 +207,17 @@ def simulated_blackwell(*, backend: str = "throughput",
     ``backend`` is vLLM's ``VLLM_FLASHINFER_MOE_BACKEND`` ("throughput" = CUTLASS,
     "latency" = TRT-LLM). ``VLLM_USE_FLASHINFER_MOE_FP4=1`` is set for the duration, since that
     is how a Blackwell user selects the FlashInfer path. ``kernel="reference"`` replaces the
-    MoE kernel by the ideal-NVFP4 oracle (:mod:`.reference_kernel`), for end-to-end references.
+    MoE kernel by the ideal-NVFP4 oracle (:mod:`.reference_kernel`), for end-to-end references;
+    ``kernel="shadow"`` keeps the emulator and checks every call against that oracle.
     """
-    if kernel not in ("emulator", "reference"):
-        raise ValueError(f"kernel must be 'emulator' or 'reference', not {kernel!r}")
+    if kernel not in ("emulator", "reference", "shadow"):
+        raise ValueError(f"kernel must be 'emulator', 'reference' or 'shadow', not {kernel!r}")
     if kernel == "reference":
         from fp4_moe_lab.simulation.reference_kernel import reference_cutlass_fused_moe
         moe_kernel = reference_cutlass_fused_moe
+    elif kernel == "shadow":
+        from fp4_moe_lab.simulation.reference_kernel import shadow_cutlass_fused_moe
+        moe_kernel = shadow_cutlass_fused_moe
     else:
         moe_kernel = nvfp4.cutlass_fused_moe
     import flashinfer

@@ -15,10 +15,19 @@ decoded with the kernel's own GEMM1 activation scale, then the same ideal loop r
 the ideal answer only when the rank that quantized used that same scale -- what the plugin's
 EP-group agreement guarantees and stock DP+EP violates -- so, as in the 0.11.x world, the
 reference engine runs with the plugin on.
+
+:func:`shadow_cutlass_fused_moe` runs both on every call: the emulator's output goes on through
+the engine, the oracle's is computed from the same arguments and the relative error is printed
+(``SHADOW_PREFIX`` lines). Comparing two engines' greedy tokens compounds any rounding-level
+difference between runs through NVFP4 activation rounding (the tiny random model's logits are
+nearly flat); comparing call by call on identical inputs does not.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 from typing import Optional
 
 import torch
@@ -108,3 +117,29 @@ def reference_cutlass_fused_moe_prequantized(input: torch.Tensor, token_selected
     return reference_cutlass_fused_moe(x, token_selected_experts, token_final_scales,
                                        fc1_expert_weights, fc2_expert_weights, output_dtype,
                                        quant_scales, input_sf=None, **kwargs)
+
+
+SHADOW_PREFIX = "fp4_moe_shadow"
+
+
+def relative_error(out: torch.Tensor, ideal: torch.Tensor) -> float:
+    """||out - ideal|| / ||ideal|| in fp32 (0.0 when both are zero)."""
+    ideal = ideal.float()
+    den = float(ideal.norm())
+    num = float((out.float() - ideal).norm())
+    return num / den if den else num
+
+
+def shadow_cutlass_fused_moe(*args, **kwargs):
+    """The emulator's ``cutlass_fused_moe``, checked on every call against the ideal oracle on
+    the same arguments. Prints ``SHADOW_PREFIX {"pid", "rows", "rel_err"}`` to stderr (vLLM's
+    worker processes share the driver's stderr) and returns the emulator's ``[output]``."""
+    from fp4_moe_lab.nvfp4 import cutlass_fused_moe
+
+    ideal = reference_cutlass_fused_moe(*args, **{k: v for k, v in kwargs.items()
+                                                 if k != "output"})[0]
+    out = cutlass_fused_moe(*args, **kwargs)
+    record = {"pid": os.getpid(), "rows": int(ideal.shape[0]),
+              "rel_err": relative_error(out[0], ideal)}
+    print(f"{SHADOW_PREFIX} {json.dumps(record)}", file=sys.stderr, flush=True)
+    return out

@@ -73,6 +73,8 @@ Switches (environment, read in every process):
 * ``FP4_MOE_TEST_KERNEL=reference``: the MoE kernel is the ideal-NVFP4 oracle
   (``simulation/reference_kernel.py``) instead of the emulator (the end-to-end reference; run
   it with the plugin on, see ``reference_cutlass_fused_moe_prequantized``).
+  ``FP4_MOE_TEST_KERNEL=shadow`` (vLLM 0.11.0 world): the emulator, checked on every call
+  against that oracle on the same arguments (``shadow_cutlass_fused_moe``; plugin on).
 * Backend the seam simulates: 0.11.0 ``VLLM_FLASHINFER_MOE_BACKEND`` (as before); oracle
   ``FP4_MOE_TEST_BACKEND`` (``throughput`` = FlashInfer CUTLASS, the default, to be served with
   ``--moe-backend flashinfer_cutlass``; ``latency`` = TRT-LLM, emulator only).

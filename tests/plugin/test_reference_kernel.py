@@ -1,8 +1,6 @@
 """The engine reference kernel: ideal NVFP4 from kernel-format tensors, independent of the
 emulator's code, must agree with the emulator on the plugin's (bf16, per-expert) path."""
 
-import json
-
 import pytest
 import torch
 
@@ -13,10 +11,11 @@ from fp4_moe_lab.nvfp4 import (
     to_flashinfer_inputs,
 )
 from fp4_moe_lab.simulation.reference_kernel import (
-    SHADOW_PREFIX,
+    SHADOW_NOISE_BOUND,
     experts_from_kernel_args,
     reference_cutlass_fused_moe,
     shadow_cutlass_fused_moe,
+    shadow_records,
 )
 
 pytestmark = pytest.mark.cpu
@@ -153,17 +152,12 @@ def _plugin_path_args(case):
                 output_dtype=torch.bfloat16, **kw)
 
 
-def _records(err: str) -> list[dict]:
-    return [json.loads(ln.split(SHADOW_PREFIX + " ", 1)[1]) for ln in err.splitlines()
-            if ln.startswith(SHADOW_PREFIX + " ")]
-
-
 def test_shadow_returns_the_emulator_output_and_reports_noise(case, capfd):
     args = _plugin_path_args(case)
     out = shadow_cutlass_fused_moe(**args)[0]
     assert torch.equal(out, cutlass_fused_moe(**args)[0])
-    (record,) = _records(capfd.readouterr().err)
-    assert record["rows"] == M and record["rel_err"] <= 2.0 ** -8
+    (record,) = shadow_records(capfd.readouterr().err)
+    assert record["rows"] == M and record["rel_err"] <= SHADOW_NOISE_BOUND
 
 
 def test_shadow_reports_an_emulator_that_ignores_per_expert_scales(case, capfd, monkeypatch):
@@ -177,5 +171,5 @@ def test_shadow_reports_an_emulator_that_ignores_per_expert_scales(case, capfd, 
 
     monkeypatch.setattr(nvfp4, "cutlass_fused_moe", first_scale_only)
     shadow_cutlass_fused_moe(**_plugin_path_args(case))
-    (record,) = _records(capfd.readouterr().err)
+    (record,) = shadow_records(capfd.readouterr().err)
     assert record["rel_err"] > 0.5, record  # measured 2.9; noise 0.0

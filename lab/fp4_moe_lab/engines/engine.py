@@ -54,19 +54,6 @@ def run_engine(checkpoint, *, plugin: str, kernel: str = "emulator", tp: int = 1
     return json.loads(line[len("RESULT "):]), log
 
 
-def shadow_calls(log: str) -> list[dict]:
-    """The records (pid, rows, rel_err) a ``kernel="shadow"`` run printed, one per MoE call of
-    every worker (:func:`fp4_moe_lab.simulation.reference_kernel.shadow_cutlass_fused_moe`).
-    Raises if there are none: a shadow run without records did not run the seam."""
-    from fp4_moe_lab.simulation.reference_kernel import SHADOW_PREFIX
-
-    marker = SHADOW_PREFIX + " "
-    calls = [json.loads(line.split(marker, 1)[1]) for line in log.splitlines() if marker in line]
-    if not calls:
-        raise RuntimeError("the shadow run printed no MoE call records")
-    return calls
-
-
 def max_logprob_gap(a: dict, b: dict) -> float:
     """Largest |logprob| difference over the tokens both runs list, step by step."""
     gap = 0.0

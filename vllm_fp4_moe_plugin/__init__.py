@@ -13,7 +13,12 @@ import os
 from vllm_fp4_moe_plugin import envs, import_hook  # cheap, vLLM-free
 from vllm_fp4_moe_plugin.log import get_logger
 from vllm_fp4_moe_plugin.param_watch import ParamWatch  # cheap: torch's hook, installed lazily
-from vllm_fp4_moe_plugin.vllm_modules import NVFP4_MOE_MARKERS, TRIGGER_MODULES  # vLLM-free
+from vllm_fp4_moe_plugin.vllm_modules import (  # vLLM-free
+    MODELOPT,
+    NVFP4_MOE_MARKERS,
+    PARALLEL_STATE,
+    TRIGGER_MODULES,
+)
 
 __version__ = "0.1.0"
 
@@ -51,13 +56,39 @@ def register() -> None:
             from vllm_fp4_moe_plugin import off_warning
 
             off_warning.install()
-        _fleet_watch.install()  # off too: a rank that is off must not serve next to one on
+        _join_fleet()  # off too: a rank that runs the fix must know it is next to this one
         return
     _state, _reason = "pending", "waiting for vLLM to import its NVFP4 MoE modules"
     if not launched_on:  # the first process of the deployment: what it starts inherits this
         os.environ["VLLM_FP4_MOE_PLUGIN_LAUNCHER"] = "1"
     import_hook.run_after_first_import(TRIGGER_MODULES, _install)
-    _fleet_watch.install()
+    _join_fleet()
+    _unchecked_watch.install()
+
+
+def _join_fleet() -> None:
+    """Take part in the fleet check (fleet.py) at vLLM's distributed initialisation."""
+    from vllm_fp4_moe_plugin import fleet  # cheap: no torch, no vLLM at import
+
+    fleet.use_reporter(_report)
+    import_hook.run_after_first_import((PARALLEL_STATE,), _install_fleet_rendezvous)
+
+
+def _install_fleet_rendezvous() -> None:
+    """The fleet check's trigger (patches/fleet_rendezvous). Never stops a process: where it
+    cannot be installed a rank with the switch on says so (WARNING), one that is off does not."""
+    from vllm_fp4_moe_plugin import patches
+
+    try:
+        if patches.install_fleet_rendezvous():
+            return
+        why = "its init_distributed_environment does not build the world group through " \
+              "init_world_group"
+    except Exception as exc:  # noqa: BLE001 (off must not stop vLLM; on says why below)
+        why = f"{type(exc).__name__}: {exc}"
+    log = get_logger().debug if _state == "inert" else get_logger().warning
+    log("vllm-fp4-moe-plugin: the fleet check cannot run on this vLLM (%s), so ranks are not "
+        "compared: set VLLM_FP4_MOE_PLUGIN=1 on every node yourself (docs/DEPLOYING.md).", why)
 
 
 def _list_plugin_env() -> None:
@@ -76,21 +107,32 @@ def _list_plugin_env() -> None:
 
 
 def _report():
+    """What this process runs, for the fleet check. With the switch on and vLLM's NVFP4 MoE
+    modules not imported yet, import one now (the probe and the patches run), so the fleet
+    compares what this process will serve."""
     from vllm_fp4_moe_plugin.fleet import Report
 
+    if _state == "pending":
+        import importlib
+
+        try:
+            importlib.import_module(MODELOPT)
+        except ImportError:  # a vLLM without it: the report says "pending"
+            pass
     return Report(__version__, _state, _reason, _design)
 
 
 def _on_parameter(module, name: str, param) -> None:
-    """The first NVFP4 MoE layer this process builds: check the fleet (fleet.py), once."""
+    """The first NVFP4 MoE layer of a process with the switch on: say so if the fleet check
+    never ran in a world of several ranks (a vLLM that built its world another way)."""
     if name in NVFP4_MOE_MARKERS:
-        _fleet_watch.stop()
+        _unchecked_watch.stop()
         from vllm_fp4_moe_plugin import fleet
 
-        fleet.check_now(_report)
+        fleet.warn_if_unchecked()
 
 
-_fleet_watch = ParamWatch(_on_parameter)
+_unchecked_watch = ParamWatch(_on_parameter)
 
 
 def _install() -> None:
@@ -177,7 +219,7 @@ def _reset_for_tests() -> None:
     from vllm_fp4_moe_plugin import fleet, unloaded
 
     patches.revert_all()
-    _fleet_watch.remove()
+    _unchecked_watch.remove()
     fleet._reset_for_tests()
     unloaded.remove()
     _state, _reason, _design = None, "", None

@@ -26,7 +26,8 @@ _COMMON = ("nvfp4_oracle",)
 _PRE_ORACLE = _COMMON + ("init_prepare_finalize", "modular_method", "tp_fix_present",
                          "modelopt_dp_fix_present")
 FINDINGS: dict[Optional[Design], tuple[str, ...]] = {
-    None: ("plugin_env_listed",),  # probe_plugin_env: the entries for every design
+    # the entries for every design: probe_plugin_env, probe_world_group_rendezvous
+    None: ("plugin_env_listed", "world_group_rendezvous"),
     Design.INIT_PREPARE_FINALIZE: _PRE_ORACLE + ("targets_present",),
     Design.MODULAR_METHOD: _PRE_ORACLE + ("compressed_tensors_class",
                                           "compressed_tensors_dp_scale_shared",
@@ -103,6 +104,18 @@ def probe_plugin_env() -> dict[str, object]:
 
     registry = original_attr(vm.VLLM_ENVS, "environment_variables")
     return {"plugin_env_listed": all(n in registry for n in envs.environment_variables)}
+
+
+def probe_world_group_rendezvous() -> dict[str, object]:
+    """Does ``init_distributed_environment`` build vLLM's world group by calling the
+    module-global ``init_world_group`` (where the fleet check meets every rank)? Reads the
+    function's code for the name, as the call site looks it up (v0110 parallel_state.py:1081,
+    v0.34.0 :2019)."""
+    init = getattr(importlib.import_module(vm.PARALLEL_STATE), "init_distributed_environment",
+                   None)
+    names = getattr(getattr(init, "__code__", None), "co_names", ())
+    return {"world_group_rendezvous": "init_world_group" in names
+            and _has(vm.PARALLEL_STATE, "init_world_group")}
 
 
 def _nvfp4_oracle_present() -> bool:

@@ -1,13 +1,21 @@
-"""The fleet check: every rank of a deployment runs the plugin the same way, or none loads.
+"""The fleet check: a rank that runs the fix never serves next to a rank that does not.
 
-The fix is per process: ranks that disagree (one node without ``VLLM_FP4_MOE_PLUGIN=1``, another
-plugin version or vLLM MoE design) compute the NVFP4 MoE layers with different scales, silently
-in TP-like layouts. So every process that builds an NVFP4 MoE layer, whatever its switch, reports
-its :class:`RankState` when the first such layer registers its tensors, waits for every rank's,
-and all compare (docs/DEPLOYING.md). Through the world's rendezvous store, not a gloo collective:
-a collective is matched by order, and a rank that is off or has no plugin cannot be relied on to
-issue it at the same point in vLLM's own sequence; the store has no order, and it tells which
-ranks never wrote.
+The fix is per process: ranks that disagree (one node without ``VLLM_FP4_MOE_PLUGIN=1``, or
+without the plugin, or with another plugin version or vLLM MoE design) compute the NVFP4 MoE
+layers with different scales, silently in TP-like layouts. A rank that is off, or has no plugin,
+computes as stock vLLM: ranks that all compute as stock agree, whatever they have installed.
+
+When: every rank of every vLLM design builds vLLM's world group
+(``parallel_state.init_world_group``) in ``init_distributed_environment``, whatever its pipeline
+stage holds and whatever executor started it, before any weight is loaded
+(``patches/fleet_rendezvous``). Each process with the plugin writes its :class:`RankState` to
+the world's rendezvous store just *before* that group is built and reads the others' just
+*after*. Building it connects a gloo group over every rank through the same store, which returns
+on no rank until every rank has joined: by then every rank that has the plugin has written, and a
+rank that has not written has no plugin (or one without this check). So nobody waits: an off rank
+reads and goes on, and a rank with the switch on allows :data:`GRACE_S` for a report still in
+flight (possible only where gloo connects lazily, ``TORCH_GLOO_LAZY_INIT=1``). Decision table:
+docs/DEPLOYING.md, "The fleet check"; :func:`decide`.
 """
 
 from __future__ import annotations
@@ -15,36 +23,51 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
+import time
 from dataclasses import asdict, dataclass
 from datetime import timedelta
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
-from vllm_fp4_moe_plugin import envs
 from vllm_fp4_moe_plugin.log import get_logger
 
 logger = get_logger("fleet")
 
-STORE_PREFIX = "vllm_fp4_moe_plugin/fleet/v1/"
-# What must be equal on every rank; the other fields only say where a rank is.
+STORE_PREFIX = "vllm_fp4_moe_plugin/fleet/v2/"
+# What must be equal on every rank when any rank runs the fix; the other fields say where a
+# rank is. ``design`` is compared among ranks with the switch on only (an off rank never
+# probes vLLM: it must not import what stock vLLM would not).
 AGREED = ("version", "design", "mode")
 DOCS = "docs/DEPLOYING.md"
 LAUNCHER = "VLLM_FP4_MOE_PLUGIN_LAUNCHER"  # envs.py: set by a deployment's first process
+# How long a rank with the switch on waits, after vLLM's world rendezvous, for ranks that have
+# not reported. Measured: 0 s in every run (the rendezvous orders the reports before it); the
+# grace only covers a gloo world group that connects lazily, whose ranks reach the rendezvous
+# within seconds of each other (they have just joined torch's own). Under the 60 s within
+# which a mixed fleet must refuse.
+GRACE_S = 30.0
+
+# decide()'s verdicts
+STOCK = "stock"  # no rank that reported asks for the fix: every rank computes as stock vLLM
+AGREED_ON = "agreed"  # every rank reported, all run the fix the same way
+MISMATCH = "mismatch"  # ranks that reported run the plugin differently
+INCOMPLETE = "incomplete"  # the ranks that reported agree on the fix; some never reported
 
 
 class FleetMismatchError(RuntimeError):
-    """The ranks of the deployment run the plugin differently; no rank loads."""
+    """The ranks of the deployment run the plugin differently; no rank with it loads."""
 
 
-class FleetTimeout(RuntimeError):
-    """Some ranks never reported their plugin state (not installed there, or crashed)."""
+class FleetIncompleteError(RuntimeError):
+    """Ranks that run the fix are next to ranks that never reported (no plugin there)."""
 
 
 @dataclass(frozen=True)
 class RankState:
     rank: int
     version: str
-    design: str  # the vLLM MoE design the probe saw, or "unknown"
-    mode: str  # "active", "inactive", "off" or "pending"
+    design: str  # the vLLM MoE design the probe saw; "" where the switch is off (not probed)
+    mode: str  # "active", "inactive", "pending", "failed" (switch on) or "off"
     switch: str  # VLLM_FP4_MOE_PLUGIN as set ("1", "0") or "unset"
     host: str = ""
     pid: int = 0
@@ -53,7 +76,12 @@ class RankState:
     launcher_on: bool = False  # the process that started this one has the switch on
 
     def key(self) -> tuple:
-        return tuple(getattr(self, f) for f in AGREED)
+        return (self.version, self.design if self.mode != "off" else "", self.mode)
+
+    @property
+    def wants_fix(self) -> bool:
+        """The operator asked for the fix here: the switch, or the launcher's switch, is on."""
+        return self.switch == "1" or self.launcher_on
 
     @property
     def overridden(self) -> bool:
@@ -62,9 +90,11 @@ class RankState:
 
     def describe(self) -> str:
         switch = _switch(self)
+        if self.mode == "off":
+            return f"plugin {self.version}, off ({switch})"
         why = f": {self.reason}" if self.mode == "inactive" and self.reason else ""
-        return (f"plugin {self.version}, vLLM MoE design {self.design}, {self.mode}{why} "
-                f"({switch})")
+        return (f"plugin {self.version}, vLLM MoE design {self.design or 'unknown'}, "
+                f"{self.mode}{why} ({switch})")
 
     def place(self) -> str:
         bits = [b for b in (self.host and f"host {self.host}", self.pid and f"pid {self.pid}",
@@ -72,18 +102,35 @@ class RankState:
         return f"rank {self.rank}" + (f" ({', '.join(bits)})" if bits else "")
 
 
+def decide(states: Mapping[int, RankState], world: int) -> tuple[str, Optional[str]]:
+    """The verdict over the ranks that reported (``states``, by rank) in a world of ``world``
+    ranks, with the message for a refusal. A rank missing from ``states`` has no plugin: it
+    computes as stock, like a rank that is off."""
+    if not any(s.wants_fix for s in states.values()):
+        return STOCK, None
+    missing = [r for r in range(world) if r not in states]
+    problem = disagreement(list(states.values()))
+    if problem is not None:
+        if missing:
+            problem += "\n" + _missing_line(missing, world)
+        return MISMATCH, problem
+    if missing:
+        return INCOMPLETE, missing_ranks_message(missing, list(states.values()), world)
+    return AGREED_ON, None
+
+
 def disagreement(states: Sequence[RankState]) -> Optional[str]:
-    """None when every rank reports the same version, design and mode; else the message: each
-    group of ranks with what it runs, then the fix for each field that differs."""
+    """None when every rank reports the same version, mode and (switch on) design; else the
+    message: each group of ranks with what it runs, then the fix for each field that differs."""
     groups: dict[tuple, list[RankState]] = {}
     for s in sorted(states, key=lambda s: s.rank):
         groups.setdefault(s.key(), []).append(s)
     overridden = [s for s in states if s.overridden]
     if len(groups) <= 1 and not overridden:
         return None
-    lines = [f"vllm-fp4-moe-plugin: the {len(states)} ranks of this deployment run the plugin "
-             "differently, so they would compute the NVFP4 MoE layers differently; no rank "
-             "loads the model."]
+    lines = [f"vllm-fp4-moe-plugin: the {len(states)} ranks of this deployment that have the "
+             "plugin run it differently, so they would compute the NVFP4 MoE layers "
+             "differently; no rank with the plugin loads the model."]
     for members in groups.values():
         places = "; ".join(m.place() for m in members)
         lines.append(f"  {members[0].describe()}: {places}")
@@ -92,7 +139,9 @@ def disagreement(states: Sequence[RankState]) -> Optional[str]:
                      "(where `vllm serve` runs), but the worker's own environment has "
                      f"{_switch(overridden[0])}, which wins (Ray keeps a worker's own "
                      "variables).")
-    differs = [f for i, f in enumerate(AGREED) if len({k[i] for k in groups}) > 1]
+    on = [k for k in groups if k[2] != "off"]
+    differs = [f for i, f in enumerate(AGREED)
+               if len({k[i] for k in (on if f == "design" else groups)}) > 1]
     fixes = [_FIXES[f] for f in differs] + ([_FIXES["overridden"]] if overridden else [])
     lines.append("Fix: " + " ".join(dict.fromkeys(fixes)) + f" ({DOCS})")
     return "\n".join(lines)
@@ -119,50 +168,53 @@ _FIXES = {
 }
 
 
-def missing_ranks_message(missing: Sequence[int], states: Sequence[RankState], world: int,
-                          timeout_s: float) -> str:
+def _missing_line(missing: Sequence[int], world: int) -> str:
+    return (f"  rank(s) {', '.join(map(str, missing))} of the {world}: never reported (no "
+            "vllm-fp4-moe-plugin there, or a version without this check)")
+
+
+def missing_ranks_message(missing: Sequence[int], states: Sequence[RankState],
+                          world: int) -> str:
     seen = "; ".join(f"{s.place()}: {s.describe()}" for s in sorted(states, key=lambda s: s.rank))
     return (f"vllm-fp4-moe-plugin: rank(s) {', '.join(map(str, missing))} of the {world} ranks "
-            f"of this deployment never reported their plugin state within {timeout_s:g} s "
-            "(VLLM_FP4_MOE_PLUGIN_TIMEOUT_S). The plugin is not installed there (or is a "
-            "version without this check), or that rank crashed or is stuck before building its "
-            "first NVFP4 MoE layer; check that rank's log. Install the same "
-            f"vllm-fp4-moe-plugin on every node ({DOCS}). Reported: {seen or 'none'}.")
+            "of this deployment never reported their plugin state at vLLM's distributed "
+            "initialisation, so they compute as stock vLLM while the ranks that reported run "
+            "the fix. The plugin is not installed there, not loaded (VLLM_PLUGINS without "
+            "fp4_moe), or a version without this check. Fix: install the same "
+            "vllm-fp4-moe-plugin on every node and let vLLM load it, or unset "
+            f"VLLM_FP4_MOE_PLUGIN everywhere to serve stock vLLM ({DOCS}). Reported: {seen}.")
 
 
-def exchange(store, rank: int, world: int, state: RankState,
-             timeout_s: float) -> list[RankState]:
-    """Write this rank's state to ``store``, wait for every rank's, return all of them;
-    :class:`FleetTimeout` names the ranks that did not write within ``timeout_s``."""
-    store.set(f"{STORE_PREFIX}{rank}", json.dumps(asdict(state)))
+# -- the rendezvous ---------------------------------------------------------------------
+
+def publish(store, state: RankState) -> None:
+    store.set(f"{STORE_PREFIX}{state.rank}", json.dumps(asdict(state)))
+
+
+def reported(store, world: int) -> dict[int, RankState]:
+    """The states written so far, by rank; never waits."""
+    out = {}
+    for r in range(world):
+        key = f"{STORE_PREFIX}{r}"
+        if store.check([key]):
+            out[r] = RankState(**json.loads(store.get(key)))
+    return out
+
+
+def await_reports(store, world: int, grace_s: float) -> dict[int, RankState]:
+    """:func:`reported` once every rank has written, or after ``grace_s``."""
     keys = [f"{STORE_PREFIX}{r}" for r in range(world)]
     try:
-        store.wait(keys, timedelta(seconds=timeout_s))
-    except Exception as exc:  # DistStoreError (timeout) or the store is gone (rank 0 died)
-        present = [r for r in range(world) if _has_key(store, keys[r])]
-        missing = [r for r in range(world) if r not in present]
-        states = [_read(store, keys[r]) for r in present]
-        raise FleetTimeout(missing_ranks_message(missing or ["?"], states, world, timeout_s)
-                           + f" ({type(exc).__name__}: {str(exc).strip().splitlines()[0]})"
-                           ) from exc
-    return [_read(store, k) for k in keys]
-
-
-def _has_key(store, key: str) -> bool:
-    try:
-        return bool(store.check([key]))
-    except Exception:
-        return False
-
-
-def _read(store, key: str) -> RankState:
-    return RankState(**json.loads(store.get(key)))
+        store.wait(keys, timedelta(seconds=grace_s))
+    except Exception:  # DistStoreError (time is up) or the store is gone: read what is there
+        pass
+    return reported(store, world)
 
 
 @dataclass(frozen=True)
 class Report:
-    """What ``register()`` decided in this process (handed to :func:`check_now`, so that this
-    module does not import the entry point)."""
+    """What ``register()`` decided in this process (handed to :func:`before_rendezvous`, so
+    that this module does not import the entry point)."""
 
     version: str
     state: Optional[str]  # the entry point's state: "active", "inactive", "inert", ...
@@ -172,74 +224,144 @@ class Report:
 
 def local_state(rank: int, report: Report) -> RankState:
     """This process's plugin state, as the fleet compares it."""
-    mode = {"active": "active", "inactive": "inactive", "pending": "pending"}.get(
-        report.state or "", "off")
-    design = report.design
-    if design is None and mode == "off":  # the switch is off: the probe has not run here
-        from vllm_fp4_moe_plugin import compat
-
-        design = compat.probe().design
-    return RankState(rank=rank, version=report.version,
-                     design=str(design) if design is not None else "unknown", mode=mode,
+    mode = {"active": "active", "inactive": "inactive", "pending": "pending",
+            "failed": "failed"}.get(report.state or "", "off")
+    design = "" if mode == "off" else str(report.design or "unknown")
+    return RankState(rank=rank, version=report.version, design=design, mode=mode,
                      switch=os.environ.get("VLLM_FP4_MOE_PLUGIN", "unset"),
-                     host=socket.gethostname(), pid=os.getpid(), where=_vllm_ranks(),
+                     host=socket.gethostname(), pid=os.getpid(), where=_vllm_ranks(rank),
                      reason=report.reason if mode == "inactive" else "",
                      launcher_on=os.environ.get(LAUNCHER) == "1")
 
 
-def _vllm_ranks() -> str:
-    """vLLM's coordinates of this rank ("TP 1/2, PP 0/1, DP 0/2"), best effort."""
-    try:
-        from vllm.distributed import parallel_state as ps
+def _vllm_ranks(rank: int) -> str:
+    """Where world rank ``rank`` sits in vLLM's layout ("TP 1/2, PP 0/3, DP 0/2"), from the
+    current vLLM config (its groups do not exist yet at the rendezvous): vLLM numbers the world
+    DP-major, then PP, then (0.2x+) prefill context parallel, then TP
+    (parallel_state.initialize_model_parallel). Best effort."""
+    try:  # the config the worker set, never a default one (building that one logs)
+        found = [getattr(sys.modules.get(m), "_current_vllm_config", None)
+                 for m in ("vllm.config.vllm", "vllm.config")]  # 0.12.0+, 0.11.0
+        pc = next(c for c in found if c is not None).parallel_config
+        tp, pp, dp = pc.tensor_parallel_size, pc.pipeline_parallel_size, pc.data_parallel_size
+        stage = tp * getattr(pc, "prefill_context_parallel_size", 1)
     except Exception:
         return ""
-    out = []
-    for name, getter in (("TP", "get_tp_group"), ("PP", "get_pp_group"),
-                         ("DP", "get_dp_group")):
-        try:
-            group = getattr(ps, getter)()
-            out.append(f"{name} {group.rank_in_group}/{group.world_size}")
-        except Exception:
-            continue
+    inner = rank % (stage * pp)
+    out = [f"TP {inner % tp}/{tp}", f"PP {inner // stage}/{pp}"]
+    if dp > 1:
+        out.append(f"DP {rank // (stage * pp)}/{dp}")
     return ", ".join(out)
 
 
-_checked: Optional[list[RankState]] = None
+class _Rendezvous:
+    """One fleet check per process: :meth:`before` writes this rank's state, :meth:`after`
+    reads everyone's and decides (both no-ops without a distributed world of several ranks).
+    ``spent_s``: the time both took, vLLM's own rendezvous between them not counted."""
 
+    def __init__(self) -> None:
+        self.reporter: Optional[Callable[[], Report]] = None
+        self.mine: Optional[RankState] = None
+        self.world = 0
+        self.store = None
+        self.spent_s = 0.0
+        self.result: Optional[tuple[str, dict[int, RankState]]] = None
 
-def check_now(reporter: Callable[[], Report],
-              timeout_s: Optional[float] = None) -> Optional[list[RankState]]:
-    """Run the fleet check once per process (``reporter``: what ``register()`` decided, at this
-    moment); None where there is no world of several ranks. A :class:`FleetMismatchError` or
-    :class:`FleetTimeout` is logged as an ERROR first, so each rank's log carries it."""
-    global _checked
-    if _checked is not None:
-        return _checked
-    try:
+    def before(self) -> None:
+        if self.result is not None or self.mine is not None or self.reporter is None:
+            return
         import torch.distributed as dist
-    except ImportError:
-        return None
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
-        return None
-    if timeout_s is None:
-        timeout_s = envs.VLLM_FP4_MOE_PLUGIN_TIMEOUT_S
-    rank, world = dist.get_rank(), dist.get_world_size()
-    store = dist.distributed_c10d._get_default_store()
-    try:
-        states = exchange(store, rank, world, local_state(rank, reporter()), timeout_s)
-        problem = disagreement(states)
-        if problem is not None:
-            raise FleetMismatchError(problem)
-    except (FleetMismatchError, FleetTimeout) as exc:
-        logger.error("%s", exc)
-        raise
-    _checked = states
-    mine = states[rank]
-    logger.info("vllm-fp4-moe-plugin fleet check: all %d ranks run %s.", world,
-                mine.describe().split(" (VLLM_FP4_MOE_PLUGIN")[0])
-    return states
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
+            return
+        t0 = time.monotonic()
+        mine = local_state(dist.get_rank(), self.reporter())  # on: may refuse (strict, failed)
+        try:
+            self.store = dist.distributed_c10d._get_default_store()
+            self.world = dist.get_world_size()
+            publish(self.store, mine)
+        except Exception as exc:
+            if mine.wants_fix:
+                raise
+            logger.debug("vllm-fp4-moe-plugin fleet check skipped (off): %r", exc)
+            return
+        self.mine = mine
+        self.spent_s += time.monotonic() - t0
+
+    def after(self) -> None:
+        mine, self.mine = self.mine, None
+        if mine is None:
+            return
+        t0 = time.monotonic()
+        try:
+            states = reported(self.store, self.world)
+        except Exception as exc:
+            if mine.wants_fix:
+                raise
+            logger.debug("vllm-fp4-moe-plugin fleet check skipped (off): %r", exc)
+            return
+        verdict, message = decide(states, self.world)
+        if verdict == INCOMPLETE:  # only ranks with the fix on get here: a report in flight?
+            states = await_reports(self.store, self.world, GRACE_S)
+            verdict, message = decide(states, self.world)
+        self.spent_s += time.monotonic() - t0
+        if message is not None:
+            error = (FleetMismatchError if verdict == MISMATCH else FleetIncompleteError)(
+                message)
+            logger.error("%s", error)
+            raise error
+        self.result = (verdict, states)
+        if verdict == AGREED_ON:
+            logger.info("vllm-fp4-moe-plugin fleet check: all %d ranks run %s (%.0f ms).",
+                        self.world, mine.describe().split(" (VLLM_FP4_MOE_PLUGIN")[0],
+                        self.spent_s * 1e3)
+        else:  # stock everywhere: the plugin stays quiet (at most one line is the off warning)
+            logger.debug("vllm-fp4-moe-plugin fleet check: no rank runs the fix (%d of %d "
+                         "ranks have the plugin, off); %.1f ms.", len(states), self.world,
+                         self.spent_s * 1e3)
+
+
+_rendezvous = _Rendezvous()
+
+
+def use_reporter(reporter: Callable[[], Report]) -> None:
+    """What register() decided, read at the rendezvous (the entry point's own ``_report``)."""
+    _rendezvous.reporter = reporter
+
+
+def before_rendezvous() -> None:
+    """Called just before vLLM builds its world group: write this rank's state."""
+    _rendezvous.before()
+
+
+def after_rendezvous() -> None:
+    """Called once vLLM's world group exists: read every rank's state; raise
+    :class:`FleetMismatchError` or :class:`FleetIncompleteError` (logged as an ERROR first, so
+    each rank's log carries it) where the fleet must not serve."""
+    _rendezvous.after()
+
+
+def checked() -> Optional[tuple[str, dict[int, RankState]]]:
+    """(verdict, states by rank) once this process's check has passed; else None."""
+    return _rendezvous.result
 
 
 def _reset_for_tests() -> None:
-    global _checked
-    _checked = None
+    reporter = _rendezvous.reporter
+    _rendezvous.__init__()
+    _rendezvous.reporter = reporter
+
+
+def warn_if_unchecked() -> None:
+    """A WARNING where a process with the switch on builds an NVFP4 MoE layer in a world of
+    several ranks whose fleet check never ran (vLLM built its world without
+    ``init_world_group``: elastic EP, a design the probe does not know)."""
+    if _rendezvous.result is not None:
+        return
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        logger.warning("vllm-fp4-moe-plugin: the fleet check did not run in this process (vLLM "
+                       "built its %d-rank world without init_world_group), so the ranks were "
+                       "not compared: make sure every node runs the plugin with "
+                       "VLLM_FP4_MOE_PLUGIN=1 (%s).", dist.get_world_size(), DOCS)

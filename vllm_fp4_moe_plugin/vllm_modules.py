@@ -18,6 +18,7 @@ FLASHINFER_CUTLASS_MOE = f"{_FM}.flashinfer_cutlass_moe"
 FLASHINFER_CUTLASS_PREPARE_FINALIZE = f"{_FM}.flashinfer_cutlass_prepare_finalize"
 FUSED_MOE_MODULAR_METHOD = f"{_FM}.fused_moe_modular_method"  # MODULAR_METHOD design
 NVFP4_ORACLE = f"{_FM}.oracle.nvfp4"  # NVFP4_ORACLE design (#31692)
+PARALLEL_STATE = "vllm.distributed.parallel_state"  # the world group: fleet check
 VLLM_ENVS = "vllm.envs"  # environment_variables: the registry vLLM's Ray copy and checks read
 
 # The compressed-tensors NVFP4 MoE method: its 0.11.x name, then 0.12.0's rename (v0120 CT:195).

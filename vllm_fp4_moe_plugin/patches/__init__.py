@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from vllm_fp4_moe_plugin.patches import (
+    fleet_rendezvous,
     init_prepare_finalize,
     modular_method,
     nvfp4_oracle,
@@ -22,8 +23,9 @@ from vllm_fp4_moe_plugin.patching import ModulePatch, applied_targets
 from vllm_fp4_moe_plugin.support import Design
 
 _SLICES = {s.DESIGN: s for s in (init_prepare_finalize, modular_method, nvfp4_oracle)}
-# Entries for every design (design None), applied by register() itself: plugin_env.
-EVERY_DESIGN = plugin_env.LEDGER
+# Entries for every design (design None), applied by register() itself: plugin_env (switch
+# on), fleet_rendezvous (on, off or unset).
+EVERY_DESIGN = plugin_env.LEDGER + fleet_rendezvous.LEDGER
 LEDGER: tuple[ModulePatch, ...] = tuple(p for s in _SLICES.values() for p in s.LEDGER) + \
     EVERY_DESIGN
 
@@ -56,8 +58,20 @@ def list_plugin_env() -> list[str]:
     from vllm_fp4_moe_plugin import compat
 
     findings = compat.probe_plugin_env()
-    wanted = [p.target for p in EVERY_DESIGN if p.needed(findings)]
+    wanted = [p.target for p in plugin_env.LEDGER if p.needed(findings)]
     return apply_targets(None, wanted) if wanted else []
+
+
+def install_fleet_rendezvous() -> bool:
+    """Apply the fleet check's trigger where the probe finds vLLM's world rendezvous (every
+    switch state); False where it does not (the caller says so)."""
+    from vllm_fp4_moe_plugin import compat
+
+    findings = compat.probe_world_group_rendezvous()
+    entries = [p for p in fleet_rendezvous.LEDGER if p.needed(findings)]
+    for p in entries:
+        p.apply()
+    return bool(entries)
 
 
 def plan(observation=None) -> Plan:
@@ -160,5 +174,5 @@ def render_ledger_markdown() -> str:
 
 
 __all__ = ["EVERY_DESIGN", "LEDGER", "ModulePatch", "PatchInstallError", "Plan", "apply_all",
-           "apply_targets", "applied_targets", "entries_for_design", "list_plugin_env", "plan",
-           "revert_all", "render_ledger_markdown"]
+           "apply_targets", "applied_targets", "entries_for_design", "install_fleet_rendezvous",
+           "list_plugin_env", "plan", "revert_all", "render_ledger_markdown"]

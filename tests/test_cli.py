@@ -1,4 +1,5 @@
-"""The console script's subcommands, as a user calls them (exit codes, --json keys)."""
+"""The console scripts' subcommands (vllm-fp4-moe, vllm-fp4-moe-lab), as a user calls them
+(exit codes, --json keys)."""
 
 import json
 import subprocess
@@ -12,8 +13,12 @@ ROW_KEYS = {"format", "layout", "backend", "stock_rel_err", "plugin_rel_err", "b
             "noise_floor", "plugin_fp32_err", "ok"}
 
 
+LAB_COMMANDS = ("matrix", "make-checkpoint", "demo")  # vllm-fp4-moe-lab's; the rest are served
+
+
 def cli(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "vllm_fp4_moe_plugin.cli", *args],
+    module = "fp4_moe_lab.cli" if args[0] in LAB_COMMANDS else "vllm_fp4_moe_plugin.cli"
+    return subprocess.run([sys.executable, "-m", module, *args],
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -18,10 +18,16 @@ CHECKOUT_PATH = os.pathsep.join([str(REPO), str(REPO / "lab")])
 pytestmark = [pytest.mark.cpu, pytest.mark.unit]
 
 
+LAB_COMMANDS = ("matrix", "make-checkpoint", "demo")  # vllm-fp4-moe-lab's
+
+
 def run(capsys, *args):
-    """``cli.main`` in-process: (exit code, stdout, stderr)."""
+    """``main`` of the script that has the command, in-process: (exit code, stdout, stderr)."""
+    from fp4_moe_lab import cli as lab_cli
+
+    main = lab_cli.main if args and args[0] in LAB_COMMANDS else cli.main
     try:
-        code = cli.main([str(a) for a in args])
+        code = main([str(a) for a in args])
     except SystemExit as exc:  # argparse
         code = exc.code
     out, err = capsys.readouterr()
@@ -30,7 +36,9 @@ def run(capsys, *args):
 
 def run_process(*args, env=None, timeout=300):
     full = {**os.environ, "PYTHONPATH": CHECKOUT_PATH, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "vllm_fp4_moe_plugin.cli", *map(str, args)],
+    command = next((str(a) for a in args if not str(a).startswith("-")), "")
+    module = "fp4_moe_lab.cli" if command in LAB_COMMANDS else "vllm_fp4_moe_plugin.cli"
+    return subprocess.run([sys.executable, "-m", module, *map(str, args)],
                           capture_output=True, text=True, env=full, timeout=timeout)
 
 
@@ -91,16 +99,15 @@ def test_exit_codes_are_distinct():
     assert cli.EXIT_INTERNAL not in doctor.VERDICTS  # no subcommand returns it as a result
 
 
-@pytest.mark.parametrize("args", [["demo"], ["matrix", "--tokens", "4"],
-                                  ["make-checkpoint", "out", "--spread", "2"]])
-def test_development_commands_without_the_lab_exit_2(capsys, monkeypatch, tmp_path, args):
-    """Where only the wheel is installed (no fp4_moe_lab), matrix, demo and make-checkpoint
-    parse their arguments as usual, then exit 2 with one line naming what is missing."""
-    monkeypatch.setitem(sys.modules, "fp4_moe_lab", None)  # import fails: ModuleNotFoundError
-    monkeypatch.chdir(tmp_path)
-    code, out, err = run(capsys, *args)
-    assert_bad_input(code, err)
-    assert err == (f"vllm-fp4-moe {args[0]}: error: {args[0]} is a development tool: it needs "
-                   "the lab package from a checkout of this repository (./scripts/bootstrap.sh "
-                   "installs it)\n")
-    assert out == "" and list(tmp_path.iterdir()) == []
+@pytest.mark.parametrize("command", LAB_COMMANDS)
+def test_the_operators_script_has_no_development_commands(capsys, command):
+    """matrix, demo and make-checkpoint are the lab's (``vllm-fp4-moe-lab``): the serving
+    script refuses them like any unknown command, and nothing of the lab is imported."""
+    sys.modules.pop("fp4_moe_lab.commands", None)
+    try:
+        code = cli.main([command])
+    except SystemExit as exc:
+        code = exc.code
+    _, err = capsys.readouterr()
+    assert_bad_input(code, err, "invalid choice", f"'{command}'")
+    assert "fp4_moe_lab.commands" not in sys.modules

@@ -1,9 +1,10 @@
 """The exit-code contract: 0 fine, 1 a finding, 2 bad input (one line on stderr
 naming the input), 70 internal error (traceback only with --debug / VLLM_FP4_MOE_DEBUG=1).
 
-One parametrized test per class of bad input. Most call ``cli.main`` in-process (the same code
-path as the console script, without a new interpreter); a few run the real ``python -m`` to
-prove the process-level behaviour (exit status, nothing but one line on stderr)."""
+One parametrized test per class of bad input. Most call a script's ``main`` in-process (the
+same code path as the console script, without a new interpreter); a few run the real
+``python -m`` to prove the process-level behaviour (exit status, nothing but one line on
+stderr)."""
 
 import json
 import os
@@ -230,8 +231,10 @@ def test_make_checkpoint_bad_set(capsys, tmp_path, item, fragment):
 
 
 def test_make_checkpoint_help_documents_set_keys(capsys):
+    from fp4_moe_lab import cli as lab_cli
+
     with pytest.raises(SystemExit):
-        cli.main(["make-checkpoint", "--help"])
+        lab_cli.main(["make-checkpoint", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     for text in ("KEY=INT", "moe_intermediate_size", "n_routed_experts", "num_experts",
                  "229376"):

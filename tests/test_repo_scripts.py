@@ -25,7 +25,7 @@ def test_eval_script_rejects_unknown_layout():
 def test_readme_opens_with_demo_and_test_commands():
     text = (ROOT / "README.md").read_text()
     head = text[: text.index("## ")] if "## " in text else text
-    assert "./scripts/bootstrap.sh && .venv/bin/vllm-fp4-moe demo" in head
+    assert "./scripts/bootstrap.sh && .venv/bin/vllm-fp4-moe-lab demo" in head
     assert "./scripts/test.sh" in head
     ci = (ROOT / ".ci" / "run").read_text()
     assert "./scripts/test.sh" in ci

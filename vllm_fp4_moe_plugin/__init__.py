@@ -8,22 +8,19 @@ probe and the patches run when vLLM first imports its NVFP4 MoE modules (:mod:`.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
 
 from vllm_fp4_moe_plugin import envs, import_hook  # cheap, vLLM-free
+from vllm_fp4_moe_plugin import vllm_modules as vm  # vLLM-free
 from vllm_fp4_moe_plugin.log import get_logger
 from vllm_fp4_moe_plugin.param_watch import ParamWatch  # cheap: torch's hook, installed lazily
-from vllm_fp4_moe_plugin.vllm_modules import (  # vLLM-free
-    MODELOPT,
-    NVFP4_MOE_MARKERS,
-    PARALLEL_STATE,
-    TRIGGER_MODULES,
-)
 
 __version__ = "0.1.0"
 
-# None until register() runs; then "inert", "pending", "inactive", "active" or "failed" (a
-# patch could not be applied: none is, and importing vLLM's NVFP4 MoE modules raises).
+# None until register(); then "inert", "pending", "inactive", "active" or "failed" (a patch
+# could not be applied: none is, and importing vLLM's NVFP4 MoE modules raises).
 _state: str | None = None
 _reason: str = ""
 _design = None  # support.Design the probe saw when the switch is on (None: unknown / not yet)
@@ -61,40 +58,36 @@ def register() -> None:
     _state, _reason = "pending", "waiting for vLLM to import its NVFP4 MoE modules"
     if not launched_on:  # the first process of the deployment: what it starts inherits this
         os.environ["VLLM_FP4_MOE_PLUGIN_LAUNCHER"] = "1"
-    import_hook.run_after_first_import(TRIGGER_MODULES, _install)
+    import_hook.run_after_first_import(vm.TRIGGER_MODULES, _install)
     _join_fleet()
     _unchecked_watch.install()
 
 
 def _join_fleet() -> None:
-    """Take part in the fleet check (fleet.py) at vLLM's distributed initialisation."""
     from vllm_fp4_moe_plugin import fleet  # cheap: no torch, no vLLM at import
 
     fleet.use_reporter(_report)
-    import_hook.run_after_first_import((PARALLEL_STATE,), _install_fleet_rendezvous)
+    import_hook.run_after_first_import((vm.PARALLEL_STATE,), _install_fleet_rendezvous)
 
 
 def _install_fleet_rendezvous() -> None:
-    """The fleet check's trigger (patches/fleet_rendezvous). Never stops a process: where it
-    cannot be installed a rank with the switch on says so (WARNING), one that is off does not."""
+    """Never stops a process: where it cannot be installed, only a rank that is on says so."""
     from vllm_fp4_moe_plugin import patches
 
     try:
         if patches.install_fleet_rendezvous():
             return
-        why = "its init_distributed_environment does not build the world group through " \
-              "init_world_group"
-    except Exception as exc:  # noqa: BLE001 (off must not stop vLLM; on says why below)
+        why = "init_distributed_environment does not call init_world_group"
+    except Exception as exc:  # off must not stop vLLM
         why = f"{type(exc).__name__}: {exc}"
-    log = get_logger().debug if _state == "inert" else get_logger().warning
-    log("vllm-fp4-moe-plugin: the fleet check cannot run on this vLLM (%s), so ranks are not "
+    (get_logger().debug if _state == "inert" else get_logger().warning)(
+        "vllm-fp4-moe-plugin: the fleet check cannot run on this vLLM (%s), so ranks are not "
         "compared: set VLLM_FP4_MOE_PLUGIN=1 on every node yourself (docs/DEPLOYING.md).", why)
 
 
 def _list_plugin_env() -> None:
-    """The every-design ledger entries: vLLM lists the plugin's variables. Not part of the MoE
-    fix's all-or-nothing: on failure the fleet check still stops a fleet whose workers lack the
-    switch, and this WARNING says how to give it to them."""
+    """vLLM lists the plugin's variables; outside the MoE fix's all-or-nothing (the fleet check
+    stops workers that miss the switch; the WARNING says how to give it to them)."""
     from vllm_fp4_moe_plugin import patches
 
     try:
@@ -107,25 +100,19 @@ def _list_plugin_env() -> None:
 
 
 def _report():
-    """What this process runs, for the fleet check. With the switch on and vLLM's NVFP4 MoE
-    modules not imported yet, import one now (the probe and the patches run), so the fleet
-    compares what this process will serve."""
+    """For the fleet check: what this process will serve (switch on and still pending: import
+    a trigger module now, so the probe and the patches run first)."""
     from vllm_fp4_moe_plugin.fleet import Report
 
     if _state == "pending":
-        import importlib
-
-        try:
-            importlib.import_module(MODELOPT)
-        except ImportError:  # a vLLM without it: the report says "pending"
-            pass
+        with contextlib.suppress(ImportError):  # a vLLM without it: reported as "pending"
+            importlib.import_module(vm.MODELOPT)
     return Report(__version__, _state, _reason, _design)
 
 
 def _on_parameter(module, name: str, param) -> None:
-    """The first NVFP4 MoE layer of a process with the switch on: say so if the fleet check
-    never ran in a world of several ranks (a vLLM that built its world another way)."""
-    if name in NVFP4_MOE_MARKERS:
+    """The first NVFP4 MoE layer, switch on: warn if the fleet check never ran."""
+    if name in vm.NVFP4_MOE_MARKERS:
         _unchecked_watch.stop()
         from vllm_fp4_moe_plugin import fleet
 
@@ -169,7 +156,7 @@ def _install_fix() -> None:
     except patches.PatchInstallError as exc:
         _state, _reason = "failed", str(exc)
         logger.error("%s", exc)
-        import_hook.refuse(TRIGGER_MODULES, exc)  # a retried import must not serve unpatched
+        import_hook.refuse(vm.TRIGGER_MODULES, exc)  # a retried import must not serve unpatched
         raise
     _state, _reason = "active", result.reason
     from vllm_fp4_moe_plugin import unloaded
@@ -193,15 +180,9 @@ def _refuse_or_warn_inactive(reason: str) -> None:
                                     "(docs/SUPPORT.md), or unset the strict check to serve "
                                     "stock vLLM.")
         get_logger().error("%s", error)
-        import_hook.refuse(TRIGGER_MODULES, error)
+        import_hook.refuse(vm.TRIGGER_MODULES, error)
         raise error
     get_logger().warning("%s.", message)
-
-
-def design():
-    """The vLLM MoE design the probe saw in this process (None if the switch is off, before
-    the probe ran, or if the design is unknown)."""
-    return _design
 
 
 def state() -> tuple[str | None, str]:
@@ -212,12 +193,10 @@ def state() -> tuple[str | None, str]:
 def _reset_for_tests() -> None:
     """Undo register(): revert patches, drop a pending import hook, forget the decision."""
     global _state, _reason, _design
-    from vllm_fp4_moe_plugin import off_warning, patches
+    from vllm_fp4_moe_plugin import fleet, off_warning, patches, unloaded
 
     import_hook.remove()
     off_warning.remove()
-    from vllm_fp4_moe_plugin import fleet, unloaded
-
     patches.revert_all()
     _unchecked_watch.remove()
     fleet._reset_for_tests()

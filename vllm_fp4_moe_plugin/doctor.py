@@ -7,12 +7,13 @@ the verdict. Exit codes: 0 fine, 1 at risk, 2 cannot tell.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata as md
 import logging
 import os
 from typing import Optional
 
-from vllm_fp4_moe_plugin import envs, patches, support
+from vllm_fp4_moe_plugin import compat, envs, patches, support
 from vllm_fp4_moe_plugin.support import Design, Layout
 
 FINE, AT_RISK, CANNOT_TELL = 0, 1, 2
@@ -106,13 +107,8 @@ def deployment() -> dict:
         out["timeout_s"] = envs.VLLM_FP4_MOE_PLUGIN_TIMEOUT_S
     except ValueError:
         pass
-    try:
-        from vllm_fp4_moe_plugin import compat
-
-        out["fleet_rendezvous"] = bool(
-            compat.probe_world_group_rendezvous()["world_group_rendezvous"])
-    except Exception:  # no vLLM here: unknown
-        pass
+    with contextlib.suppress(Exception):  # no vLLM here: unknown
+        out["fleet_rendezvous"] = compat.probe_world_group_rendezvous()["world_group_rendezvous"]
     try:
         from vllm.ray import ray_env
     except Exception as exc:  # no vLLM, or one without the helper
@@ -419,13 +415,10 @@ def format_doctor(r: dict) -> str:
                          f"{yes(ray['copies_switch_with_plugin'])}"
                          + (f" (excluded by {ray['excluded_by']})" if ray["excluded_by"] else ""))
         wait = f"{dep['timeout_s']:g} s" if dep["timeout_s"] else "(invalid timeout)"
-        where = {True: "every rank at vLLM's distributed initialisation (init_world_group); "
-                       "refuses a fleet in which some ranks run the fix and others do not, "
-                       "never waits where none does",
-                 False: "cannot run on this vLLM (its init_distributed_environment does not "
-                        "call init_world_group): set the switch on every node yourself",
-                 None: "not readable here"}[dep.get("fleet_rendezvous")]
-        lines.append(f"  fleet check: {where}")
+        lines.append("  fleet check: " + {
+            True: "every rank at vLLM's distributed initialisation (init_world_group)",
+            False: "cannot run on this vLLM (no init_world_group): set the switch everywhere",
+            None: "not readable here"}[dep.get("fleet_rendezvous")])
         lines.append(f"  scale agreement (DP+EP layers, after loading): waits up to {wait} "
                      "(VLLM_FP4_MOE_PLUGIN_TIMEOUT_S)")
     lay = r["layout"]

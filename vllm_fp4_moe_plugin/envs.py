@@ -61,10 +61,9 @@ def _seconds(name: str, default: float) -> Callable[[], float]:
     return parse
 
 
-# How long a rank waits at load for the other ranks of its deployment (the fleet check, each
-# layer's scale agreement) before it names those that did not arrive. Ranks finish loading
-# their weights at different times; 10 min covers the skew of a large checkpoint read from
-# shared storage, and stays under the 30 min after which torch's own gloo groups give up.
+# How long a rank waits for its EP group at each layer's load-time scale agreement (after the
+# weights load; the fleet check does not wait on it): torch's default NCCL timeout, which vLLM's
+# own first collectives after loading wait too, so the plugin is never the first to give up.
 DEFAULT_TIMEOUT_S = 600.0
 
 environment_variables: dict[str, Callable[[], Any]] = {

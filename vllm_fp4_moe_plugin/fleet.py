@@ -1,21 +1,13 @@
 """The fleet check: a rank that runs the fix never serves next to a rank that does not.
 
-The fix is per process: ranks that disagree (one node without ``VLLM_FP4_MOE_PLUGIN=1``, or
-without the plugin, or with another plugin version or vLLM MoE design) compute the NVFP4 MoE
-layers with different scales, silently in TP-like layouts. A rank that is off, or has no plugin,
-computes as stock vLLM: ranks that all compute as stock agree, whatever they have installed.
-
-When: every rank of every vLLM design builds vLLM's world group
-(``parallel_state.init_world_group``) in ``init_distributed_environment``, whatever its pipeline
-stage holds and whatever executor started it, before any weight is loaded
-(``patches/fleet_rendezvous``). Each process with the plugin writes its :class:`RankState` to
-the world's rendezvous store just *before* that group is built and reads the others' just
-*after*. Building it connects a gloo group over every rank through the same store, which returns
-on no rank until every rank has joined: by then every rank that has the plugin has written, and a
-rank that has not written has no plugin (or one without this check). So nobody waits: an off rank
-reads and goes on, and a rank with the switch on allows :data:`GRACE_S` for a report still in
-flight (possible only where gloo connects lazily, ``TORCH_GLOO_LAZY_INIT=1``). Decision table:
-docs/DEPLOYING.md, "The fleet check"; :func:`decide`.
+Ranks that disagree compute the NVFP4 MoE layers with different scales, silently in TP-like
+layouts. A rank that is off, or has no plugin, computes as stock: a fleet of those agrees.
+Every worker builds vLLM's world group in ``init_distributed_environment``, whatever its stage
+holds (``patches/fleet_rendezvous``). A process with the plugin writes its :class:`RankState` to
+the world's store just before, and reads everyone's just after: building the group connects
+every rank through that store, so by then every rank with the plugin has written, and one that
+has not has no plugin. Nobody waits, except a rank running the fix next to a missing one
+(:data:`GRACE_S`). The rules: :func:`decide`; docs/DEPLOYING.md, "The fleet check".
 """
 
 from __future__ import annotations
@@ -34,33 +26,25 @@ from vllm_fp4_moe_plugin.log import get_logger
 logger = get_logger("fleet")
 
 STORE_PREFIX = "vllm_fp4_moe_plugin/fleet/v2/"
-# What must be equal on every rank when any rank runs the fix; the other fields say where a
-# rank is. ``design`` is compared among ranks with the switch on only (an off rank never
-# probes vLLM: it must not import what stock vLLM would not).
+# Compared when any rank runs the fix; the design only among ranks that are on (an off rank
+# does not probe vLLM: it must import nothing stock vLLM would not).
 AGREED = ("version", "design", "mode")
 DOCS = "docs/DEPLOYING.md"
 LAUNCHER = "VLLM_FP4_MOE_PLUGIN_LAUNCHER"  # envs.py: set by a deployment's first process
-REFUSED = "vllm-fp4-moe-plugin fleet check refused:"  # how every refusal starts (grep for it)
-# How long a rank with the switch on waits, after vLLM's world rendezvous, for ranks that have
-# not reported. Measured: 0 s in every run (the rendezvous orders the reports before it); the
-# grace only covers a gloo world group that connects lazily, whose ranks reach the rendezvous
-# within seconds of each other (they have just joined torch's own). Under the 60 s within
-# which a mixed fleet must refuse.
+REFUSED = "vllm-fp4-moe-plugin fleet check refused:"  # how every refusal starts
+# A rank running the fix waits this long for ranks missing after the rendezvous: reports are
+# ordered before it (0 s measured), except where gloo connects lazily (TORCH_GLOO_LAZY_INIT).
+# Under the 60 s within which a mixed fleet must refuse.
 GRACE_S = 30.0
-
-# decide()'s verdicts
-STOCK = "stock"  # no rank that reported asks for the fix: every rank computes as stock vLLM
-AGREED_ON = "agreed"  # every rank reported, all run the fix the same way
-MISMATCH = "mismatch"  # ranks that reported run the plugin differently
-INCOMPLETE = "incomplete"  # the ranks that reported agree on the fix; some never reported
+STOCK, AGREED_ON, MISMATCH, INCOMPLETE = "stock", "agreed", "mismatch", "incomplete"
 
 
 class FleetMismatchError(RuntimeError):
-    """The ranks of the deployment run the plugin differently; no rank with it loads."""
+    """Some ranks run the fix and others do not (or run another version or design)."""
 
 
 class FleetIncompleteError(RuntimeError):
-    """Ranks that run the fix are next to ranks that never reported (no plugin there)."""
+    """Ranks that run the fix are next to ranks without the plugin."""
 
 
 @dataclass(frozen=True)
@@ -80,13 +64,11 @@ class RankState:
         return (self.version, self.design if self.mode != "off" else "", self.mode)
 
     @property
-    def wants_fix(self) -> bool:
-        """The operator asked for the fix here: the switch, or the launcher's switch, is on."""
+    def wants_fix(self) -> bool:  # asked for here: by the switch, or the launcher's
         return self.switch == "1" or self.launcher_on
 
     @property
-    def overridden(self) -> bool:
-        """Launched by a process with the switch on, and off by its own environment."""
+    def overridden(self) -> bool:  # launched to be on, off by its own environment
         return self.launcher_on and self.switch != "1"
 
     def describe(self) -> str:
@@ -104,25 +86,31 @@ class RankState:
 
 
 def decide(states: Mapping[int, RankState], world: int) -> tuple[str, Optional[str]]:
-    """The verdict over the ranks that reported (``states``, by rank) in a world of ``world``
-    ranks, with the message for a refusal. A rank missing from ``states`` has no plugin: it
-    computes as stock, like a rank that is off."""
+    """(verdict, message of a refusal) over the ranks that reported, by rank. A missing rank
+    has no plugin: it computes as stock, like a rank that is off."""
     if not any(s.wants_fix for s in states.values()):
         return STOCK, None
-    missing = [r for r in range(world) if r not in states]
+    missing = ", ".join(str(r) for r in range(world) if r not in states)
     problem = disagreement(list(states.values()))
     if problem is not None:
-        if missing:
-            problem += "\n" + _missing_line(missing, world)
-        return MISMATCH, problem
+        return MISMATCH, problem + (f"\n  rank(s) {missing} of the {world}: never reported (no "
+                                    "plugin there, or one without this check)" if missing else "")
     if missing:
-        return INCOMPLETE, missing_ranks_message(missing, list(states.values()), world)
+        seen = "; ".join(f"{s.place()}: {s.describe()}" for _, s in sorted(states.items()))
+        return INCOMPLETE, (
+            f"{REFUSED} rank(s) {missing} of the {world} ranks of this deployment never "
+            "reported their plugin state at vLLM's distributed initialisation, so they compute "
+            "as stock vLLM while the ranks that reported run the fix. The plugin is not "
+            "installed there, not loaded (VLLM_PLUGINS without fp4_moe), or a version without "
+            "this check. Fix: install the same vllm-fp4-moe-plugin on every node and let vLLM "
+            f"load it, or unset VLLM_FP4_MOE_PLUGIN everywhere to serve stock vLLM ({DOCS}). "
+            f"Reported: {seen}.")
     return AGREED_ON, None
 
 
 def disagreement(states: Sequence[RankState]) -> Optional[str]:
-    """None when every rank reports the same version, mode and (switch on) design; else the
-    message: each group of ranks with what it runs, then the fix for each field that differs."""
+    """None when all report the same version, mode and (switch on) design; else the message:
+    each group of ranks with what it runs, then the fix for each field that differs."""
     groups: dict[tuple, list[RankState]] = {}
     for s in sorted(states, key=lambda s: s.rank):
         groups.setdefault(s.key(), []).append(s)
@@ -169,60 +157,24 @@ _FIXES = {
 }
 
 
-def _missing_line(missing: Sequence[int], world: int) -> str:
-    return (f"  rank(s) {', '.join(map(str, missing))} of the {world}: never reported (no "
-            "vllm-fp4-moe-plugin there, or a version without this check)")
-
-
-def missing_ranks_message(missing: Sequence[int], states: Sequence[RankState],
-                          world: int) -> str:
-    seen = "; ".join(f"{s.place()}: {s.describe()}" for s in sorted(states, key=lambda s: s.rank))
-    return (f"{REFUSED} rank(s) {', '.join(map(str, missing))} of the {world} ranks "
-            "of this deployment never reported their plugin state at vLLM's distributed "
-            "initialisation, so they compute as stock vLLM while the ranks that reported run "
-            "the fix. The plugin is not installed there, not loaded (VLLM_PLUGINS without "
-            "fp4_moe), or a version without this check. Fix: install the same "
-            "vllm-fp4-moe-plugin on every node and let vLLM load it, or unset "
-            f"VLLM_FP4_MOE_PLUGIN everywhere to serve stock vLLM ({DOCS}). Reported: {seen}.")
-
-
 # -- the rendezvous ---------------------------------------------------------------------
 
-def publish(store, state: RankState) -> None:
-    store.set(f"{STORE_PREFIX}{state.rank}", json.dumps(asdict(state)))
-
-
 def reported(store, world: int) -> dict[int, RankState]:
-    """The states written so far, by rank; never waits. Two store round trips when every rank
-    has written (the common case), two per rank otherwise."""
+    """The states written so far, by rank; never waits (two round trips when all are in)."""
     keys = [f"{STORE_PREFIX}{r}" for r in range(world)]
     if store.check(keys):
-        return {r: RankState(**json.loads(v)) for r, v in enumerate(_get_all(store, keys))}
+        try:
+            values = store.multi_get(keys)  # torch 2.4+
+        except (AttributeError, RuntimeError):
+            values = [store.get(k) for k in keys]
+        return {r: RankState(**json.loads(v)) for r, v in enumerate(values)}
     return {r: RankState(**json.loads(store.get(k))) for r, k in enumerate(keys)
             if store.check([k])}
 
 
-def _get_all(store, keys: list[str]) -> list:
-    try:
-        return store.multi_get(keys)  # torch 2.4+
-    except (AttributeError, RuntimeError):
-        return [store.get(k) for k in keys]
-
-
-def await_reports(store, world: int, grace_s: float) -> dict[int, RankState]:
-    """:func:`reported` once every rank has written, or after ``grace_s``."""
-    keys = [f"{STORE_PREFIX}{r}" for r in range(world)]
-    try:
-        store.wait(keys, timedelta(seconds=grace_s))
-    except Exception:  # DistStoreError (time is up) or the store is gone: read what is there
-        pass
-    return reported(store, world)
-
-
 @dataclass(frozen=True)
 class Report:
-    """What ``register()`` decided in this process (handed to :func:`before_rendezvous`, so
-    that this module does not import the entry point)."""
+    """What ``register()`` decided in this process (this module does not import it)."""
 
     version: str
     state: Optional[str]  # the entry point's state: "active", "inactive", "inert", ...
@@ -231,23 +183,19 @@ class Report:
 
 
 def local_state(rank: int, report: Report) -> RankState:
-    """This process's plugin state, as the fleet compares it."""
-    mode = {"active": "active", "inactive": "inactive", "pending": "pending",
-            "failed": "failed"}.get(report.state or "", "off")
-    design = "" if mode == "off" else str(report.design or "unknown")
-    return RankState(rank=rank, version=report.version, design=design, mode=mode,
-                     switch=os.environ.get("VLLM_FP4_MOE_PLUGIN", "unset"),
+    mode = report.state if report.state in ("active", "inactive", "pending", "failed") else "off"
+    return RankState(rank=rank, version=report.version,
+                     design="" if mode == "off" else str(report.design or "unknown"),
+                     mode=mode, switch=os.environ.get("VLLM_FP4_MOE_PLUGIN", "unset"),
                      host=socket.gethostname(), pid=os.getpid(), where=_vllm_ranks(rank),
                      reason=report.reason if mode == "inactive" else "",
                      launcher_on=os.environ.get(LAUNCHER) == "1")
 
 
 def _vllm_ranks(rank: int) -> str:
-    """Where world rank ``rank`` sits in vLLM's layout ("TP 1/2, PP 0/3, DP 0/2"), from the
-    current vLLM config (its groups do not exist yet at the rendezvous): vLLM numbers the world
-    DP-major, then PP, then (0.2x+) prefill context parallel, then TP
-    (parallel_state.initialize_model_parallel). Best effort."""
-    try:  # the config the worker set, never a default one (building that one logs)
+    """"TP 1/2, PP 0/3, DP 0/2" from the worker's config (no groups yet), numbered as
+    initialize_model_parallel does: DP-major, then PP, prefill context parallel, TP."""
+    try:
         found = [getattr(sys.modules.get(m), "_current_vllm_config", None)
                  for m in ("vllm.config.vllm", "vllm.config")]  # 0.12.0+, 0.11.0
         pc = next(c for c in found if c is not None).parallel_config
@@ -256,120 +204,83 @@ def _vllm_ranks(rank: int) -> str:
     except Exception:
         return ""
     inner = rank % (stage * pp)
-    out = [f"TP {inner % tp}/{tp}", f"PP {inner // stage}/{pp}"]
-    if dp > 1:
-        out.append(f"DP {rank // (stage * pp)}/{dp}")
-    return ", ".join(out)
+    dp_part = f", DP {rank // (stage * pp)}/{dp}" if dp > 1 else ""
+    return f"TP {inner % tp}/{tp}, PP {inner // stage}/{pp}{dp_part}"
 
 
-class _Rendezvous:
-    """One fleet check per process: :meth:`before` writes this rank's state, :meth:`after`
-    reads everyone's and decides (both no-ops without a distributed world of several ranks).
-    ``spent_s``: the time both took, vLLM's own rendezvous between them not counted."""
-
-    def __init__(self) -> None:
-        self.reporter: Optional[Callable[[], Report]] = None
-        self.mine: Optional[RankState] = None
-        self.world = 0
-        self.store = None
-        self.spent_s = 0.0
-        self.result: Optional[tuple[str, dict[int, RankState]]] = None
-
-    def before(self) -> None:
-        if self.result is not None or self.mine is not None or self.reporter is None:
-            return
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
-            return
-        t0 = time.monotonic()
-        mine = local_state(dist.get_rank(), self.reporter())  # on: may refuse (strict, failed)
-        try:
-            self.store = dist.distributed_c10d._get_default_store()
-            self.world = dist.get_world_size()
-            publish(self.store, mine)
-        except Exception as exc:
-            if mine.wants_fix:
-                raise
-            logger.debug("vllm-fp4-moe-plugin fleet check skipped (off): %r", exc)
-            return
-        self.mine = mine
-        self.spent_s += time.monotonic() - t0
-
-    def after(self) -> None:
-        mine, self.mine = self.mine, None
-        if mine is None:
-            return
-        t0 = time.monotonic()
-        try:
-            states = reported(self.store, self.world)
-        except Exception as exc:
-            if mine.wants_fix:
-                raise
-            logger.debug("vllm-fp4-moe-plugin fleet check skipped (off): %r", exc)
-            return
-        verdict, message = decide(states, self.world)
-        if verdict == INCOMPLETE:  # only ranks with the fix on get here: a report in flight?
-            states = await_reports(self.store, self.world, GRACE_S)
-            verdict, message = decide(states, self.world)
-        self.spent_s += time.monotonic() - t0
-        if message is not None:
-            error = (FleetMismatchError if verdict == MISMATCH else FleetIncompleteError)(
-                message)
-            logger.error("%s", error)
-            raise error
-        self.result = (verdict, states)
-        if verdict == AGREED_ON:
-            logger.info("vllm-fp4-moe-plugin fleet check: all %d ranks run %s (%.1f ms).",
-                        self.world, mine.describe().split(" (VLLM_FP4_MOE_PLUGIN")[0],
-                        self.spent_s * 1e3)
-        else:  # stock everywhere: the plugin stays quiet (at most one line is the off warning)
-            logger.debug("vllm-fp4-moe-plugin fleet check: no rank runs the fix (%d of %d "
-                         "ranks have the plugin, off); %.1f ms.", len(states), self.world,
-                         self.spent_s * 1e3)
-
-
-_rendezvous = _Rendezvous()
+_reporter: Optional[Callable[[], Report]] = None
+_pending: Optional[tuple] = None  # (store, world, this rank's state, seconds spent so far)
+_result: Optional[tuple[str, dict[int, RankState]]] = None
+spent_s = 0.0  # what the check took in this process, vLLM's rendezvous not counted
 
 
 def use_reporter(reporter: Callable[[], Report]) -> None:
-    """What register() decided, read at the rendezvous (the entry point's own ``_report``)."""
-    _rendezvous.reporter = reporter
+    global _reporter
+    _reporter = reporter
 
 
 def before_rendezvous() -> None:
-    """Called just before vLLM builds its world group: write this rank's state."""
-    _rendezvous.before()
+    """Just before vLLM builds its world group: write this rank's state (once per process)."""
+    global _pending
+    import torch.distributed as dist
+
+    if (_result is not None or _pending is not None or _reporter is None
+            or not (dist.is_available() and dist.is_initialized())
+            or dist.get_world_size() <= 1):
+        return
+    t0 = time.monotonic()
+    mine = local_state(dist.get_rank(), _reporter())  # on: may refuse (strict, failed)
+    store = dist.distributed_c10d._get_default_store()  # vLLM's own init just used it
+    store.set(f"{STORE_PREFIX}{mine.rank}", json.dumps(asdict(mine)))
+    _pending = (store, dist.get_world_size(), mine, time.monotonic() - t0)
 
 
 def after_rendezvous() -> None:
-    """Called once vLLM's world group exists: read every rank's state; raise
-    :class:`FleetMismatchError` or :class:`FleetIncompleteError` (logged as an ERROR first, so
-    each rank's log carries it) where the fleet must not serve."""
-    _rendezvous.after()
+    """Once vLLM's world group exists: read every rank's state, decide, log and raise a refusal."""
+    global _pending, _result, spent_s
+    if _pending is None:
+        return
+    (store, world, mine, spent_s), _pending = _pending, None
+    t0 = time.monotonic()
+    states = reported(store, world)
+    verdict, message = decide(states, world)
+    if verdict == INCOMPLETE:  # only ranks that run the fix get here: a report in flight?
+        try:
+            store.wait([f"{STORE_PREFIX}{r}" for r in range(world)], timedelta(seconds=GRACE_S))
+        except Exception:  # the grace is over (or the store gone): decide on what is there
+            pass
+        states = reported(store, world)
+        verdict, message = decide(states, world)
+    spent_s += time.monotonic() - t0
+    if message is not None:
+        error = (FleetMismatchError if verdict == MISMATCH else FleetIncompleteError)(message)
+        logger.error("%s", error)
+        raise error
+    _result = (verdict, states)
+    if verdict == AGREED_ON:
+        logger.info("vllm-fp4-moe-plugin fleet check: all %d ranks run %s (%.1f ms).", world,
+                    mine.describe().split(" (VLLM_FP4_MOE_PLUGIN")[0], spent_s * 1e3)
+    else:  # stock everywhere: quiet (the off warning is the plugin's one line)
+        logger.debug("vllm-fp4-moe-plugin fleet check: no rank runs the fix (%d of %d ranks "
+                     "have the plugin, off); %.1f ms.", len(states), world, spent_s * 1e3)
 
 
 def checked() -> Optional[tuple[str, dict[int, RankState]]]:
     """(verdict, states by rank) once this process's check has passed; else None."""
-    return _rendezvous.result
-
-
-def _reset_for_tests() -> None:
-    reporter = _rendezvous.reporter
-    _rendezvous.__init__()
-    _rendezvous.reporter = reporter
+    return _result
 
 
 def warn_if_unchecked() -> None:
-    """A WARNING where a process with the switch on builds an NVFP4 MoE layer in a world of
-    several ranks whose fleet check never ran (vLLM built its world without
-    ``init_world_group``: elastic EP, a design the probe does not know)."""
-    if _rendezvous.result is not None:
-        return
+    """Switch on, an NVFP4 MoE layer, several ranks, no check (elastic EP builds no world group)."""
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+    if _result is None and dist.is_initialized() and dist.get_world_size() > 1:
         logger.warning("vllm-fp4-moe-plugin: the fleet check did not run in this process (vLLM "
                        "built its %d-rank world without init_world_group), so the ranks were "
                        "not compared: make sure every node runs the plugin with "
                        "VLLM_FP4_MOE_PLUGIN=1 (%s).", dist.get_world_size(), DOCS)
+
+
+def _reset_for_tests() -> None:
+    global _pending, _result, spent_s
+    _pending, _result, spent_s = None, None, 0.0

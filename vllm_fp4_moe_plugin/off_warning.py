@@ -1,12 +1,10 @@
 """One WARNING per process when the plugin is installed, off, and a layer needs it.
 
-"Off" must leave vLLM untouched: a read-only parameter-registration hook (:mod:`.param_watch`)
-sees each NVFP4 MoE layer load and asks ``support.stock_hole`` whether stock computes it wrongly.
-The pre-oracle designs register the per-expert ``w13_input_scale_quant`` after loading (v0110
-modelopt.py:1317, compressed_tensors_moe.py:307): at risk if it is not uniform. On the oracle
-design the hole depends on the *other* ranks' scales, which one process cannot see: it warns
-when compressed-tensors registers ``w13_input_global_scale`` in such a layout, naming the audit
-command. The hook stops after warning once.
+Read-only: a parameter-registration hook (:mod:`.param_watch`) asks ``support.stock_hole`` about
+each NVFP4 MoE layer. Pre-oracle designs: at risk if the per-expert ``w13_input_scale_quant``
+registered after loading (v0110 modelopt.py:1317, compressed_tensors_moe.py:307) is not uniform.
+Oracle design (the hole is in other ranks' scales): compressed-tensors in such a layout, naming
+the audit command. Stops after warning once; never waits, never refuses.
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ _APPLIED: dict[tuple[str, str], tuple[Any, Any]] = {}
 
 
 class PatchConflictError(RuntimeError):
-    """Someone else replaced a symbol we want to patch; refusing to stack on top of it."""
+    """Re-applying found the symbol replaced since by someone else (another plugin patching it
+    too): refused rather than overwrite their replacement."""
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@
 * :mod:`.nvfp4` -- NVFP4 math, FlashInfer/TRT-LLM kernel emulators and fp32 oracles (pure torch).
 * :mod:`.simulation` -- the CPU simulation of Blackwell that runs real vLLM MoE layers.
 * :mod:`.checkpoint` -- tiny deterministic NVFP4 MoE checkpoints.
-* :mod:`.demo`, :mod:`.commands` -- ``vllm-fp4-moe demo | matrix | make-checkpoint``, which the
-  serving CLI (``vllm_fp4_moe_plugin.cli``) dispatches here.
+* :mod:`.cli`, :mod:`.commands`, :mod:`.demo` -- the ``vllm-fp4-moe-lab`` console script:
+  ``demo | matrix | make-checkpoint``.
 
-It imports the serving package; the serving package never imports it (except that dispatch).
+It imports the serving package; the serving package never imports it.
 """

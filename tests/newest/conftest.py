@@ -16,14 +16,14 @@ collect_ignore_glob = collect_ignore_for("nvfp4_oracle")
 
 @pytest.fixture(scope="session")
 def matrix_rows():
-    """``vllm-fp4-moe matrix --json`` on the installed release, run once per session: every
+    """``vllm-fp4-moe-lab matrix --json`` on the installed release, run once per session: every
     layout x format x backend (CUTLASS and TRT-LLM) is the slowest thing in this suite, so the
     command's own test and the per-backend row checks all read this one run."""
     import json
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-m", "vllm_fp4_moe_plugin.cli", "matrix", "--json"],
+    r = subprocess.run([sys.executable, "-m", "fp4_moe_lab.cli", "matrix", "--json"],
                        capture_output=True, text=True, timeout=2400)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout)

@@ -47,7 +47,7 @@ def _inject_failure(monkeypatch, target):
 def test_failure_in_any_patch_leaves_vllm_unpatched(fresh_plugin, monkeypatch, target):
     from vllm_fp4_moe_plugin import patches
 
-    for trigger in fresh_plugin.TRIGGER_MODULES:  # imported: the install runs in register()
+    for trigger in fresh_plugin.vm.TRIGGER_MODULES:  # imported: the install runs in register()
         try:
             importlib.import_module(trigger)
         except ModuleNotFoundError:  # a trigger of another release's design

@@ -71,7 +71,7 @@ def _rank(rank: int, world: int, port: int, setup: dict, queue) -> None:
     except Exception as exc:  # the fleet's refusal, or (a rank without the plugin) its peer gone
         result = (type(exc).__name__, str(exc))
     queue.put((rank, result, arrived, time.time(), plugin.state()[0],
-               fleet._rendezvous.spent_s))
+               fleet.spent_s))
     try:
         ps.destroy_model_parallel()
         ps.destroy_distributed_environment()

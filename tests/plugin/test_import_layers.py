@@ -155,9 +155,6 @@ def test_vllm_free_modules_import_no_vllm_at_module_level(module):
 
 
 LAB = "fp4_moe_lab"
-# The one place the serving package may import the lab: the CLI's dispatch of matrix, demo and
-# make-checkpoint, inside a function (a module-level import would make the wheel need the lab).
-LAB_DISPATCH = {(f"{PKG}.cli", "_cmd_lab")}
 
 
 def _lab_imports(name: str, path: Path) -> list[tuple[str, int]]:
@@ -179,18 +176,10 @@ def _lab_imports(name: str, path: Path) -> list[tuple[str, int]]:
 
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_the_serving_package_never_imports_the_lab(module):
-    """The lab (lab/fp4_moe_lab) imports the serving package, not the other way round: the
-    wheel users install has no lab. Only the CLI's dispatch, function-local, may reach it."""
-    bad = [(where, line) for where, line in _lab_imports(module, MODULES[module])
-           if (module, where) not in LAB_DISPATCH]
+    """The lab (lab/fp4_moe_lab) imports the serving package, not the other way round, not even
+    inside a function: the wheel users install has no lab, and no import runs in a circle."""
+    bad = _lab_imports(module, MODULES[module])
     assert not bad, f"{module} imports {LAB} at {bad}"
-
-
-def test_the_cli_dispatch_to_the_lab_is_seen():
-    """The check above would see the dispatch (so an allow-list entry that no longer matches
-    anything is noticed), and a module-level import of the lab."""
-    assert _lab_imports(f"{PKG}.cli", MODULES[f"{PKG}.cli"]) and all(
-        where == "_cmd_lab" for where, _ in _lab_imports(f"{PKG}.cli", MODULES[f"{PKG}.cli"]))
 
 
 def test_the_analysis_sees_a_planted_lab_import(tmp_path):

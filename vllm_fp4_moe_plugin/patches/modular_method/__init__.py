@@ -74,16 +74,9 @@ def _all2allv_needed(findings) -> bool:
 _CT_DP_WHY = ("vLLM 0.11.1 fixed ModelOpt's DP path (#26135) but not compressed-tensors': with DP "
               "dispatch its per-expert w13_input_scale_quant is still pre-quantized with element "
               "0 while g1_alphas stay per expert (v0111 CT:358-368, v0120 CT:378-393).")
-_CT_DP_HOW = ("Subclass with the same name, rebound where CompressedTensorsMoEMethod."
-              "get_moe_method looks it up. Before upstream's process_weights_after_loading, on "
-              "every path but Marlin (which reads no activation scale): an expert whose input "
-              "global scale is uncalibrated (0, negative, far from the layer's amax: "
-              "scale_check.uncalibrated) or absent from the checkpoint (unloaded.py) gets the "
-              "calibrated experts' max amax (a no-op for calibrated checkpoints). Only with "
-              "DP + FlashInfer CUTLASS: validates the raw scales first, then after upstream's "
-              "code sets every element of w13_input_scale_quant to the MIN over the EP group "
-              "and rebuilds g1_alphas (no-op when the group's scales are already equal). "
-              "select_gemm_impl adds the read-only load-time check.")
+_CT_DP_HOW = ("Same-named subclass rebound where get_moe_method looks it up: uncalibrated or "
+              "missing input scales repaired; with DP + FlashInfer CUTLASS, w13_input_scale_quant "
+              "becomes the EP group's min and g1_alphas are rebuilt (compressed_tensors_dp.py).")
 
 LEDGER: tuple[ModulePatch, ...] = (
     *(ModulePatch(
@@ -93,10 +86,8 @@ LEDGER: tuple[ModulePatch, ...] = (
         how=_CT_DP_HOW,
         upstream=("None in the modular_method design (0.11.1-0.13.0); 0.14.0 changed the "
                   "design (#31692). See docs/SUPPORT.md."),
-        remove_when=("compat finding 'compressed_tensors_dp_scale_shared' turns true (the "
-                     "behavioural probe runs the method's own process_weights_after_loading on "
-                     "experts with different input scales and sees one shared scale), or the "
-                     "design goes; delete this folder when 0.13.0 is no longer supported."),
+        remove_when=("compat finding 'compressed_tensors_dp_scale_shared' turns true (its "
+                     "behavioural probe sees one shared scale), or 0.13.0 leaves support."),
     ) for name, releases in zip(vm.CT_NVFP4_CLASS_NAMES,
                                 ("0.11.1 and 0.11.2",
                                  "0.12.0 and 0.13.0 (renamed there, v0120 CT:195)"))),
@@ -109,13 +100,9 @@ LEDGER: tuple[ModulePatch, ...] = (
              "1348-1357): one absurd or leftover value becomes every token's scale (an all-zero "
              "layer, measured). NaN, inf, 0 and denormal input_scale values do the same or "
              "produce NaN."),
-        how=("Same-named subclass rebound in the modelopt module, where ModelOptConfig."
-             "get_quant_method looks it up. Before upstream's process_weights_after_loading: "
-             "refuses NaN, inf, zero or negative weight global scales naming the expert, and "
-             "gives an expert whose input_scale is uncalibrated (scale_check.uncalibrated) or "
-             "absent from the checkpoint (unloaded.py) the calibrated experts' max amax (ModelOpt "
-             "exporter's own rule); a no-op for calibrated checkpoints. Marlin reads no "
-             "activation scale and is skipped. Everything else is upstream's."),
+        how=("Same-named subclass rebound where ModelOptConfig.get_quant_method looks it up: "
+             "before upstream's process_weights_after_loading, weight scales checked and "
+             "uncalibrated or missing input scales repaired (modelopt_uncalibrated.py)."),
         upstream=("vllm#45320 (open) would refuse such checkpoints with a ValueError; vllm#54444 "
                   "(open) likewise; none in 0.11.1-0.13.0."),
         remove_when=("the design goes (delete this folder when 0.13.0 is no longer supported), "

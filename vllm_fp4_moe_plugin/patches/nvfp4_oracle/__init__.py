@@ -38,26 +38,16 @@ LEDGER: tuple[ModulePatch, ...] = tuple(ModulePatch(
          "FlashInfer NVLink one/two-sided, DeepEP-LL with NVFP4 dispatch) quantizes with the "
          "sender's max while the owning rank's g1_alphas fold in its own: GEMM1 off by their "
          "ratio. " + what),
-    how=("Wrapper rebound in the oracle module, where convert_to_nvfp4_moe_kernel_format "
-         "looks the helper up at call time. Validates the checkpoint's weight global scales "
-         "and gives uncalibrated experts' a13_scale/a2_scale entries (scale_check."
-         "uncalibrated: any value no calibration produced) the calibrated experts' max amax, "
-         "before any collapse; when "
-         "the layer uses the all-to-all kernels with EP > 1, a global-scale backend and a "
-         "sender-side dispatcher (and not EPLB on 0.28.0+, which already agrees), replaces "
-         "a13_scale by the EP group's max (one MAX all-reduce of a scalar per layer, at "
-         "load) before upstream's code collapses it and folds it into g1_alphas. Every other "
-         "call with calibrated scales passes its arguments through unchanged; ModelOpt's "
-         "local max already is the global one, so its values do not change."),
+    how=("Wraps the helper where the oracle looks it up at call time: weight scales checked, "
+         "uncalibrated experts repaired, and under DP+EP with a sender-side dispatcher and a "
+         "global-scale backend a13_scale becomes the EP group's max (ep_agreed_gemm1_scale.py)."),
     upstream=("Open as of vLLM 0.34.0; #48355 (0.28.0) agrees the scale only with "
               "--enable-eplb. An upstream fix would load compressed-tensors' input global "
               "scales for every expert (as ModelOpt does) or all-reduce whenever the "
               "all-to-all kernels are used."),
-    remove_when=("A release's focused suite (tests/newest on that release) shows stock "
-                 "compressed-tensors consistent on the dp_ep rows and stock at the reference on "
-                 "the uncalibrated rows (matrix --uncalibrated); or compat finding "
-                 "'oracle_helpers_take_layer_and_a13_scale' turns false (the plugin then "
-                 "stays inactive on its own)."),
+    remove_when=("tests/newest on a release shows stock at the reference on the dp_ep and "
+                 "uncalibrated rows, or finding 'oracle_helpers_take_layer_and_a13_scale' turns "
+                 "false (the plugin then stays inactive on its own)."),
 ) for name, what in zip(vm.ORACLE_HELPERS, (
     "This helper serves FlashInfer TRT-LLM, CUTLASS (and B12X) in every release of the "
     "design, and CuteDSL in 0.14.x.",

@@ -43,10 +43,8 @@ LEDGER: tuple[ModulePatch, ...] = (ModulePatch(
          "start with --fail-on-environ-validation (v0.32.0 vllm/platforms/interface.py:"
          "1446-1459)."),
     how=("Rebinds vllm.envs.environment_variables to a copy that also lists the plugin's "
-         "variables, each read as vLLM reads its own (the raw string from the environment; the "
-         "plugin parses it). get_env_vars_to_copy and validate_environ read the registry by "
-         "attribute at call time, so the copy is in effect for every worker vLLM starts "
-         "after register(). vLLM's own entries are the same objects."),
+         "variables (read raw, as vLLM reads its own); get_env_vars_to_copy and validate_environ "
+         "read the registry at call time, so every worker started after register() sees it."),
     upstream=("None: vLLM has no way for a plugin to declare its environment variables; "
               "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY (0.14.0+) does it by hand for Ray."),
     remove_when=("vLLM lets plugins declare environment variables (then declare them there), "

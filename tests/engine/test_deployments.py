@@ -231,8 +231,11 @@ def plugin_lines(log: str, levels=("INFO", "WARNING", "ERROR")) -> list[str]:
             and any(f" {lv} " in ln for lv in levels)]
 
 
+# 0.32.0 only: vLLM 0.11.0's DeepseekV2ForCausalLM refuses a stage without MoE layers, with or
+# without the plugin ("No DeepseekV2MoE layer found in model.layers.", models/deepseek_v2.py:1242);
+# tests/plugin/test_fleet.py runs 0.11.0's distributed initialisation with a dense stage.
 PP_LAYOUTS = [pytest.param("mp-pp2-dense-stage", "0.32.0", 2, marks=CI),
-              ("mp-pp3", "0.32.0", 3), ("mp-pp2-dense-stage", "0.11.0", 2)]
+              ("mp-pp3", "0.32.0", 3)]
 
 
 @pytest.mark.parametrize("layout,world,ranks", PP_LAYOUTS)
@@ -252,8 +255,7 @@ def test_a_dense_first_stage_serves_with_the_switch_on(layout, world, ranks):
     """Every stage, the dense one too, runs the plugin and agrees; answers are the one-worker
     run's."""
     on, result = _deepseek(layout, world)
-    at_least = ranks + (2 if world == "0.32.0" else 1)  # + API server and engine core (0.11.0:
-    assert_active_everywhere(result, ranks=ranks, at_least=at_least)  # its server logs none)
+    assert_active_everywhere(result, ranks=ranks, at_least=ranks + 2)  # + API server, core
     assert on == _deepseek("mp-pp1", world)[0]
 
 

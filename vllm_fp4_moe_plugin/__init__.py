@@ -162,9 +162,11 @@ def _install_fix() -> None:
     from vllm_fp4_moe_plugin import unloaded
     from vllm_fp4_moe_plugin.support import Design
 
-    # activation scales the checkpoint lacks become known, not guessed
-    unloaded.watch(unloaded.any_layer if result.design is Design.NVFP4_ORACLE
-                   else unloaded.repaired_by_plugin_class)
+    # activation scales the checkpoint lacks become known, not guessed (unless vLLM itself
+    # initialises them to NaN and repairs them: finding upstream_repairs_uncalibrated)
+    if not result.findings.get("upstream_repairs_uncalibrated"):
+        unloaded.watch(unloaded.any_layer if result.design is Design.NVFP4_ORACLE
+                       else unloaded.repaired_by_plugin_class)
     logger.info("vllm-fp4-moe-plugin active: replaced %s.",
                 ", ".join(replaced or patches.applied_targets()))
 

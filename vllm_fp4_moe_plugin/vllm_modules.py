@@ -21,8 +21,10 @@ NVFP4_ORACLE = f"{_FM}.oracle.nvfp4"  # NVFP4_ORACLE design (#31692)
 PARALLEL_STATE = "vllm.distributed.parallel_state"  # the world group: fleet check
 VLLM_ENVS = "vllm.envs"  # environment_variables: the registry vLLM's Ray copy and checks read
 
-# The compressed-tensors NVFP4 MoE method: its 0.11.x name, then 0.12.0's rename (v0120 CT:195).
+# The compressed-tensors NVFP4 MoE method: its 0.11.x name, then 0.12.0's rename (v0120 CT:195);
+# by 0.34.0 in a module of its own (v0.34.0 CT/compressed_tensors_moe/__init__.py:4-10).
 CT_NVFP4_CLASS_NAMES = ("CompressedTensorsW4A4MoeMethod", "CompressedTensorsW4A4Nvfp4MoEMethod")
+COMPRESSED_TENSORS_NVFP4_MOE = f"{COMPRESSED_TENSORS_MOE}.compressed_tensors_moe_w4a4_nvfp4"
 # The NVFP4_ORACLE design's scale-collapsing helpers, as the oracle imports them (the first is in
 # every release of the design, the CuteDSL one from 0.20.0), and the parameters the patch reads.
 ORACLE_HELPERS = ("prepare_nvfp4_moe_layer_for_fi_or_cutlass",

@@ -85,9 +85,13 @@ def plan(observation=None) -> Plan:
         return Plan(False, obs.reason, obs.design, dict(obs.findings))
     needed = tuple(p.target for p in entries_for_design(obs.design) if p.needed(obs.findings))
     part = _SLICES[obs.design]
-    words = part.ACTIVE if needed else part.NOTHING_NEEDED
+    if hasattr(part, "describe"):  # a slice whose holes upstream may fix one by one
+        words, fixed = part.describe(obs.findings, bool(needed))
+    else:
+        words = part.ACTIVE if needed else part.NOTHING_NEEDED
+        fixed = not needed and part.NOTHING_NEEDED_IS_FIXED
     return Plan(bool(needed), f"{obs.design.label}: {words}", obs.design, dict(obs.findings),
-                needed, upstream_fixed=not needed and part.NOTHING_NEEDED_IS_FIXED)
+                needed, upstream_fixed=fixed)
 
 
 def apply_all() -> list[str]:

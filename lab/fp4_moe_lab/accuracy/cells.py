@@ -55,10 +55,13 @@ LAYOUTS = {
     "dp2ep": (1, 2, True),
     "dp2": (1, 2, False),
 }
-WORLD_LAYOUTS = {"0.11.0": ("single", "tp2ep"), "0.32.0": ("single", "tp2ep", "dp2ep", "dp2")}
-# most informative first: the newest releases' hole, then 0.11.0's, then the rest
+WORLD_LAYOUTS = {"0.11.0": ("single", "tp2ep"), "0.32.0": ("single", "tp2ep", "dp2ep", "dp2"),
+                 "0.32.0-patched": ("dp2ep",)}
+# most informative first: the newest releases' hole, then 0.11.0's, then the rest; last the
+# same hole in 0.32.0 with upstream/'s patches (stock there must answer as the plugin does)
 PRIORITY = [("0.32.0", "dp2ep"), ("0.11.0", "single"), ("0.11.0", "tp2ep"),
-            ("0.32.0", "single"), ("0.32.0", "tp2ep"), ("0.32.0", "dp2")]
+            ("0.32.0", "single"), ("0.32.0", "tp2ep"), ("0.32.0", "dp2"),
+            ("0.32.0-patched", "dp2ep")]
 
 
 def cell_key(world: str, layout: str, ckpt: str, column: str) -> str:

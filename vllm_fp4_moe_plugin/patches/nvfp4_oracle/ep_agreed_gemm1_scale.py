@@ -127,8 +127,9 @@ def agreed_a13_scale(layer: torch.nn.Module, a13_scale: torch.Tensor) -> torch.T
     return torch.full_like(a13_scale, float(agreed))
 
 
-def build_agreed_prepare(original):
-    """The wrapper of one oracle helper (see the module docstring)."""
+def build_agreed_prepare(original, *, agree: bool = True, repair: bool = True):
+    """The wrapper of one oracle helper (see the module docstring). ``agree`` / ``repair``:
+    the duties upstream does not do itself (``patches/nvfp4_oracle.duties``)."""
     sig = inspect.signature(original)
     per_backend = "backend" in sig.parameters
 
@@ -137,12 +138,14 @@ def build_agreed_prepare(original):
         layer, a13 = call.arguments["layer"], call.arguments["a13_scale"]
         if a13 is not None:
             validate_checkpoint_scales(layer, a13)
-            a13 = call.arguments["a13_scale"] = repaired_activation_scale(layer, a13, "a13_scale")
-            a2 = call.arguments.get("a2_scale")
-            if a2 is not None:
-                call.arguments["a2_scale"] = repaired_activation_scale(layer, a2, "a2_scale")
-            if quantized_inputs_cross_ranks(layer, call.arguments.get("backend")
-                                            if per_backend else None):
+            if repair:
+                a13 = call.arguments["a13_scale"] = repaired_activation_scale(layer, a13,
+                                                                              "a13_scale")
+                a2 = call.arguments.get("a2_scale")
+                if a2 is not None:
+                    call.arguments["a2_scale"] = repaired_activation_scale(layer, a2, "a2_scale")
+            if agree and quantized_inputs_cross_ranks(layer, call.arguments.get("backend")
+                                                      if per_backend else None):
                 call.arguments["a13_scale"] = agreed_a13_scale(layer, a13)
         return original(*call.args, **call.kwargs)
 

@@ -1,0 +1,40 @@
+"""The tests each patch adds to vLLM (upstream/*.patch, vLLM's tests/ layout) pass in the patched
+world and fail on stock 0.34.0: run as vLLM's CI would run them, with pytest in the directory
+scripts/bootstrap-patched.sh wrote them to (upstream/conftest.py beside them)."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.cpu, pytest.mark.multiproc]
+
+TESTS = Path(sys.prefix) / "vllm-tests"
+# Per patch: its test file, and a test of it that stock must fail by assertion (not only by
+# lacking the new function): DP+EP ranks disagree on the scale; NaN reaches the kernel format.
+CASES = {"upstream_agrees_gemm1_scale": ("tests/kernels/moe/test_nvfp4_moe_ep_activation_scale.py",
+                                         "test_dp_ep_agrees_gemm1_scale_over_the_ep_group"),
+         "upstream_repairs_uncalibrated": (
+             "tests/quantization/test_nvfp4_moe_uncalibrated_input_scales.py",
+             "test_kernel_format_never_sees_an_uncalibrated_scale")}
+
+
+def _pytest(python: str, path: str) -> subprocess.CompletedProcess:
+    return subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", path],
+                          capture_output=True, text=True, cwd=TESTS, timeout=600)
+
+
+@pytest.mark.parametrize("finding", list(CASES))
+def test_patch_tests_pass_here_and_fail_on_stock(finding, fixed, stock_python):
+    if finding not in fixed:
+        pytest.skip(f"this world lacks the patch that {finding} sees")
+    path, must_fail = CASES[finding]
+    assert (TESTS / path).exists(), f"{TESTS / path}: rerun scripts/bootstrap-patched.sh"
+    here = _pytest(sys.executable, path)
+    assert here.returncode == 0, here.stdout[-3000:]
+    stock = _pytest(stock_python, path)
+    assert stock.returncode == 1, stock.stdout[-3000:]
+    failed = set(re.findall(r"^FAILED \S+::(\w+)", stock.stdout, re.M))
+    assert must_fail in failed and "AssertionError" in stock.stdout, stock.stdout[-3000:]

@@ -49,7 +49,11 @@ def audit_holes(world: str, ckpt_dir: str) -> dict | None:
 
 
 def hole_text(data: dict, world: str, layout: str, ckpt_dir: str) -> str:
-    """The table's verdict; also recorded in the JSON (``audit``) next to the cells."""
+    """The table's verdict; also recorded in the JSON (``audit``) next to the cells. A world
+    with upstream/'s patches has no hole; the audit models its stock release."""
+    if world.endswith("-patched"):
+        base = world.removesuffix("-patched")
+        return f"no, patched ({base}: {hole_text(data, base, layout, ckpt_dir)})"
     a = audit_holes(world, ckpt_dir)
     if a is None:
         return "?"

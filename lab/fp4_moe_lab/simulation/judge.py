@@ -2,9 +2,11 @@
 
 One rule for every backend's rows (CUTLASS and TRT-LLM, every design). ``noise_floor`` is the
 ideal NVFP4 reference against fp32: the error NVFP4 itself costs. A correct layer sits at about
-0 from the ideal reference and at about the noise floor from fp32. A row is a *hole* when stock
-is at least ``AFFECTED_FACTOR`` x the bound away from the ideal; on every other row the plugin
-must be bit-identical to stock (it is inert there).
+0 from the ideal reference and at about the noise floor from fp32. Stock is *affected* (wrong)
+when it is more than ``AFFECTED_FACTOR`` x the bound, or x the plugin's own error on the same
+layer, away from the ideal (the second: damage below the bound but far above the layer's noise,
+as a negative input scale on the per-expert designs, whose sign cancels); on every row where it
+is not, the plugin must be bit-identical to stock (it is inert there).
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from vllm_fp4_moe_plugin.support import Design
 # Plugin vs the ideal NVFP4 reference. Both quantize identically; what is left is bf16
 # rounding of the layer output (2^-8 relative) and, with TP/DP, a bf16 all-reduce/reduce-scatter.
 PLUGIN_BOUND = 1e-2
-# The plugin's fp32 error may exceed the noise floor by this factor (issue #3 acceptance).
+# The plugin's fp32 error may exceed the noise floor by this factor.
 FP32_FACTOR = 1.1
-# Stock counts as "affected" when it is this many times further from ideal than the bound.
+# Stock counts as "affected" when it is this many times further from ideal than the bound, or
+# than the plugin on the same layer.
 AFFECTED_FACTOR = 10.0
 MODES = ("stock", "plugin")
 
@@ -87,7 +90,7 @@ def judge(fmt: str, layout: str, backend: str, ranks, references: Callable, *, s
             fp32_errs[mode].append(_nan_as_inf(rel_err(out, fp32)))
     stock, plugin, floor = max(errs["stock"]), max(errs["plugin"]), max(noise)
     plugin_fp32 = max(fp32_errs["plugin"])
-    affected = stock >= AFFECTED_FACTOR * PLUGIN_BOUND
+    affected = stock > AFFECTED_FACTOR * min(PLUGIN_BOUND, plugin)
     identical = not any(failures.values()) and all(
         torch.equal(r.outputs[f"{fmt}/stock"], r.outputs[f"{fmt}/plugin"]) for r in ranks)
     correct = plugin <= PLUGIN_BOUND and plugin_fp32 <= FP32_FACTOR * floor

@@ -220,7 +220,7 @@ def default_backends() -> tuple[str, ...]:
     """The matrix's backends when none are asked for: CUTLASS and TRT-LLM on every design.
     TRT-LLM is what vLLM picks first for NVFP4 MoE on SM100 from 0.14.0 on
     (oracle/nvfp4.py:238-247, read on v0.34.0), so the default matrix -- the one CI runs and
-    docs/ publishes -- must hold its rows (issue #13); on 0.11.0 they are the ModelOpt layouts
+    docs/ publishes -- must hold its rows; on 0.11.0 they are the ModelOpt layouts
     its TRT-LLM path has (``trtllm_seam.applies``). An oracle-design vLLM whose TRT-LLM experts
     the seam cannot simulate (v0.20.0, :func:`~.blackwell_oracle.simulates_trtllm`) gets
     CUTLASS only."""

@@ -299,9 +299,9 @@ def eplb_scale_allreduce() -> bool:
     return _has(vm.FLASHINFER_FP4_MOE, "amax_for_moe_activation_quant")
 
 
-def _helper_on_cpu(module: str, name: str, **replaced):
-    """``module.name`` as a function over a private copy of its globals with ``replaced`` in
-    it: a probe runs vLLM's own code while the GPU moves and kernels it calls are stand-ins."""
+def _on_cpu(module: str, name: str, **replaced):
+    """``module.name`` over a private copy of its globals with ``replaced`` in it: a probe runs
+    vLLM's own code with stand-ins for what it calls (GPU moves, kernels, recorders)."""
     import types
 
     fn = original_attr(module, name)
@@ -309,156 +309,98 @@ def _helper_on_cpu(module: str, name: str, **replaced):
                               fn.__defaults__, fn.__closure__)
 
 
-def _nvfp4_layer_tensors(experts: int, a13_scale, a2_scale) -> dict:
-    """The tensors of a tiny gated NVFP4 MoE layer on the CPU, for the behavioural probes."""
-    import torch
-
-    e, n, k = experts, 64, 128
-    return dict(w13=torch.zeros(e, 2 * n, k // 2, dtype=torch.uint8),
-                w13_scale=torch.ones(e, 2 * n, k // 16).to(torch.float8_e4m3fn),
-                w13_scale_2=torch.ones(e), a13_scale=a13_scale,
-                w2=torch.zeros(e, k, n // 2, dtype=torch.uint8),
-                w2_scale=torch.ones(e, k, n // 16).to(torch.float8_e4m3fn),
-                w2_scale_2=torch.ones(e), a2_scale=a2_scale)
-
-
-def _dp_ep_layer():
-    """A layer as the oracle's helpers read it: gated, DP=2 x EP=2 with the default dispatch
-    (the all-to-all kernels in use), EPLB off."""
+def _probe_layer(a13_scale, a2_scale) -> dict:
+    """The arguments of an oracle helper for a two-expert gated CPU layer at DP=2 x EP=2 (the
+    all-to-all kernels in use), EPLB off."""
     import types
 
-    parallel = types.SimpleNamespace(
-        tp_size=1, pcp_size=1, dp_size=2, ep_size=2, tp_rank=0, pcp_rank=0, dp_rank=0,
-        ep_rank=0, sp_size=1, use_ep=True, all2all_backend="allgather_reducescatter",
-        enable_eplb=False, use_all2all_kernels=True, is_sequence_parallel=False)
-    return types.SimpleNamespace(
-        layer_name="fp4_moe_probe", activation=types.SimpleNamespace(is_gated=True),
-        moe_config=types.SimpleNamespace(moe_parallel_config=parallel))
+    import torch
+
+    ns, (e, n, k) = types.SimpleNamespace, (2, 64, 128)
+    parallel = ns(dp_size=2, ep_size=2, use_ep=True, enable_eplb=False, use_all2all_kernels=True,
+                  all2all_backend="allgather_reducescatter")
+    fp8 = torch.float8_e4m3fn
+    return dict(layer=ns(layer_name="fp4_moe_probe", activation=ns(is_gated=True),
+                         moe_config=ns(moe_parallel_config=parallel)), is_act_and_mul=True,
+                w13=torch.zeros(e, 2 * n, k // 2, dtype=torch.uint8),
+                w13_scale=torch.ones(e, 2 * n, k // 16).to(fp8), w13_scale_2=torch.ones(e),
+                w2=torch.zeros(e, k, n // 2, dtype=torch.uint8),
+                w2_scale=torch.ones(e, k, n // 16).to(fp8), w2_scale_2=torch.ones(e),
+                a13_scale=a13_scale, a2_scale=a2_scale)
 
 
 def probe_upstream_fixes() -> dict[str, bool]:
-    """The oracle design's two holes, each fixed upstream or not (a probe that cannot run
-    counts as not fixed: the plugin then keeps its patch, which is a no-op where upstream
-    already computes right)."""
+    """The oracle design's two holes, each fixed in vLLM or not (upstream/0001, 0002). A probe
+    that cannot run says not fixed: the plugin's duty is a no-op where vLLM computes right."""
     out = {}
-    for name, probe_fn in (("upstream_agrees_gemm1_scale", upstream_agrees_gemm1_scale),
-                           ("upstream_repairs_uncalibrated", upstream_repairs_uncalibrated)):
+    for fn in (upstream_agrees_gemm1_scale, upstream_repairs_uncalibrated):
         try:
-            out[name] = probe_fn()
+            out[fn.__name__] = bool(fn())
         except Exception:
-            out[name] = False
+            out[fn.__name__] = False
     return out
 
 
 def upstream_agrees_gemm1_scale() -> bool:
-    """Behavioural: does the oracle's FlashInfer helper ask ``amax_for_moe_activation_quant``
-    to reduce GEMM1's collapsed activation scale over the EP group under DP+EP *without* EPLB
-    (what upstream/0001 makes it do; GEMM2's is not asked for)? Runs
-    ``prepare_nvfp4_moe_layer_for_fi_or_cutlass`` for FlashInfer CUTLASS on a two-expert CPU
-    layer, that function recording its flag and ``swizzle_blockscale`` (a GPU move) the
-    identity. False before 0.28.0 (no such helper)
-    and on stock 0.28.0-0.34.0 (the flag is ``enable_eplb``)."""
+    """Behavioural: at DP+EP without EPLB, does the oracle's FlashInfer helper ask
+    ``amax_for_moe_activation_quant`` to reduce GEMM1's collapsed scale (3.0 here; GEMM2's is
+    5.0) over the EP group? False before 0.28.0 (no such helper) and on stock 0.28.0-0.34.0."""
     import torch
 
-    asked = {}  # the scale's max (GEMM1: 3, GEMM2: 5) -> asked to reduce over EP?
+    oracle, asked = importlib.import_module(vm.NVFP4_ORACLE), {}
 
     def amax(a_scale, reduce_over_ep, *args, **kwargs):
         asked[float(a_scale.max())] = bool(reduce_over_ep)
         return a_scale.max().to(torch.float32)
 
-    oracle = importlib.import_module(vm.NVFP4_ORACLE)
-    helper = _helper_on_cpu(vm.FLASHINFER_FP4_MOE, vm.ORACLE_HELPERS[0],
-                            amax_for_moe_activation_quant=amax, swizzle_blockscale=_same)
+    helper = _on_cpu(vm.FLASHINFER_FP4_MOE, vm.ORACLE_HELPERS[0],
+                     amax_for_moe_activation_quant=amax, swizzle_blockscale=_same)
     try:
-        helper(backend=oracle.NvFp4MoeBackend.FLASHINFER_CUTLASS, layer=_dp_ep_layer(),
-               is_act_and_mul=True,
-               **_nvfp4_layer_tensors(2, torch.full((2, 2), 3.0), torch.full((2,), 5.0)))
+        helper(backend=oracle.NvFp4MoeBackend.FLASHINFER_CUTLASS,
+               **_probe_layer(torch.full((2, 2), 3.0), torch.full((2,), 5.0)))
     except Exception:
         pass  # read what was asked before the failure
     return asked.get(3.0, False)
 
 
 def upstream_repairs_uncalibrated() -> bool:
-    """Does vLLM itself keep uncalibrated and missing expert activation scales from the
-    kernels (upstream/0002)? Behavioural for the values: ``convert_to_nvfp4_moe_kernel_format``
-    (FlashInfer CUTLASS, the backend's helper a recorder) must hand the helper finite scales
-    for a layer whose expert 1 has NaN ones. Read for the missing ones: both formats'
-    ``create_weights`` must initialise the input scales to NaN (``torch.full(..., nan)``),
-    not leave ``torch.empty`` memory a repair cannot tell from a value."""
+    """Behavioural for the values: does ``convert_to_nvfp4_moe_kernel_format`` hand FlashInfer
+    CUTLASS's helper (a recorder) finite scales for an expert whose are NaN? Read for missing
+    ones: do both formats' ``create_weights`` initialise the input scales with NaN?"""
     import torch
 
-    seen = {}
-
-    def prepare(**kwargs):
-        seen.update(kwargs)
-        raise _Recorded
-
-    oracle = importlib.import_module(vm.NVFP4_ORACLE)
-    convert = _helper_on_cpu(vm.NVFP4_ORACLE, "convert_to_nvfp4_moe_kernel_format",
-                             **{vm.ORACLE_HELPERS[0]: prepare})
-    nan = float("nan")
-    quiet = logging.getLogger(vm.NVFP4_ORACLE)  # a repair of the probe's layer is no news
-    was_disabled, quiet.disabled = quiet.disabled, True
+    oracle, seen, nan = importlib.import_module(vm.NVFP4_ORACLE), {}, float("nan")
+    convert = _on_cpu(vm.NVFP4_ORACLE, "convert_to_nvfp4_moe_kernel_format",
+                      **{vm.ORACLE_HELPERS[0]: lambda **kw: seen.update(kw) or 1 / 0})
+    quiet = logging.getLogger(vm.NVFP4_ORACLE)  # the probe layer's repair is no news
+    was, quiet.disabled = quiet.disabled, True
     try:
-        convert(nvfp4_backend=oracle.NvFp4MoeBackend.FLASHINFER_CUTLASS, layer=_dp_ep_layer(),
-                is_act_and_mul=True, **_nvfp4_layer_tensors(
-                    2, torch.tensor([[1.0, 1.0], [nan, nan]]), torch.tensor([1.0, nan])))
+        convert(nvfp4_backend=oracle.NvFp4MoeBackend.FLASHINFER_CUTLASS, **_probe_layer(
+            torch.tensor([[1.0, 1.0], [nan, nan]]), torch.tensor([1.0, nan])))
     except Exception:
-        pass  # _Recorded, or vLLM refusing the values: either way read what reached the helper
+        pass  # the recorder's ZeroDivisionError, or vLLM refusing: read what reached it
     finally:
-        quiet.disabled = was_disabled
-    repaired = all(isinstance(seen.get(k), torch.Tensor) and bool(torch.isfinite(seen[k]).all())
-                   for k in ("a13_scale", "a2_scale"))
-    return (repaired and _initialises_nan(vm.MODELOPT, ("ModelOptNvFp4FusedMoE",))
-            and _initialises_nan(vm.COMPRESSED_TENSORS_NVFP4_MOE, vm.CT_NVFP4_CLASS_NAMES))
+        quiet.disabled = was
+    return (all(isinstance(seen.get(k), torch.Tensor) and bool(torch.isfinite(seen[k]).all())
+                for k in ("a13_scale", "a2_scale"))
+            and _initialises_nan("modelopt.py", ("ModelOptNvFp4FusedMoE",))
+            and _initialises_nan(vm.CT_NVFP4_MOE_FILE, vm.CT_NVFP4_CLASS_NAMES))
 
 
-class _Recorded(Exception):
-    """Raised by a probe's recorder once it has what it came for."""
-
-
-def _source_file(module: str) -> Optional[str]:
-    """The ``.py`` file of ``module``, found from its nearest imported package without
-    importing anything (importing compressed-tensors' packages for a ModelOpt model would cost
-    a process tenths of a second)."""
-    import os
-    import sys
-
-    parts = module.split(".")
-    for i in range(len(parts) - 1, 0, -1):
-        package = sys.modules.get(".".join(parts[:i]))
-        for root in getattr(package, "__path__", None) or ():
-            rest = os.path.join(root, *parts[i:])
-            for path in (rest + ".py", os.path.join(rest, "__init__.py")):
-                if os.path.isfile(path):
-                    return path
-        if package is not None:
-            return None
-    return None
-
-
-def _initialises_nan(module: str, cls_names) -> bool:
-    """Does the ``create_weights`` of one of ``cls_names`` in ``module`` name NaN
-    (``torch.nan``, ``math.nan`` or ``float("nan")``)? Read from the module's source, not its
-    objects: the probe may run while vLLM is still importing that module (the oracle, a
-    trigger, is imported from the quant methods' modules)."""
+def _initialises_nan(path: str, cls_names) -> bool:
+    """Does ``create_weights`` of one of ``cls_names``, in the quantization package's file
+    ``path``, name NaN? Read from the source: vLLM may still be importing that module."""
     import ast
+    import os
 
-    path = _source_file(module)
-    if path is None:
-        return False
-    with open(path, encoding="utf-8") as f:
+    root = importlib.import_module(vm.QUANTIZATION).__path__[0]
+    with open(os.path.join(root, path), encoding="utf-8") as f:
         tree = ast.parse(f.read())
-    for cls in ast.walk(tree):
-        if not (isinstance(cls, ast.ClassDef) and cls.name in cls_names):
-            continue
-        for fn in cls.body:
-            if isinstance(fn, ast.FunctionDef) and fn.name == "create_weights":
-                return any(isinstance(n, ast.Attribute) and n.attr == "nan"
-                           or isinstance(n, ast.Name) and n.id == "nan"
-                           or isinstance(n, ast.Constant) and n.value == "nan"
-                           for n in ast.walk(fn))
-    return False
+    return any(isinstance(fn, ast.FunctionDef) and fn.name == "create_weights"
+               and any("nan" in (getattr(n, "attr", None), getattr(n, "id", None),
+                                 getattr(n, "value", None)) for n in ast.walk(fn))
+               for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name in cls_names
+               for fn in c.body)
 
 
 def _probe_nvfp4_oracle(findings: dict) -> Observation:

@@ -6,7 +6,7 @@ One place for them, read by ``compat`` (probes), the ledger (``patches/``) and `
 
 from __future__ import annotations
 
-_Q = "vllm.model_executor.layers.quantization"
+QUANTIZATION = _Q = "vllm.model_executor.layers.quantization"
 _FM = "vllm.model_executor.layers.fused_moe"
 
 MODELOPT = f"{_Q}.modelopt"
@@ -22,9 +22,9 @@ PARALLEL_STATE = "vllm.distributed.parallel_state"  # the world group: fleet che
 VLLM_ENVS = "vllm.envs"  # environment_variables: the registry vLLM's Ray copy and checks read
 
 # The compressed-tensors NVFP4 MoE method: its 0.11.x name, then 0.12.0's rename (v0120 CT:195);
-# by 0.34.0 in a module of its own (v0.34.0 CT/compressed_tensors_moe/__init__.py:4-10).
+# by 0.34.0 in a file of its own, under the quantization package (v0.34.0 CT/...moe/__init__.py).
 CT_NVFP4_CLASS_NAMES = ("CompressedTensorsW4A4MoeMethod", "CompressedTensorsW4A4Nvfp4MoEMethod")
-COMPRESSED_TENSORS_NVFP4_MOE = f"{COMPRESSED_TENSORS_MOE}.compressed_tensors_moe_w4a4_nvfp4"
+CT_NVFP4_MOE_FILE = "compressed_tensors/compressed_tensors_moe/compressed_tensors_moe_w4a4_nvfp4.py"
 # The NVFP4_ORACLE design's scale-collapsing helpers, as the oracle imports them (the first is in
 # every release of the design, the CuteDSL one from 0.20.0), and the parameters the patch reads.
 ORACLE_HELPERS = ("prepare_nvfp4_moe_layer_for_fi_or_cutlass",

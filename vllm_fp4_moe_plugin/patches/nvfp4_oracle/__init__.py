@@ -17,11 +17,10 @@ NOTHING_NEEDED = "the oracle has none of the scale-collapsing helpers this plugi
 NOTHING_NEEDED_IS_FIXED = False
 
 
-# The two holes of this design, each with the finding that sees upstream's own fix
-# (upstream/0001, upstream/0002): the wrapper does only the duties still needed.
+# Each duty of the wrapper, with the finding that sees vLLM do it itself (upstream/0001, 0002),
+# and the plan's words when vLLM does one (keyed by the duty left) or both.
 UPSTREAM_FIXES = {"agree": "upstream_agrees_gemm1_scale",
                   "repair": "upstream_repairs_uncalibrated"}
-# What the plan says when upstream fixed one hole (the key: the duty left to the plugin) or both.
 PARTLY = {"agree": "upstream repairs uncalibrated expert scales; " + ACTIVE,
           "repair": ("upstream agrees GEMM1's scale over the EP group; stock leaves uncalibrated "
                      "or missing expert activation scales as loaded")}
@@ -30,18 +29,16 @@ FIXED = ("upstream already computes right: it agrees the GEMM1 activation scale 
 
 
 def duties(findings) -> dict[str, bool]:
-    """Which of the wrapper's duties this vLLM still needs (``agree``, ``repair``)."""
+    """The wrapper's duties this vLLM still needs (``agree``, ``repair``)."""
     return {duty: not findings.get(finding) for duty, finding in UPSTREAM_FIXES.items()}
 
 
 def describe(findings, needed: bool) -> tuple[str, bool]:
     """The plan's words, and whether standing down means upstream computes right."""
+    left = [d for d, todo in duties(findings).items() if todo]
     if needed:
-        left = duties(findings)
-        return ACTIVE if all(left.values()) else PARTLY[next(d for d in left if left[d])], False
-    if not any(duties(findings).values()):
-        return FIXED, True
-    return NOTHING_NEEDED, NOTHING_NEEDED_IS_FIXED
+        return (ACTIVE if len(left) == 2 else PARTLY[left[0]]), False
+    return (FIXED, True) if not left else (NOTHING_NEEDED, NOTHING_NEEDED_IS_FIXED)
 
 
 def _build_agreed_prepare(original):

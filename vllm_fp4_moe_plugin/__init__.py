@@ -38,10 +38,10 @@ def register() -> None:
         return
     envs.VLLM_FP4_MOE_PLUGIN_CHECK  # noqa: B018 (validated whenever set, the plugin on or off)
     envs.VLLM_FP4_MOE_PLUGIN_TIMEOUT_S  # noqa: B018 (the read validates it, as above)
-    launched_on = envs.VLLM_FP4_MOE_PLUGIN_LAUNCHER
+    parent_has_it_on = envs.VLLM_FP4_MOE_PLUGIN_LAUNCHER
     if not envs.VLLM_FP4_MOE_PLUGIN:  # raises ValueError on a bad value: fail loudly
         _state, _reason = "inert", "VLLM_FP4_MOE_PLUGIN is not 1"
-        if launched_on:  # started by a process that has it on: this environment overrides it
+        if parent_has_it_on:  # started by a process that has it on: this environment overrides it
             switch = os.environ.get("VLLM_FP4_MOE_PLUGIN")
             get_logger().warning(
                 "vllm-fp4-moe-plugin is off in this process (%s), but the "
@@ -56,7 +56,7 @@ def register() -> None:
         _join_fleet()  # off too: a rank that runs the fix must know it is next to this one
         return
     _state, _reason = "pending", "waiting for vLLM to import its NVFP4 MoE modules"
-    if not launched_on:  # the first process of the deployment: what it starts inherits this
+    if not parent_has_it_on:  # the first process of the deployment: what it starts inherits this
         os.environ["VLLM_FP4_MOE_PLUGIN_LAUNCHER"] = "1"
     import_hook.run_after_first_import(vm.TRIGGER_MODULES, _install)
     _join_fleet()

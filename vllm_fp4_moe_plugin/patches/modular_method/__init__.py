@@ -45,7 +45,8 @@ def _modelopt_needed(findings) -> bool:
     return bool(findings["modelopt_nvfp4_moe_method"])
 
 
-def _the_patched_modelopt_method(_original):
+def _modelopt_method_as_installed(_original):
+    """The ModelOpt method class in its module now: the ModelOpt entry's subclass."""
     import importlib
 
     return importlib.import_module(vm.MODELOPT).ModelOptNvFp4FusedMoE
@@ -110,7 +111,7 @@ LEDGER: tuple[ModulePatch, ...] = (
     ),
     ModulePatch(
         module=vm.MODELOPT, attr="ModelOptNvFp4Config.FusedMoEMethodCls",
-        build=_the_patched_modelopt_method, design=DESIGN, needed=_modelopt_method_cls_needed,
+        build=_modelopt_method_as_installed, design=DESIGN, needed=_modelopt_method_cls_needed,
         why=("ModelOptNvFp4Config.get_quant_method instantiates self.FusedMoEMethodCls, a class "
              "attribute bound to ModelOptNvFp4FusedMoE when the module is imported (v0120 "
              "Q/modelopt.py:181, :1636): rebinding the module attribute alone leaves vLLM "

@@ -14,7 +14,7 @@ from vllm_fp4_moe_plugin.log import get_logger, layer_label
 from vllm_fp4_moe_plugin.patches import checkpoint_scales
 from vllm_fp4_moe_plugin.patching import same_named_subclass
 
-logger = get_logger("methods")
+logger = get_logger("compressed_tensors_dp")
 
 _RAW = checkpoint_scales.RAW_SCALES["compressed-tensors"]
 

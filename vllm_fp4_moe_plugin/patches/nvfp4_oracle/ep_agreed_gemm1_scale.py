@@ -21,7 +21,7 @@ from vllm_fp4_moe_plugin.log import get_logger, layer_label
 from vllm_fp4_moe_plugin.nvfp4_constants import E4M3_MAX, FP4_MAX
 from vllm_fp4_moe_plugin.patches.checkpoint_scales import RAW_SCALES
 
-logger = get_logger("methods")
+logger = get_logger("oracle")
 
 _first_change_logged = False
 

@@ -110,8 +110,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 
 
 def _audit_design(release: Optional[str]):
-    """The MoE design whose semantics audit applies: ``--vllm RELEASE``, else the installed
-    vLLM's release (read from its package metadata; vLLM is not imported)."""
+    """The MoE design audit judges for: ``--vllm RELEASE``, else the installed vLLM's (metadata)."""
     import importlib.metadata as md
 
     if release is None:
@@ -194,10 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 @contextlib.contextmanager
 def _quiet(verbose: bool) -> Iterator[None]:
-    """At the default verbosity only this CLI's own lines reach the terminal: third-party
-    warnings (pynvml's FutureWarning, ...) and vLLM's log lines ("Failed to import from
-    vllm._C ...") are dropped in this process and in the ranks it spawns. Never applied to a
-    vLLM process the plugin runs in."""
+    """By default only this CLI's lines reach the terminal: third-party warnings and vLLM's log
+    lines are dropped here and in spawned ranks (never in a vLLM process the plugin runs in)."""
     if verbose:
         yield
         return
@@ -222,10 +219,6 @@ def _debug_requested(args: argparse.Namespace) -> bool:
     return bool(getattr(args, "debug", False) or envs.VLLM_FP4_MOE_DEBUG)
 
 
-def _bad_input_types() -> tuple:
-    return (UsageError, envs.EnvVarError, InvalidScaleError)
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     return run_command(build_parser(), argv)
 
@@ -244,7 +237,7 @@ def run_command(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]] =
     try:
         with _quiet(args.verbose):
             return int(args.func(args))
-    except _bad_input_types() as exc:
+    except (UsageError, envs.EnvVarError, InvalidScaleError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
@@ -259,8 +252,7 @@ def run_command(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]] =
             traceback.print_exc()
         first = (str(exc).strip().splitlines() or [""])[0]
         print(f"{prog}: internal error: {type(exc).__name__}: {first} (a bug, please report "
-              "it; rerun with --debug or VLLM_FP4_MOE_DEBUG=1 for the traceback)",
-              file=sys.stderr)
+              "it; rerun with --debug or VLLM_FP4_MOE_DEBUG=1 for the traceback)", file=sys.stderr)
         return EXIT_INTERNAL
 
 

@@ -1,11 +1,8 @@
 """Load-time check: does each NVFP4 MoE layer's quant config match what its prepare step does?
 
-The original failure was silent. This check reads what vLLM actually built for a layer (quant
-config, prepare/finalize or direct call, experts) and verifies the invariant that makes GEMM1
-right: ``g1_alphas[e] * g == ws2_e`` for every local expert ``e``, where ``g`` is the scale the
-input is really quantized with (``a1_gscale[0]`` when prepare pre-quantizes, ``a1_gscale[e]``
-when the kernel quantizes bf16 per expert). Once per layer at load, never per forward.
-"""
+The original failure was silent. Once per layer at load, this verifies ``g1_alphas[e] * g ==
+ws2_e`` for every local expert ``e``, ``g`` being the scale the input is really quantized with
+(``a1_gscale[0]`` when prepare pre-quantizes, ``a1_gscale[e]`` when the kernel quantizes bf16)."""
 
 from __future__ import annotations
 
@@ -34,10 +31,8 @@ class LayerCheck:
 
 
 def _prepare_behaviour(prepare_finalize, experts) -> tuple[bool, bool]:
-    """(does prepare quantize before the kernel?, is the experts' output shape right for it?)
-
-    The plugin's own classes say what they do by attribute (``fp4_moe_bf16_passthrough`` on a
-    prepare, ``fp4_moe_output_for_bf16`` on experts), so this check needs no patch module."""
+    """(does prepare quantize before the kernel?, is the experts' output shape right for it?), from
+    the attributes the plugin's classes set (no patch module needed here)."""
     passthrough = getattr(prepare_finalize, "fp4_moe_bf16_passthrough", False)
     if experts is not None and hasattr(experts, "use_dp"):  # MODULAR_METHOD design
         passthrough = passthrough or (type(prepare_finalize).__name__
@@ -72,22 +67,18 @@ def check_layer(layer: torch.nn.Module, quant_config, prepare_finalize=None,
     alphas = quant_config.g1_alphas.detach().float().reshape(-1)
     ws2 = layer.w13_weight_scale_2.detach().float().reshape(-1)
     if pre_quantizes:
-        used = a1[:1].expand_as(alphas)
-        how = "pre-quantized with a1_gscale[0]"
+        used, how = a1[:1].expand_as(alphas), "pre-quantized with a1_gscale[0]"
     else:
         if a1.numel() != alphas.numel():
-            return LayerCheck(name, path, False,
-                              f"the kernel quantizes per expert but a1_gscale has {a1.numel()} "
-                              f"entries for {alphas.numel()} local experts")
-        used = a1
-        how = "quantized per expert in the kernel"
+            return LayerCheck(name, path, False, f"the kernel quantizes per expert but a1_gscale "
+                              f"has {a1.numel()} entries for {alphas.numel()} local experts")
+        used, how = a1, "quantized per expert in the kernel"
     ratio = alphas * used / ws2
     worst = int((ratio - 1).abs().argmax())
     if abs(float(ratio[worst]) - 1) > RTOL:
-        return LayerCheck(name, path, False,
-                          f"{how}, but g1_alphas[{worst}] * scale = {float(ratio[worst]):.4g} x "
-                          f"w13_weight_scale_2[{worst}]: expert {worst}'s GEMM1 output is off by "
-                          "that factor")
+        return LayerCheck(name, path, False, f"{how}, but g1_alphas[{worst}] * scale = "
+                          f"{float(ratio[worst]):.4g} x w13_weight_scale_2[{worst}]: expert "
+                          f"{worst}'s GEMM1 output is off by that factor")
     if not output_ok:
         return LayerCheck(name, path, False, "the experts size the output for the other kind "
                           "of input (FlashInferExperts.workspace_shapes): the layer cannot run")
@@ -95,11 +86,8 @@ def check_layer(layer: torch.nn.Module, quant_config, prepare_finalize=None,
 
 
 class _Tally:
-    """Counts layers so one summary line per process can name them all.
-
-    vLLM builds every module of the model (``create_weights``: :func:`expect_layer`) before it
-    loads and post-processes any weights, so by the first check the expected count is final.
-    """
+    """Counts layers for one summary line per process: vLLM builds every module (create_weights:
+    :func:`expect_layer`) before loading weights, so the count is final by the first check."""
 
     def __init__(self) -> None:
         self.results: list[LayerCheck] = []

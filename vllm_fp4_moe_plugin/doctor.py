@@ -1,9 +1,7 @@
 """``vllm-fp4-moe doctor``: will this machine, these settings and this checkpoint give correct
-NVFP4 MoE answers, with and without the plugin? Runs with or without a GPU.
-
-Each section is a plain function returning data; :func:`run_doctor` assembles them and decides
-the verdict. Exit codes: 0 fine, 1 at risk, 2 cannot tell.
-"""
+NVFP4 MoE answers, with and without the plugin? Runs with or without a GPU. Each section is a
+plain function returning data; :func:`run_doctor` decides the verdict: exit 0 fine, 1 at risk,
+2 cannot tell."""
 
 from __future__ import annotations
 
@@ -28,8 +26,7 @@ OWN_ENV = ("VLLM_FP4_MOE_PLUGIN", "VLLM_FP4_MOE_PLUGIN_CHECK", "VLLM_FP4_MOE_PLU
 
 def deployed_layout(tp: int = 1, dp: int = 1, pp: int = 1, ep: bool = False,
                     all2all_backend: Optional[str] = None) -> Layout:
-    """The deployment's layout (``support.Layout``), its all-to-all backend as vLLM resolves
-    it: ``--all2all-backend``, else ``VLLM_ALL2ALL_BACKEND``, else vLLM's default."""
+    """The deployment's ``support.Layout``; all-to-all backend as vLLM resolves it."""
     return Layout.deployed(tp=tp, dp=dp, pp=pp, ep=ep,
                            all2all=all2all_backend or os.environ.get("VLLM_ALL2ALL_BACKEND"))
 
@@ -57,8 +54,7 @@ def gpu() -> dict:
 
 
 def vllm_plugins_allowed(value: Optional[str]) -> Optional[list]:
-    """``VLLM_PLUGINS`` as vLLM 0.11.0 reads it (envs.py: a plain ``split(",")``, no strip):
-    None when unset; ``" fp4_moe"`` with a space does not name our entry point."""
+    """``VLLM_PLUGINS`` as vLLM 0.11.0 splits it (envs.py: no strip, so " fp4_moe" is not ours)."""
     return None if value is None else value.split(",")
 
 
@@ -89,24 +85,19 @@ def entry_point() -> dict:
 
 
 def probes() -> dict:
-    """The plugin's own feature probes against the installed vLLM (imports vLLM's MoE code),
-    and what the ledger would apply."""
+    """The plugin's feature probes against the installed vLLM, and what the ledger would apply."""
     result = patches.plan()
     return {"would_install": result.install, "reason": result.reason,
-            "upstream_fixed": result.upstream_fixed,
-            "design": result.design, "patches": list(result.patches),
-            "findings": dict(result.findings)}
+            "upstream_fixed": result.upstream_fixed, "design": result.design,
+            "patches": list(result.patches), "findings": dict(result.findings)}
 
 
 def deployment() -> dict:
-    """Whether Ray workers and Ray data-parallel engine cores of this vLLM receive the switch
-    (its own ``get_env_vars_to_copy``, stock and with register()'s list), whether the fleet
-    check finds vLLM's world rendezvous, and the scale agreement's wait."""
+    """Do Ray workers receive the switch (vLLM's ``get_env_vars_to_copy``, stock and with
+    register()'s list)? Does the fleet check find its rendezvous? The scale agreement's wait."""
     out: dict = {"timeout_s": None, "ray": None, "fleet_rendezvous": None}
-    try:
+    with contextlib.suppress(ValueError):
         out["timeout_s"] = envs.VLLM_FP4_MOE_PLUGIN_TIMEOUT_S
-    except ValueError:
-        pass
     with contextlib.suppress(Exception):  # no vLLM here: unknown
         out["fleet_rendezvous"] = compat.probe_world_group_rendezvous()["world_group_rendezvous"]
     try:
@@ -139,10 +130,9 @@ ORACLE_MOE_BACKENDS = {"flashinfer_trtllm": "flashinfer_trtllm",
 
 def kernel_path(capability: Optional[str], fmt: Optional[str], design: Optional[Design] = None,
                 moe_backend: str = "auto") -> tuple[Optional[str], str]:
-    """Which NVFP4 MoE kernel the installed design picks (``None``: unknown here). 0.11.x: the
-    FlashInfer variables (v0110 nvfp4_moe_support.py:28-57, flashinfer_fp4_moe.py:26-31);
-    0.14.0+: ``--moe-backend``, ``auto`` being FlashInfer TRT-LLM on SM100 (v0.34.0
-    FM/oracle/nvfp4.py:238-247)."""
+    """Which NVFP4 MoE kernel the design picks (None: unknown). 0.11.x: the FlashInfer variables
+    (v0110 nvfp4_moe_support.py:28-57, flashinfer_fp4_moe.py:26-31); 0.14.0+: ``--moe-backend``,
+    ``auto`` = FlashInfer TRT-LLM on SM100 (v0.34.0 FM/oracle/nvfp4.py:238-247)."""
     if capability is None:
         return None, "no GPU here: pass --capability (e.g. 10.0 for B200) to evaluate a target"
     major, minor = (int(x) for x in capability.split("."))
@@ -175,9 +165,8 @@ def _stock_hole(design: Optional[Design], fmt: str, layout: Layout, path: Option
     if design is None:
         return None
     try:
-        hole = support.stock_hole(design, fmt, layout, path,
-                                  deepep_ll_nvfp4_dispatch=os.environ.get(
-                                      "VLLM_DEEPEPLL_NVFP4_DISPATCH") == "1")
+        hole = support.stock_hole(design, fmt, layout, path, deepep_ll_nvfp4_dispatch=(
+            os.environ.get("VLLM_DEEPEPLL_NVFP4_DISPATCH") == "1"))
     except ValueError:  # a layout this design does not have (e.g. an all2all backend it lacks)
         return None
     return hole == support.FAILS or (hole == support.WRONG and affected)
@@ -202,9 +191,8 @@ def layer_paths(report: dict, layout: Layout, path: Optional[str], plugin_active
             plugin_ok = stock_ok if not flashinfer else (plugin_active and not uneven)
         else:
             plugin_ok = plugin_active if hole else stock_ok
-        rows.append({"layer": layer["layer"], "w13_spread": layer["w13_spread"],
-                     "kernel": path, "stock_consistent": stock_ok,
-                     "plugin_consistent": plugin_ok,
+        rows.append({"layer": layer["layer"], "w13_spread": layer["w13_spread"], "kernel": path,
+                     "stock_consistent": stock_ok, "plugin_consistent": plugin_ok,
                      "note": "experts not divisible by DP*TP: the plugin refuses it" if uneven
                      else ("this vLLM's MoE design is not modelled here: see docs/SUPPORT.md"
                            if hole is None and path is not None else "")})
@@ -214,8 +202,7 @@ def layer_paths(report: dict, layout: Layout, path: Optional[str], plugin_active
 def run_doctor(checkpoint: Optional[str] = None, layout: Optional[Layout] = None,
                capability: Optional[str] = None, probe_vllm: bool = True,
                moe_backend: str = "auto") -> dict:
-    """``layout``: default :func:`deployed_layout` (one GPU); ``moe_backend``: vLLM's
-    ``--moe-backend`` (NVFP4_ORACLE design)."""
+    """``layout``: default one GPU; ``moe_backend``: vLLM's ``--moe-backend`` (NVFP4_ORACLE)."""
     layout = layout or deployed_layout()
     report = {"versions": versions(), "gpu": gpu(), "environment": environment(),
               "entry_point": entry_point()}
@@ -303,9 +290,7 @@ def reasons(report: dict) -> list:
 
 
 def uncalibrated_reasons(report: dict) -> list[str]:
-    """One line per layer with uncalibrated experts (a value no calibration produced, or a
-    tensor the checkpoint lacks), saying what happens to them here: named also when the
-    verdict is fine, since the operator should hear of them before serving."""
+    """Per layer with uncalibrated experts, what happens to them here (said even when fine)."""
     ckpt = report.get("checkpoint")
     if not ckpt:
         return []
@@ -337,8 +322,7 @@ def uncalibrated_reasons(report: dict) -> list[str]:
 
 
 def misread_config(report: dict) -> list[str]:
-    """The checkpoint's config keys the installed readers get wrong or refuse: transformers-5-only
-    keys under transformers 4.x, newer quantization args under compressed-tensors 0.11.x."""
+    """Config keys the installed transformers 4.x or compressed-tensors 0.11.x misread or refuse."""
     ckpt = report.get("checkpoint")
     if not ckpt:
         return []
@@ -379,8 +363,7 @@ def format_doctor(r: dict) -> str:
                              if g["available"] else f"none ({g['reason']})")]
     env = r["environment"]
     lines += ["", "environment:"]
-    lines += [f"  {k:<28} {v if v is not None else '(unset)'}"
-              for k, v in env["variables"].items()]
+    lines += [f"  {k:<28} {v if v is not None else '(unset)'}" for k, v in env["variables"].items()]
     if env["switch_error"]:
         lines.append(f"  ERROR: {env['switch_error']}")
     if env.get("check_error"):
@@ -431,8 +414,7 @@ def format_doctor(r: dict) -> str:
         show = lambda v: "?" if v is None else yes(v)  # noqa: E731
         for row in r["layers"]:
             lines.append(fmt.format(row["layer"], f"{row['w13_spread']:.3g}x",
-                                    show(row["stock_consistent"]),
-                                    show(row["plugin_consistent"])))
+                                    show(row["stock_consistent"]), show(row["plugin_consistent"])))
     else:
         lines += ["", "checkpoint: none given (--checkpoint DIR tells per-layer consistency)"]
     lines += ["", f"verdict: {r['verdict_text'].upper()}"]

@@ -1,8 +1,7 @@
 """Environment variables of the plugin, parsed in one place with errors that name the fix.
 
-Modelled on vllm-spyre's ``envs.py``: a dict of parsers, read through module ``__getattr__``, so
-``envs.VLLM_FP4_MOE_PLUGIN`` always reflects the current environment (tests set and unset it).
-"""
+Parsers read through module ``__getattr__`` (as vllm-spyre's ``envs.py``), so ``envs.X`` always
+reflects the current environment (tests set and unset it)."""
 
 from __future__ import annotations
 
@@ -19,13 +18,11 @@ if TYPE_CHECKING:
 
 
 class EnvVarError(ValueError):
-    """An environment variable of the plugin holds a value it does not accept; the message
-    names the variable, the value and the allowed values."""
+    """A plugin variable holds a value it does not accept; the message names the allowed ones."""
 
 
 def _choice(name: str, allowed: dict[str, Any], default: str) -> Callable[[], Any]:
-    """Exactly one of ``allowed`` (no whitespace, no other case): a value that only looks like
-    one (`` 1``, ``STRICT``) is an error too, so what runs is what the README says."""
+    """Exactly one of ``allowed``: `` 1`` or ``STRICT`` is an error, so what runs is as written."""
     def parse() -> Any:
         raw = os.environ.get(name)
         if raw is None:
@@ -35,19 +32,16 @@ def _choice(name: str, allowed: dict[str, Any], default: str) -> Callable[[], An
             near = raw.strip().lower()
             hint = (f"; did you mean {near!r}? Write it exactly, without spaces, in lowercase"
                     if near in allowed else "")
-            raise EnvVarError(
-                f"{name}={raw!r} is not a valid value; allowed values are {shown} "
-                f"(unset means {default!r}){hint}."
-            )
+            raise EnvVarError(f"{name}={raw!r} is not a valid value; allowed values are {shown} "
+                              f"(unset means {default!r}){hint}.")
         return allowed[raw]
 
     return parse
 
 
 def _seconds(name: str, default: float) -> Callable[[], float]:
-    """A positive, finite number of seconds written as digits (``600``, ``90.5``): ``abc``,
-    ``0``, ``-5``, ``inf``, ``nan`` and ``1e3`` are errors, so a wait is never zero, endless or
-    a guess."""
+    """Positive seconds in digits (``600``, ``90.5``); ``abc``, ``0``, ``-5``, ``inf``, ``nan``
+    and ``1e3`` are errors, so a wait is never zero, endless or a guess."""
     def parse() -> float:
         raw = os.environ.get(name)
         if raw is None:
@@ -61,30 +55,24 @@ def _seconds(name: str, default: float) -> Callable[[], float]:
     return parse
 
 
-# How long a rank waits for its EP group at each layer's load-time scale agreement (after the
-# weights load; the fleet check does not wait on it): torch's default NCCL timeout, which vLLM's
+# The wait at each layer's load-time scale agreement: torch's default NCCL timeout, which vLLM's
 # own first collectives after loading wait too, so the plugin is never the first to give up.
 DEFAULT_TIMEOUT_S = 600.0
 
 environment_variables: dict[str, Callable[[], Any]] = {
-    # Opt-in switch. "1" installs the fixes in every vLLM process; unset or "0" leaves vLLM
-    # untouched (unset also warns once if a layer needs the fix; "0" is silent). Any other
-    # value is an error, so a typo never silently serves wrong answers.
+    # Opt-in: "1" installs the fixes in every vLLM process; unset or "0" leaves vLLM untouched
+    # (unset warns once if a layer needs the fix). Anything else is an error: no silent typo.
     "VLLM_FP4_MOE_PLUGIN": _choice("VLLM_FP4_MOE_PLUGIN", {"0": False, "1": True}, "0"),
-    # Load-time check of each NVFP4 MoE layer (consistency.py): "off" skips it, "warn" logs one
-    # summary line per process, "strict" raises at the first inconsistent layer.
+    # consistency.py's load-time check: off, warn (a summary line), strict (raise at a bad layer).
     "VLLM_FP4_MOE_PLUGIN_CHECK": _choice(
         "VLLM_FP4_MOE_PLUGIN_CHECK", {"off": "off", "warn": "warn", "strict": "strict"}, "warn"),
-    # CLI only: "1" shows the Python traceback of an internal error (same as --debug); "0" or
-    # unset shows one line and exit code 70.
+    # CLI only: "1" shows an internal error's traceback (as --debug); else one line, exit 70.
     "VLLM_FP4_MOE_DEBUG": _choice("VLLM_FP4_MOE_DEBUG", {"0": False, "1": True}, "0"),
-    "VLLM_FP4_MOE_PLUGIN_TIMEOUT_S": _seconds("VLLM_FP4_MOE_PLUGIN_TIMEOUT_S",
-                                              DEFAULT_TIMEOUT_S),
-    # Not for operators: register() sets it in a deployment's first process with the switch
-    # on, so a worker whose own environment turns the switch off knows it was launched to be on.
+    "VLLM_FP4_MOE_PLUGIN_TIMEOUT_S": _seconds("VLLM_FP4_MOE_PLUGIN_TIMEOUT_S", DEFAULT_TIMEOUT_S),
+    # Not for operators: register() sets it in a deployment's first process with the switch on,
+    # so a worker whose own environment turns the switch off knows it was launched to be on.
     "VLLM_FP4_MOE_PLUGIN_LAUNCHER": _choice("VLLM_FP4_MOE_PLUGIN_LAUNCHER",
-                                            {"0": False, "1": True}, "0"),
-}
+                                            {"0": False, "1": True}, "0")}
 
 
 def __getattr__(name: str) -> Any:

@@ -1,14 +1,11 @@
 """The fleet check: a rank that runs the fix never serves next to a rank that does not.
 
 Ranks that disagree compute the NVFP4 MoE layers with different scales, silently in TP-like
-layouts. A rank that is off, or has no plugin, computes as stock: a fleet of those agrees.
-Every worker builds vLLM's world group in ``init_distributed_environment``, whatever its stage
-holds (``patches/fleet_rendezvous``). A process with the plugin writes its :class:`RankState` to
-the world's store just before, and reads everyone's just after: building the group connects
-every rank through that store, so by then every rank with the plugin has written, and one that
-has not has no plugin. Nobody waits, except a rank running the fix next to a missing one
-(:data:`GRACE_S`). The rules: :func:`decide`; docs/DEPLOYING.md, "The fleet check".
-"""
+layouts; a rank that is off, or has no plugin, computes as stock. A process with the plugin writes
+its :class:`RankState` to the world's store just before vLLM builds its world group
+(``patches/fleet_rendezvous``) and reads everyone's just after: building it connects every rank
+through that store, so a rank that has not written has no plugin. Nobody waits, except a rank
+running the fix next to a missing one (:data:`GRACE_S`). See :func:`decide`, docs/DEPLOYING.md."""
 
 from __future__ import annotations
 
@@ -32,9 +29,8 @@ AGREED = ("version", "design", "mode")
 DOCS = "docs/DEPLOYING.md"
 LAUNCHER = "VLLM_FP4_MOE_PLUGIN_LAUNCHER"  # envs.py: set by a deployment's first process
 REFUSED = "vllm-fp4-moe-plugin fleet check refused:"  # how every refusal starts
-# A rank running the fix waits this long for ranks missing after the rendezvous: reports are
-# ordered before it (0 s measured), except where gloo connects lazily (TORCH_GLOO_LAZY_INIT).
-# Under the 60 s within which a mixed fleet must refuse.
+# How long a rank running the fix waits for ranks missing after the rendezvous (0 s measured, but
+# gloo may connect lazily: TORCH_GLOO_LAZY_INIT); under the 60 s a mixed fleet must refuse within.
 GRACE_S = 30.0
 STOCK, AGREED_ON, MISMATCH, INCOMPLETE = "stock", "agreed", "mismatch", "incomplete"
 
@@ -86,8 +82,7 @@ class RankState:
 
 
 def decide(states: Mapping[int, RankState], world: int) -> tuple[str, Optional[str]]:
-    """(verdict, message of a refusal) over the ranks that reported, by rank. A missing rank
-    has no plugin: it computes as stock, like a rank that is off."""
+    """(verdict, refusal message) over the ranks that reported; a missing one computes as stock."""
     if not any(s.wants_fix for s in states.values()):
         return STOCK, None
     missing = ", ".join(str(r) for r in range(world) if r not in states)
@@ -109,8 +104,7 @@ def decide(states: Mapping[int, RankState], world: int) -> tuple[str, Optional[s
 
 
 def disagreement(states: Sequence[RankState]) -> Optional[str]:
-    """None when all report the same version, mode and (switch on) design; else the message:
-    each group of ranks with what it runs, then the fix for each field that differs."""
+    """None when all report the same version, mode and (switch on) design; else the message."""
     groups: dict[tuple, list[RankState]] = {}
     for s in sorted(states, key=lambda s: s.rank):
         groups.setdefault(s.key(), []).append(s)
@@ -126,8 +120,7 @@ def disagreement(states: Sequence[RankState]) -> Optional[str]:
     if overridden:
         lines.append(f"  {_ranks(overridden)}: started by a process with VLLM_FP4_MOE_PLUGIN=1 "
                      "(where `vllm serve` runs), but the worker's own environment has "
-                     f"{_switch(overridden[0])}, which wins (Ray keeps a worker's own "
-                     "variables).")
+                     f"{_switch(overridden[0])}, which wins (Ray keeps a worker's own variables).")
     on = [k for k in groups if k[2] != "off"]
     differs = [f for i, f in enumerate(AGREED)
                if len({k[i] for k in (on if f == "design" else groups)}) > 1]
@@ -153,8 +146,7 @@ _FIXES = {
     "version": "Install the same vllm-fp4-moe-plugin version on every node.",
     "design": "Install the same vLLM release on every node.",
     "overridden": ("Unset VLLM_FP4_MOE_PLUGIN (or set it to 1) in the environment of those "
-                   "workers: for Ray, where `ray start` runs on each node."),
-}
+                   "workers: for Ray, where `ray start` runs on each node.")}
 
 
 # -- the rendezvous ---------------------------------------------------------------------
@@ -197,8 +189,8 @@ def local_state(rank: int, report: Report) -> RankState:
 
 
 def _vllm_ranks(rank: int) -> str:
-    """"TP 1/2, PP 0/3, DP 0/2" from the worker's config (no groups yet), numbered as
-    initialize_model_parallel does: DP-major, then PP, prefill context parallel, TP."""
+    """"TP 1/2, PP 0/3, DP 0/2" from the worker's config, numbered as initialize_model_parallel
+    does (DP-major, then PP, prefill context parallel, TP)."""
     try:
         found = [getattr(sys.modules.get(m), "_current_vllm_config", None)
                  for m in ("vllm.config.vllm", "vllm.config")]  # 0.12.0+, 0.11.0

@@ -1,9 +1,8 @@
 """Run a callback right after vLLM first imports one of a few modules.
 
-Why: probing and patching need vLLM's MoE modules, whose first import costs seconds (triton,
-FlashInfer, ...), too slow for ``register()``, which runs in every vLLM process. vLLM imports
-them itself (every ``ModelConfig`` verifies its quantization method, config/model.py:879-930)
-before it looks up the classes we replace, so patching then is both cheap and in time.
+Probing and patching need vLLM's MoE modules, whose first import takes seconds: too slow for
+``register()``, run in every vLLM process. vLLM imports them itself (config/model.py:879-930)
+before it looks up the classes we replace, so patching then is cheap and in time.
 """
 
 from __future__ import annotations
@@ -15,8 +14,7 @@ from typing import Callable, Iterable, Optional
 
 class _CallbackLoader(importlib.abc.Loader):
     def __init__(self, inner, done: Callable[[], None]) -> None:
-        self._inner = inner
-        self._done = done
+        self._inner, self._done = inner, done
 
     def create_module(self, spec):
         return self._inner.create_module(spec)
@@ -31,9 +29,7 @@ class _CallbackLoader(importlib.abc.Loader):
 
 class _AfterImport(importlib.abc.MetaPathFinder):
     def __init__(self, modules: Iterable[str], callback: Callable[[], None]) -> None:
-        self.modules = frozenset(modules)
-        self.callback = callback
-        self.fired = False
+        self.modules, self.callback, self.fired = frozenset(modules), callback, False
 
     def find_spec(self, fullname, path, target=None):
         if self.fired or fullname not in self.modules:
@@ -59,13 +55,11 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 
 class _Refuse(importlib.abc.MetaPathFinder):
-    """Raise ``error`` on every later import of ``modules``: after a failed install the module
-    whose import ran the callback is dropped from ``sys.modules``, and a second import (a
-    caller that retries) must not quietly get the unpatched module."""
+    """Raise ``error`` on every later import of ``modules``: after a failed install, a retried
+    import of the module dropped from ``sys.modules`` must not quietly get it unpatched."""
 
     def __init__(self, modules: Iterable[str], error: BaseException) -> None:
-        self.modules = frozenset(modules)
-        self.error = error
+        self.modules, self.error = frozenset(modules), error
 
     def find_spec(self, fullname, path, target=None):
         if fullname in self.modules:
@@ -94,10 +88,8 @@ def _remove_refusal() -> None:
 
 def run_after_first_import(modules: Iterable[str],
                            callback: Callable[[], None]) -> Optional[_AfterImport]:
-    """Call ``callback`` once: now if any of ``modules`` is imported, else right after the
-    first of them finishes importing. Several callbacks may wait at once (the patch install
-    for vLLM's MoE modules, the load watchers for torch), each on its own modules. Returns the
-    pending hook (for :func:`cancel`), or None if the callback already ran."""
+    """Call ``callback`` once: now if any of ``modules`` is imported, else right after the first of
+    them is (several may wait). Returns the pending hook, or None if the callback already ran."""
     modules = tuple(modules)
     if any(m in sys.modules for m in modules):
         callback()

@@ -1,11 +1,8 @@
 """One WARNING per process when the plugin is installed, off, and a layer needs it.
 
-Read-only: a parameter-registration hook (:mod:`.param_watch`) asks ``support.stock_hole`` about
-each NVFP4 MoE layer. Pre-oracle designs: at risk if the per-expert ``w13_input_scale_quant``
-registered after loading (v0110 modelopt.py:1317, compressed_tensors_moe.py:307) is not uniform.
-Oracle design (the hole is in other ranks' scales): compressed-tensors in such a layout, naming
-the audit command. Stops after warning once; never waits, never refuses.
-"""
+Read-only (a :mod:`.param_watch` hook). Pre-oracle designs: at risk if the per-expert
+``w13_input_scale_quant`` (v0110 modelopt.py:1317, compressed_tensors_moe.py:307) is not uniform;
+oracle: compressed-tensors in a layout mixing ranks' scales. Warns once; never waits or refuses."""
 
 from __future__ import annotations
 
@@ -60,16 +57,14 @@ def _installed_design():
 
 
 def _at_risk_where(module) -> Optional[str]:
-    """None if stock vLLM of the installed design computes this layer right; else the words
-    for where it does not. The rule is the support model's (``support.stock_hole``)."""
+    """None if stock vLLM computes this layer right (``support.stock_hole``); else where not."""
     design = _installed_design()
     if design not in (support.Design.INIT_PREPARE_FINALIZE, support.Design.MODULAR_METHOD):
         return None
     cfg = getattr(module, "moe_parallel_config", None)
     fmt = ("modelopt" if type(module.quant_method).__name__ == "ModelOptNvFp4FusedMoE"
            else "compressed-tensors")
-    layout = support.Layout.deployed(tp=getattr(cfg, "tp_size", 1),
-                                     dp=getattr(cfg, "dp_size", 1),
+    layout = support.Layout.deployed(tp=getattr(cfg, "tp_size", 1), dp=getattr(cfg, "dp_size", 1),
                                      ep=bool(getattr(cfg, "use_ep", False)))
     if support.stock_hole(design, fmt, layout) != support.WRONG:
         return None
@@ -77,8 +72,7 @@ def _at_risk_where(module) -> Optional[str]:
 
 
 def _on_oracle_parameter(module) -> None:
-    """NVFP4_ORACLE design: warn if this compressed-tensors layer is in a layout where stock can
-    mix ranks' scales."""
+    """NVFP4_ORACLE: warn for a compressed-tensors layer where stock can mix the ranks' scales."""
     from vllm_fp4_moe_plugin import compat
 
     pc = getattr(getattr(module, "moe_config", None), "moe_parallel_config", None)

@@ -1,15 +1,12 @@
 """The one rule every NVFP4 global scale of a checkpoint must satisfy, in one place.
 
-Used by the plugin at load time (:func:`vllm_fp4_moe_plugin.scales.check_positive_finite`) and
-by ``audit`` / ``doctor`` on the checkpoint's tensors, so a file the plugin refuses at load is a
-bad checkpoint in the CLI too, with the same words. Pure Python (no torch or numpy), so ``audit``
-stays fast. A global scale is bad when it is not floating point (vLLM's loader would convert an
-int32 or bool tensor silently), does not have the expected number of elements, or holds a NaN,
-inf, zero or negative value: each poisons every token routed through that expert. Activation
-scales are judged by :func:`uncalibrated` instead: a quantizer writes any value for an expert
-that saw no calibration token, a known calibration outcome rather than corruption, which the
-plugin replaces at load by the calibrated experts' max amax (docs/NVFP4-FORMAT.md §6).
-"""
+Shared by the plugin at load (:func:`vllm_fp4_moe_plugin.scales.check_positive_finite`) and
+``audit`` / ``doctor``, so a file the plugin refuses is a bad checkpoint in the CLI too, in the same
+words; pure Python, so ``audit`` stays fast. A global scale is bad when not floating point (vLLM's
+loader converts int32 or bool silently), of the wrong size, or NaN, inf, zero or negative: each
+poisons every token routed through that expert. Activation scales are judged by
+:func:`uncalibrated`: the value of an expert no calibration token reached is a known outcome, not
+corruption, which the plugin replaces by the calibrated experts' max amax (NVFP4-FORMAT §6)."""
 
 from __future__ import annotations
 
@@ -19,9 +16,8 @@ from typing import Optional, Sequence
 
 from vllm_fp4_moe_plugin.nvfp4_constants import E4M3_MAX
 
-# The dtypes a global scale may be stored in: every exporter writes float32; 16- and 64-bit floats
-# convert exactly enough. 8-bit floats do not: E4M3's largest value is 448, below typical
-# compressed-tensors global scales, and 3 mantissa bits would move every scale by up to 6 %.
+# Every exporter writes float32; 16- and 64-bit floats convert exactly enough. 8-bit floats do not:
+# E4M3's max, 448, is below typical compressed-tensors global scales; 3 mantissa bits: up to 6 %.
 ALLOWED_DTYPES = ("float32", "bfloat16", "float16", "float64")
 _ALIASES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16", "f64": "float64",
             "float": "float32", "half": "float16", "double": "float64"}
@@ -51,12 +47,8 @@ def check_scale(values: Sequence[float], *, where: str, name: str, dtype: Option
                 shape: Optional[Sequence[int]] = None, expect_numel: Optional[int] = None,
                 per_expert: int = 0, index_note: str = "", activation: bool = False) -> None:
     """Raise :class:`InvalidScaleError` naming ``where`` (layer or file) and ``name`` (tensor).
-
-    ``values``: the tensor's elements, flattened. ``per_expert``: elements per expert when the
-    tensor stacks experts (its first dimension), so the message names the expert (0: one
-    expert); ``index_note`` qualifies that index. ``activation``: an input scale, whose values
-    are judged by :func:`uncalibrated` instead; its dtype and shape are still checked here.
-    """
+    ``per_expert``: elements per expert of a stacked tensor, to name the expert (0: one expert;
+    ``index_note`` qualifies it). ``activation``: an input scale: dtype and shape only."""
     if dtype is not None and not is_float_dtype(dtype):
         raise InvalidScaleError(
             f"{where}: checkpoint scale {name!r} has dtype {dtype}; NVFP4 global scales must be "
@@ -83,27 +75,21 @@ def check_scale(values: Sequence[float], *, where: str, name: str, dtype: Option
 
 # --- uncalibrated activation scales ----------------------------------------------------------
 E4M3_MIN_NORMAL = 2.0 ** -6  # smallest normal of E4M3 (NVFP4's block-scale format)
-# How far from the layer's reference input amax an expert's amax may lie before no calibration of
-# this layer can have produced it: E4M3's normal range, 448 / 2**-6 = 28672 (2**14.8), either way.
-# Shared as one scale (vLLM 0.14+ collapses each rank's experts to their max; every DP dispatch
-# shares one scale over the EP group), an amax that much larger makes even the largest block
-# scale of the reference expert's activations subnormal in E4M3, and 16x further flushes them to
-# zero: the layer computes nothing. Used per expert (0.11.x keeps per-expert scales), one that
-# much smaller saturates every block of that expert's tokens. Real spreads are orders of
-# magnitude smaller (llmcompressor, measured: 1.0-1.5x gate/up, 5-17x down_proj; NVFP4-FORMAT §6).
+# How far from the layer's reference input amax an expert's amax may lie, either way, before no
+# calibration can have produced it: E4M3's normal range, 448 / 2**-6 = 28672 (2**14.8). Shared as
+# one scale (0.14+ takes each rank's max; DP dispatch shares one over the EP group), an amax that
+# much larger makes the reference expert's largest block scale subnormal (16x further: zero, the
+# layer computes nothing); per expert (0.11.x), one that much smaller saturates every block. Real
+# spreads are far smaller (llmcompressor: 1.0-1.5x gate/up, 5-17x down_proj; NVFP4-FORMAT §6).
 UNCALIBRATED_MARGIN = E4M3_MAX / E4M3_MIN_NORMAL
 
 
 def uncalibrated(amax: Sequence) -> dict[int, str]:
-    """The experts whose activation scale no calibration of this layer could have produced,
-    each with its kind: ``"high"`` (a value NaN, inf or above the margin: a max over experts
-    takes it and poisons the layer's scale) or ``"low"`` (0, negative or below: a max ignores it).
-
-    ``amax``: per expert, a value (or a tuple, e.g. gate and up) proportional to its input amax.
-    An expert is uncalibrated when any of its values is not finite and > 0, or lies more than
-    :data:`UNCALIBRATED_MARGIN` times off the layer's reference amax: the lower median of all
-    its finite positive values, which a minority of such values cannot move.
-    """
+    """The experts whose activation scale no calibration of this layer could have produced, by
+    kind: ``"high"`` (NaN, inf or above the margin: a max over experts takes it, poisoning the
+    layer) or ``"low"`` (0, negative or below: a max ignores it). ``amax``: per expert, a value or
+    tuple (gate, up) proportional to its input amax. The margin is around the lower median of all
+    finite positive values, which a minority of bad values cannot move."""
     values = [tuple(a) if isinstance(a, (tuple, list)) else (a,) for a in amax]
     usable = sorted(v for vs in values for v in vs if 0 < v < math.inf)
     if not usable:

@@ -1,14 +1,11 @@
 """The activation-scale policy, as pure functions of per-expert scales and the parallel layout.
 
-In vLLM 0.11.0 the quant config must describe what prepare/finalize really does
-(docs/ROOT-CAUSE.md §9). TP-like layouts pass bf16 through and the kernel quantizes each routed
-row with its own expert's scale: the per-expert vectors ``gs_e`` and ``g1_alphas[e] = ws2_e /
-gs_e`` stay. DP layouts quantize once on the sender, before the destination expert is known, so
-one scalar must serve every expert on every EP rank: ``g* = min_e gs_e`` over the EP group (the
-largest calibrated amax, so no expert saturates more than it was calibrated for), with
-``g1_alphas[e] = ws2_e / g*`` rebuilt. Nothing here imports vLLM; the one collective takes the
-process group as an argument.
-"""
+In vLLM 0.11.0 the quant config must describe what prepare/finalize does (docs/ROOT-CAUSE.md §9).
+TP-like layouts pass bf16 and the kernel quantizes each row with its expert's scale: ``gs_e`` and
+``g1_alphas[e] = ws2_e / gs_e`` stay. DP layouts quantize once on the sender, before the expert is
+known, so one scalar serves every expert: ``g* = min_e gs_e`` over the EP group (the largest
+calibrated amax: no expert saturates more than calibrated), ``g1_alphas[e] = ws2_e / g*`` rebuilt.
+No vLLM import; the one collective takes the process group as an argument."""
 
 from __future__ import annotations
 
@@ -38,10 +35,8 @@ class Gemm1ActivationScales:
 
 def check_positive_finite(tensor: torch.Tensor, *, layer: str, name: str,
                           index_note: str = "", activation: bool = False) -> None:
-    """Raise by the rule of :mod:`vllm_fp4_moe_plugin.scale_check`, naming the layer, the
-    tensor and the first bad expert (``index_note`` qualifies its index, e.g. local to an EP
-    rank). ``activation``: only the dtype is checked (:func:`repair_uncalibrated` judges the
-    values)."""
+    """Raise by ``scale_check``'s rule, naming the layer, tensor and first bad expert (qualified by
+    ``index_note``). ``activation``: dtype only (:func:`repair_uncalibrated` judges values)."""
     t = tensor.detach()
     if not t.is_floating_point() or t.dtype.itemsize == 1:  # float8 scales are refused too
         check_scale([], where=layer, name=name, dtype=str(t.dtype))
@@ -57,8 +52,7 @@ def check_positive_finite(tensor: torch.Tensor, *, layer: str, name: str,
 
 
 class UncalibratedScaleError(InvalidScaleError):
-    """``VLLM_FP4_MOE_PLUGIN_CHECK=strict``: a layer has experts without calibrated activation
-    scales; the message says how to re-quantize."""
+    """``VLLM_FP4_MOE_PLUGIN_CHECK=strict`` and a layer has experts without calibrated scales."""
 
 
 _uncalibrated_warned = False
@@ -67,11 +61,10 @@ _uncalibrated_warned = False
 def repair_uncalibrated(stored: torch.Tensor, *, reciprocal: bool, layer: str, name: str,
                         index_note: str = "", stock_effect: str = "",
                         missing: tuple = ()) -> torch.Tensor:
-    """``stored`` (one layer's per-expert activation scales, ``[E]`` or ``[E, k]``) unchanged, or
-    a copy whose uncalibrated experts (:func:`scale_check.uncalibrated`) carry the stored value
-    of the calibrated expert with the largest amax, as NVIDIA's ModelOpt exporter does.
-    ``reciprocal``: inverse to the amax (``input_global_scale``). The first layer that needs it
-    logs a WARNING per process, later ones INFO; strict mode raises UncalibratedScaleError."""
+    """``stored`` (one layer's activation scales, ``[E]`` or ``[E, k]``) unchanged, or a copy
+    whose uncalibrated experts carry the value of the calibrated expert with the largest amax, as
+    ModelOpt's exporter does. ``reciprocal``: inverse to the amax (``input_global_scale``). Logs a
+    WARNING at the first such layer per process, then INFO; strict mode raises."""
     values = stored.detach().float().reshape(stored.shape[0] if stored.dim() else 1, -1)
     with torch.no_grad():
         amax = (1.0 / values) if reciprocal else values  # a stored 0 becomes inf
@@ -96,19 +89,17 @@ def repair_uncalibrated(stored: torch.Tensor, *, reciprocal: bool, layer: str, n
     if envs.VLLM_FP4_MOE_PLUGIN_CHECK == "strict":
         raise UncalibratedScaleError(
             f"{where}: uncalibrated activation scale (the expert saw no calibration token, or "
-            "the checkpoint has no such tensor). "
-            f"{stock_effect}Re-quantize with calibration that reaches every expert "
-            "(llmcompressor: moe_calibrate_all_experts=True, its default), or set "
-            "VLLM_FP4_MOE_PLUGIN_CHECK=warn to serve with the calibrated experts' max amax "
+            f"the checkpoint has no such tensor). {stock_effect}Re-quantize with calibration that "
+            "reaches every expert (llmcompressor: moe_calibrate_all_experts=True, its default), "
+            "or set VLLM_FP4_MOE_PLUGIN_CHECK=warn to serve with the calibrated experts' max amax "
             "for them.")
     global _uncalibrated_warned
     log = logger.info if _uncalibrated_warned else logger.warning
     _uncalibrated_warned = True
     log("vllm-fp4-moe-plugin: %s: uncalibrated activation scale (no calibration token reached "
         "the expert, or the checkpoint has no such tensor); loading the calibrated experts' "
-        "max amax instead (value %.6g), as "
-        "ModelOpt's exporter does. %sRe-quantize with all-experts calibration to remove this.",
-        where, float(fallback), stock_effect)
+        "max amax instead (value %.6g), as ModelOpt's exporter does. %sRe-quantize with "
+        "all-experts calibration to remove this.", where, float(fallback), stock_effect)
     out = stored.detach().clone()
     rows = torch.tensor(bad, dtype=torch.long, device=stored.device)
     out.reshape(values.shape)[rows] = fallback.to(out.dtype).to(out.device)
@@ -127,19 +118,15 @@ def _reset_for_tests() -> None:
 
 def per_expert_scales(gs: torch.Tensor, g1_alphas: torch.Tensor) -> Gemm1ActivationScales:
     """TP-like layouts: keep vLLM's per-expert vectors (their values are already consistent)."""
-    return Gemm1ActivationScales(
-        a1_gscale=gs.float().reshape(-1).contiguous(),
-        g1_alphas=g1_alphas.float().reshape(-1).contiguous(),
-    )
+    return Gemm1ActivationScales(a1_gscale=gs.float().reshape(-1).contiguous(),
+                                 g1_alphas=g1_alphas.float().reshape(-1).contiguous())
 
 
 def shared_scalar_scales(g_star: torch.Tensor, ws2: torch.Tensor) -> Gemm1ActivationScales:
     """DP layouts: one quantization scale for every expert; alphas rebuilt to match it."""
     g = g_star.float().reshape(())
-    return Gemm1ActivationScales(
-        a1_gscale=g.contiguous(),
-        g1_alphas=(ws2.float().reshape(-1) / g).contiguous(),
-    )
+    return Gemm1ActivationScales(a1_gscale=g.contiguous(),
+                                 g1_alphas=(ws2.float().reshape(-1) / g).contiguous())
 
 
 class ScaleAgreementTimeout(RuntimeError):
@@ -148,17 +135,15 @@ class ScaleAgreementTimeout(RuntimeError):
 
 def agree_min_scale(gs_local: torch.Tensor, group=None, *, layer: str = "",
                     timeout_s: float | None = None) -> torch.Tensor:
-    """min over this rank's experts, then MIN all-reduce over ``group`` (a CPU/gloo group;
-    None: a single rank). Every rank of the EP group walks the MoE layers in the same order at
-    weight-processing time, so the collective is matched one-to-one across ranks."""
+    """min over this rank's experts, then MIN over ``group`` (CPU/gloo; None: one rank). Every
+    rank walks the MoE layers in the same order, so the collectives match one-to-one."""
     local = gs_local.detach().float().min().reshape(1).cpu()
     return _all_reduce_min(local, group, layer, timeout_s).reshape(()).to(gs_local.device)
 
 
 def agree_min_max(values: torch.Tensor, group=None, *, layer: str = "",
                   timeout_s: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(min, max) over ``values`` on every rank of ``group``, in one collective (a MIN
-    all-reduce of ``[min, -max]``); fp32 scalars on ``values``' device."""
+    """(min, max) over ``values`` on every rank of ``group``: one MIN all-reduce of [min, -max]."""
     v = values.detach().float()
     local = torch.stack([v.min(), -v.max()]).cpu()
     out = _all_reduce_min(local, group, layer, timeout_s).to(values.device)
@@ -167,18 +152,16 @@ def agree_min_max(values: torch.Tensor, group=None, *, layer: str = "",
 
 def agree_max(values: torch.Tensor, group=None, *, layer: str = "",
               timeout_s: float | None = None) -> torch.Tensor:
-    """max over ``values``, then MAX over ``group``, in fp32: the 0.14.0+ twin of
-    :func:`agree_min_scale` (vLLM there collapses the activation amax with a max). The result is
-    exactly one of the inputs, so a rank whose own max already equals it sees no change."""
+    """max over ``values``, then MAX over ``group`` (fp32): :func:`agree_min_scale`'s 0.14.0+ twin.
+    Exactly one of the inputs, so a rank whose own max equals it sees no change."""
     local = -values.detach().float().max().reshape(1).cpu()
     return -_all_reduce_min(local, group, layer, timeout_s).reshape(())
 
 
 def _all_reduce_min(local: torch.Tensor, group, layer: str,
                     timeout_s: float | None) -> torch.Tensor:
-    """One MIN all-reduce of ``local`` (CPU fp32) over ``group``, no barrier before it: its wait
-    is bounded by ``timeout_s`` (default ``VLLM_FP4_MOE_PLUGIN_TIMEOUT_S``), and a timeout
-    (:class:`ScaleAgreementTimeout`) names the ranks that are behind (:class:`_Progress`)."""
+    """One MIN all-reduce of ``local`` (CPU fp32) over ``group``, no barrier, waiting at most
+    ``timeout_s`` (default ``VLLM_FP4_MOE_PLUGIN_TIMEOUT_S``): a timeout names the ranks behind."""
     if group is None:
         return local
     import torch.distributed as dist
@@ -203,8 +186,7 @@ def _all_reduce_min(local: torch.Tensor, group, layer: str,
 
 
 class _Progress:
-    """How many agreements this rank has reached, written to the world's rendezvous store
-    (a key per rank; not a collective), so that a timed-out rank can say who is behind."""
+    """This rank's agreement count in the world's store (a key per rank), to name ranks behind."""
 
     PREFIX = "vllm_fp4_moe_plugin/agree/"
 

@@ -1,10 +1,9 @@
 """Where stock vLLM computes NVFP4 MoE layers wrongly, by design, format and layout: vLLM-free.
 
-One place for this knowledge, asked by the patches, ``doctor``, ``audit``, the off-switch warning
-and the matrix; docs/SUPPORT.md's table is checked against it. The mechanisms are
-docs/ROOT-CAUSE.md's (§5 for 0.11.0, §12 for the oracle design). Citation prefixes: ``FM`` =
-``vllm/model_executor/layers/fused_moe``, ``Q`` = ``vllm/model_executor/layers/quantization``
-(docs/CITATIONS.md).
+Asked by the patches, ``doctor``, ``audit``, the off-switch warning and the matrix; checked against
+docs/SUPPORT.md's table. Mechanisms: docs/ROOT-CAUSE.md §5 (0.11.0), §12 (oracle). Citation
+prefixes (docs/CITATIONS.md): ``FM`` = ``vllm/model_executor/layers/fused_moe``, ``Q`` =
+``vllm/model_executor/layers/quantization``.
 """
 
 from __future__ import annotations
@@ -16,10 +15,8 @@ from typing import Optional, Sequence
 
 
 class Design(str, Enum):
-    """vLLM's NVFP4 MoE designs, named for what each one *is* (the name of the ledger's
-    ``patches/<design>/``, reports and matrix rows). The installed one is found by feature
-    probes (``compat``); the release ranges (read from each wheel, docs/SUPPORT.md) only serve
-    judging a release that is not installed (``audit --vllm``) and the words users read."""
+    """vLLM's NVFP4 MoE designs, named for what each one *is*. The installed one is found by
+    feature probes (``compat``); the release ranges serve ``audit --vllm`` and what users read."""
 
     # Quant methods build their modular kernel in FusedMoEMethodBase.init_prepare_finalize.
     INIT_PREPARE_FINALIZE = "init_prepare_finalize"
@@ -54,11 +51,9 @@ class Design(str, Enum):
         return f"{self.value} design (vLLM {self.releases})"
 
 
-_DESIGN_RELEASES = {
-    Design.INIT_PREPARE_FINALIZE: ((0, 11, 0), (0, 11, 0)),
-    Design.MODULAR_METHOD: ((0, 11, 1), (0, 13, 0)),
-    Design.NVFP4_ORACLE: ((0, 14, 0), (0, 34, 0)),
-}
+_DESIGN_RELEASES = {Design.INIT_PREPARE_FINALIZE: ((0, 11, 0), (0, 11, 0)),
+                    Design.MODULAR_METHOD: ((0, 11, 1), (0, 13, 0)),
+                    Design.NVFP4_ORACLE: ((0, 14, 0), (0, 34, 0))}
 DESIGNS = tuple(Design)  # oldest first
 
 
@@ -88,38 +83,32 @@ def design(key: str | Design) -> Design:
         raise ValueError(f"unknown MoE design {key!r}: one of "
                          f"{[d.value for d in DESIGNS]}") from None
 
-# vLLM's --all2all-backend values whose prepare step quantizes NVFP4 activations on the
-# *receiving* rank (after dispatch, with the receiver's own scale), so they are consistent
-# whatever the ranks' scales are: DeepEP high-throughput and v2 dispatch bf16 (v0.34.0
-# FM/prepare_finalize/deepep_ht.py:315-334, deepep_v2.py:355-376), NIXL-EP bf16
-# (nixl_ep.py:178-180), MORI is ROCm-only, MoonEP refuses quantized dispatch (moonep.py:343),
-# "passthrough" feeds a megakernel that quantizes dynamically (passthrough.py:30-41).
+# --all2all-backend values quantizing on the *receiving* rank (own scale): consistent whatever
+# the ranks' scales. In v0.34.0 FM/prepare_finalize/, DeepEP HT, v2 and NIXL-EP dispatch bf16
+# (deepep_ht.py:315-334, deepep_v2.py:355-376, nixl_ep.py:178-180), MORI is ROCm-only, MoonEP
+# refuses quantized dispatch (moonep.py:343), passthrough.py:30-41 quantizes in its kernel.
 RECEIVER_QUANTIZING_ALL2ALL = frozenset({
     "deepep_high_throughput", "deepep_v2", "nixl_ep", "mori", "moonep", "passthrough"})
-# DeepEP low-latency dispatches bf16 unless VLLM_DEEPEPLL_NVFP4_DISPATCH=1, which makes DeepEP
-# quantize on the sender with the sender's a1_gscale (deepep_ll.py:197-216, 268-319).
+# DeepEP low-latency dispatches bf16 unless VLLM_DEEPEPLL_NVFP4_DISPATCH=1: then it quantizes on
+# the sender with the sender's a1_gscale (deepep_ll.py:197-216, 268-319).
 DEEPEP_LL = "deepep_low_latency"
 
 
 def quantizes_on_sender(all2all_backend: str, *, deepep_ll_nvfp4_dispatch: bool = False) -> bool:
-    """Does this all-to-all backend quantize GEMM1's input before the tokens leave their rank?
-
-    The default ``allgather_reducescatter`` (and its aliases ``naive``/``pplx``) and FlashInfer's
-    NVLink one- and two-sided dispatchers (``flashinfer_all2allv`` is an alias of two-sided) do
-    (v0.34.0 FM/prepare_finalize/naive_dp_ep.py:26-54, flashinfer_nvlink_two_sided.py:101-110,
-    flashinfer_nvlink_one_sided.py:127-137). An unknown backend counts as quantizing on the
-    sender: agreeing on one scale is consistent either way.
-    """
+    """Does this all-to-all backend quantize GEMM1's input before the tokens leave their rank? The
+    default (aliases ``naive``/``pplx``) and FlashInfer's NVLink one- and two-sided dispatchers
+    (alias ``flashinfer_all2allv``) do (v0.34.0 FM/prepare_finalize/naive_dp_ep.py:26-54,
+    flashinfer_nvlink_two_sided.py:101-110, flashinfer_nvlink_one_sided.py:127-137); so does an
+    unknown backend: agreeing on one scale is consistent either way."""
     if all2all_backend == DEEPEP_LL:
         return deepep_ll_nvfp4_dispatch
     return all2all_backend not in RECEIVER_QUANTIZING_ALL2ALL
 
 
 def ep_slices(num_experts: int, ep_size: int, placement: str = "linear") -> list[list[int]]:
-    """The global expert ids each EP rank owns, as vLLM's ``determine_expert_map`` places them
-    (v0.34.0 FM/expert_map_manager.py:22-100): ``linear`` gives contiguous blocks, the first
-    ``num_experts % ep_size`` ranks one expert more; ``round_robin`` gives rank r the experts
-    r, r + ep_size, ..."""
+    """The global expert ids each EP rank owns, as ``determine_expert_map`` places them (v0.34.0
+    FM/expert_map_manager.py:22-100): ``linear``: contiguous blocks, one more expert on each of the
+    first ``num_experts % ep_size`` ranks; ``round_robin``: rank r gets r, r + ep_size, ..."""
     if ep_size < 1 or num_experts < 1:
         raise ValueError(f"need >= 1 expert and EP size >= 1, not {num_experts} and {ep_size}")
     if placement == "round_robin":
@@ -137,9 +126,8 @@ def ep_slices(num_experts: int, ep_size: int, placement: str = "linear") -> list
 
 def rank_local_maxima(input_amax: Sequence[float], ep_size: int,
                       placement: str = "linear") -> list[float]:
-    """Per EP rank, the max GEMM1 input amax over its local experts: the scale stock
-    compressed-tensors collapses to on that rank (``input_amax[e]`` = 1 / input global scale,
-    max over the expert's w1/w3 shards). A rank without experts has none (0.0)."""
+    """Per EP rank, the max GEMM1 input amax over its local experts (0.0: none), the scale stock
+    compressed-tensors collapses to there (``input_amax[e]``: 1 / input global scale, max w1/w3)."""
     return [max((input_amax[e] for e in s), default=0.0)
             for s in ep_slices(len(input_amax), ep_size, placement)]
 
@@ -156,9 +144,8 @@ def oracle_design_hole(fmt: str, *, dp: int, ep: bool, all2all_backend: str,
                        enable_eplb: bool = False, eplb_agrees: bool = False,
                        deepep_ll_nvfp4_dispatch: bool = False,
                        global_scale_backend: bool = True) -> bool:
-    """Can stock vLLM (0.14.0+ design) compute this layer with mismatched GEMM1 scales?
-    ``eplb_agrees``: the release's helper all-reduces under EPLB (0.28.0+). Whether it *does*
-    also needs the ranks' local maxima to differ (:func:`stock_dp_ep_off_by`)."""
+    """Can stock vLLM (0.14.0+) compute this layer with mismatched GEMM1 scales (it does if the
+    ranks' local maxima differ)? ``eplb_agrees``: the release all-reduces under EPLB (0.28.0+)."""
     if fmt != "compressed-tensors" or dp <= 1 or not ep or not global_scale_backend:
         return False
     if enable_eplb and eplb_agrees:
@@ -169,24 +156,20 @@ def oracle_design_hole(fmt: str, *, dp: int, ep: bool, all2all_backend: str,
 # --- the layouts the matrix, audit and doctor speak of ------------------------------------------
 
 DEFAULT_ALL2ALL = "allgather_reducescatter"  # vLLM's --all2all-backend default
-# Backends with a GEMM1 scale that can disagree with the activations' quantization, per design:
-# FlashInfer's (0.11.0: CUTLASS and TRT-LLM, v0110 modelopt.py:1445-1449; the 0.11.1 design
-# fixed all but CUTLASS under DP; the oracle design: every global-scale backend,
-# v0.34.0 FM/oracle/nvfp4.py:69-83). Marlin never reads activation scales; vLLM's own CUTLASS
-# kernel quantizes per expert.
+# Backends whose GEMM1 scale can disagree with the activations' quantization, per design:
+# FlashInfer's (0.11.0: CUTLASS and TRT-LLM, v0110 modelopt.py:1445-1449; 0.11.1 fixed all but
+# CUTLASS under DP; the oracle: every global-scale backend, v0.34.0 FM/oracle/nvfp4.py:69-83).
+# Marlin never reads activation scales; vLLM's own CUTLASS kernel quantizes per expert.
 _KERNELS_WITH_HOLES = {
     Design.INIT_PREPARE_FINALIZE: ("flashinfer_cutlass", "flashinfer_trtllm"),
     Design.MODULAR_METHOD: ("flashinfer_cutlass",),
-    Design.NVFP4_ORACLE: ("flashinfer_cutlass", "flashinfer_trtllm", "flashinfer_cutedsl"),
-}
+    Design.NVFP4_ORACLE: ("flashinfer_cutlass", "flashinfer_trtllm", "flashinfer_cutedsl")}
 
 
 @dataclass(frozen=True)
 class Layout:
-    """One parallel layout, as vLLM's flags set it (``--tensor-parallel-size`` ...,
-    ``--enable-expert-parallel``, ``--all2all-backend``). ``name`` is its class in the
-    matrix's vocabulary (:data:`LAYOUTS`); a deployment (:meth:`deployed`) keeps its own sizes.
-    """
+    """One parallel layout, as vLLM's flags set it. ``name``: its class in the matrix's vocabulary
+    (:data:`LAYOUTS`); a deployment (:meth:`deployed`) keeps its own sizes."""
 
     name: str
     tp: int = 1
@@ -195,8 +178,7 @@ class Layout:
     ep: bool = False
     all2all: str = DEFAULT_ALL2ALL
     placement: str = "linear"  # vLLM's --expert-placement-strategy
-    # the all2all backend does not exist before this design
-    first_design: Design = Design.INIT_PREPARE_FINALIZE
+    first_design: Design = Design.INIT_PREPARE_FINALIZE  # the all2all backend's first design
 
     @classmethod
     def deployed(cls, tp: int = 1, dp: int = 1, pp: int = 1, ep: bool = False,
@@ -209,8 +191,7 @@ class Layout:
                     else "dp_ep_one_sided" if all2all == "flashinfer_nvlink_one_sided"
                     else "dp_ep_allgather")
         elif tp > 1:
-            name = ("tp_all2allv" if all2all == "flashinfer_all2allv"
-                    else "tp_ep" if ep else "tp")
+            name = "tp_all2allv" if all2all == "flashinfer_all2allv" else "tp_ep" if ep else "tp"
         else:
             name = "pp" if pp > 1 else "single"
         return cls(name, tp=tp, pp=pp, dp=dp, ep=ep, all2all=all2all, placement=placement,
@@ -232,19 +213,14 @@ class Layout:
 
 
 LAYOUTS: dict[str, Layout] = {s.name: s for s in (
-    Layout("single"),
-    Layout("pp", pp=2),
-    Layout("tp", tp=2),
-    Layout("tp_ep", tp=2, ep=True),
+    Layout("single"), Layout("pp", pp=2), Layout("tp", tp=2), Layout("tp_ep", tp=2, ep=True),
     # --all2all-backend flashinfer_all2allv without DP (docs/ROOT-CAUSE.md §7, item 2)
     Layout("tp_all2allv", tp=2, all2all="flashinfer_all2allv"),
     Layout("dp_ep_allgather", dp=2, ep=True),
-    Layout("dp_ep_all2allv", dp=2, ep=True, all2all="flashinfer_all2allv"),
-    Layout("dp", dp=2),
+    Layout("dp_ep_all2allv", dp=2, ep=True, all2all="flashinfer_all2allv"), Layout("dp", dp=2),
     # FlashInfer's NVLink one-sided dispatcher, 0.14.0+ (v0.34.0 FM/all2all_utils.py)
     Layout("dp_ep_one_sided", dp=2, ep=True, all2all="flashinfer_nvlink_one_sided",
-           first_design=Design.NVFP4_ORACLE),
-)}
+           first_design=Design.NVFP4_ORACLE))}
 
 WRONG, FAILS = "wrong", "fails"
 
@@ -252,27 +228,23 @@ WRONG, FAILS = "wrong", "fails"
 WHERE_WRONG = {
     Design.INIT_PREPARE_FINALIZE: "in every parallel layout",
     Design.MODULAR_METHOD: "with data-parallel dispatch",
-    Design.NVFP4_ORACLE: "under DP+EP with a dispatcher that quantizes on the sending rank",
-}
+    Design.NVFP4_ORACLE: "under DP+EP with a dispatcher that quantizes on the sending rank"}
 
 
 def stock_hole(design_key: str | Design, fmt: str, layout: str | Layout,
                kernel: str = "flashinfer_cutlass", *, deepep_ll_nvfp4_dispatch: bool = False,
                enable_eplb: bool = False, eplb_agrees: bool = False) -> Optional[str]:
-    """Where stock vLLM of a design computes an NVFP4 MoE layer on ``kernel`` wrongly:
-    ``WRONG`` (inconsistent GEMM1 scales whenever the scales that matter differ:
-    :func:`stock_wrong_with_scales`), ``FAILS`` (the layer cannot run) or None (consistent).
-    ``layout``: a matrix layout name or a :class:`Layout`; ValueError for one the design does
-    not have. The keywords are :func:`oracle_design_hole`'s."""
+    """Where stock vLLM of a design computes an NVFP4 MoE layer on ``kernel`` wrongly: ``WRONG``
+    (when the scales that matter differ), ``FAILS`` (cannot run) or None. ``layout``: a matrix
+    layout name or a :class:`Layout` (ValueError for one the design lacks)."""
     d = design(design_key)
     spec = LAYOUTS[layout] if isinstance(layout, str) else layout
     if DESIGNS.index(d) < DESIGNS.index(spec.first_design):
         raise ValueError(f"layout {spec.name} needs the {spec.first_design.label} or later")
     if d is Design.NVFP4_ORACLE:
         return WRONG if oracle_design_hole(
-            fmt, dp=spec.dp, ep=spec.ep, all2all_backend=spec.all2all,
-            enable_eplb=enable_eplb, eplb_agrees=eplb_agrees,
-            deepep_ll_nvfp4_dispatch=deepep_ll_nvfp4_dispatch,
+            fmt, dp=spec.dp, ep=spec.ep, all2all_backend=spec.all2all, enable_eplb=enable_eplb,
+            eplb_agrees=eplb_agrees, deepep_ll_nvfp4_dispatch=deepep_ll_nvfp4_dispatch,
             global_scale_backend=kernel in _KERNELS_WITH_HOLES[d]) else None
     if kernel not in _KERNELS_WITH_HOLES[d]:
         return None
@@ -289,9 +261,8 @@ EP_LAYOUTS = ("tp_ep", "dp_ep_allgather", "dp_ep_all2allv")
 
 
 def ep_layout_problem(num_experts: int, ep_size: int, placement: str) -> Optional[str]:
-    """Why vLLM 0.11.0's FlashInfer NVFP4 MoE kernel computes the wrong experts in an EP layout
-    of ``ep_size`` ranks whatever the scales are (the plugin refuses these layouts:
-    UnsupportedLayoutError), or None."""
+    """Why vLLM 0.11.0's FlashInfer NVFP4 MoE kernel computes the wrong experts in this EP layout
+    whatever the scales (the plugin refuses it: UnsupportedLayoutError), or None."""
     if ep_size <= 1:
         return None
     if placement == "round_robin":
@@ -308,10 +279,9 @@ def ep_layout_problem(num_experts: int, ep_size: int, placement: str) -> Optiona
 def stock_wrong_with_scales(design_key: str | Design, fmt: str, stored: Sequence[float],
                             amax: Sequence[float], ep_size: int, placement: str,
                             layouts: Sequence[str]) -> dict[str, bool]:
-    """Per layout, does stock vLLM of a design (where :func:`stock_hole` says it can) compute a
-    layer with these scales wrongly? ``stored``: the per-expert GEMM1 value the pre-oracle
-    designs keep (they quantize with expert 0's, or a rank's first expert's); ``amax``: the
-    activation amax the oracle design collapses per rank (max over gate/up)."""
+    """Per layout, does stock vLLM of a design compute a layer with these scales wrongly?
+    ``stored``: the per-expert GEMM1 value pre-oracle designs keep (quantizing with expert 0's or a
+    rank's first expert's); ``amax``: what the oracle collapses per rank (max over gate/up)."""
     d = design(design_key)
     uneven = any(v != stored[0] for v in stored)
     differ: dict[str, bool] = {}
@@ -330,14 +300,11 @@ def stock_wrong_with_scales(design_key: str | Design, fmt: str, stored: Sequence
 
 # --- uncalibrated experts (an activation scale no calibration produced) ------------------------
 
-def stock_wrong_with_uncalibrated(design_key: str | Design, fmt: str,
-                                  kinds: Sequence[str]) -> bool:
+def stock_wrong_with_uncalibrated(design_key: str | Design, fmt: str, kinds: Sequence[str]) -> bool:
     """Does stock vLLM of a design compute a layer with uncalibrated experts wrongly, in every
-    FlashInfer layout? (measured: docs/ROOT-CAUSE.md §13). The 0.11.x designs keep per-expert
-    scales somewhere on every path (the kernel's GEMM1 or GEMM2 quantization, its alphas), so
-    any uncalibrated expert is used as is; except ModelOpt from 0.11.1, which collapses both
-    GEMMs to the max over all experts (#26135), as every format does from 0.14.0: a max ignores
-    a low value and is poisoned by a high one."""
+    FlashInfer layout (measured: docs/ROOT-CAUSE.md §13)? 0.11.x keeps per-expert scales on every
+    path, using each as is; ModelOpt from 0.11.1 (#26135) and every format from 0.14.0 collapse
+    both GEMMs to the max over experts, which ignores a low value and is poisoned by a high one."""
     d = design(design_key)
     kinds = set(kinds)
     if not kinds:
@@ -347,7 +314,6 @@ def stock_wrong_with_uncalibrated(design_key: str | Design, fmt: str,
 
 
 def plugin_repairs_uncalibrated(design_key: str | Design, fmt: str) -> bool:
-    """Does the plugin give uncalibrated experts the calibrated max amax on this design and
-    format? Everywhere: every design's patch repairs them (docs/ROOT-CAUSE.md §13)."""
+    """Does the plugin repair uncalibrated experts? Both formats, every design (ROOT-CAUSE §13)."""
     design(design_key)  # ValueError for an unknown design
     return fmt in ("modelopt", "compressed-tensors")

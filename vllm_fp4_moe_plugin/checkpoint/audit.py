@@ -2,12 +2,9 @@
 
 Stock vLLM quantizes an MoE layer's input with one GEMM1 input scale (0.11.0: expert 0's, or the
 quantizing rank's first local expert's; 0.14.0+: the sender's local max) and dequantizes with the
-owning expert's (docs/ROOT-CAUSE.md §5, §12), so a checkpoint is judged from its scalars alone
-(:mod:`.scalars`), per layout and EP size, by the support model (``support``) of the release's
-design (``design``; default vLLM 0.11.0's). An *uncalibrated* expert is a finding, reported per
-layer with what stock does with it; the layer's other figures are of what the plugin loads (the
-calibrated experts' max amax for it).
-"""
+owning expert's (docs/ROOT-CAUSE.md §5, §12), so the scalars (:mod:`.scalars`) decide, per layout
+and EP size, by ``support``'s model of the design. An uncalibrated expert is a per-layer finding;
+the layer's other figures are of what the plugin loads."""
 
 from __future__ import annotations
 
@@ -31,8 +28,7 @@ PLACEMENTS = ("linear", "round_robin")
 def layouts_judged(design: Design) -> tuple[str, ...]:
     """The report's layout columns: :data:`LAYOUTS`, plus the NVLink one-sided dispatch on the
     design that has it (doctor looks a deployment's layout up here)."""
-    extra = ("dp_ep_one_sided",) if design is Design.NVFP4_ORACLE else ()
-    return LAYOUTS + extra
+    return LAYOUTS + (("dp_ep_one_sided",) if design is Design.NVFP4_ORACLE else ())
 
 
 @contextlib.contextmanager
@@ -56,17 +52,14 @@ def ep_slices(num_experts: int, ep_size: int, placement: str = "linear") -> list
 
 
 def _amax_like(fmt: str, stored: list[float]) -> list[float]:
-    """Proportional to the activation amax: ModelOpt's input_scale, 1 / compressed-tensors'
-    input_global_scale (a stored 0 becomes inf, a negative stays negative)."""
+    """Proportional to the activation amax: ModelOpt's input_scale, 1 / CT's input_global_scale."""
     if fmt != "compressed-tensors":
         return list(stored)
     return [1.0 / v if v else math.inf for v in stored]
 
 
-def _with_fallback(fmt: str, layer: str, what: str, stored: list[float],
-                   bad) -> list[float]:
-    """``stored`` with the uncalibrated experts given the calibrated experts' max amax: what the
-    plugin loads (``scales.repair_uncalibrated``)."""
+def _with_fallback(fmt: str, layer: str, what: str, stored: list[float], bad) -> list[float]:
+    """``stored`` with uncalibrated experts given the calibrated max amax, as the plugin loads."""
     good = [v for e, v in enumerate(stored) if e not in bad]
     if not bad:
         return list(stored)
@@ -80,12 +73,10 @@ def _with_fallback(fmt: str, layer: str, what: str, stored: list[float],
 
 
 def _layer_report(fmt: str, layer: str, gate: list[float], up: list[float], down: list[float],
-                  ep_size: int, placement: str,
-                  design: Design = Design.INIT_PREPARE_FINALIZE,
+                  ep_size: int, placement: str, design: Design = Design.INIT_PREPARE_FINALIZE,
                   missing: Optional[dict] = None) -> dict:
     """``missing``: per GEMM ("w13", "w2"), the experts whose input-scale tensor the checkpoint
-    lacks (their values arrive as NaN): uncalibrated, and stock computes with whatever its
-    uninitialised parameter held, so it is wrong with them in every design."""
+    lacks (NaN here): stock computes with whatever its parameter held, wrong in every design."""
     missing = missing or {"w13": [], "w2": []}
     ct = fmt == "compressed-tensors"
     ep_slices(len(gate), ep_size, placement)  # placement and EP size, checked with audit's words
@@ -113,47 +104,33 @@ def _layer_report(fmt: str, layer: str, gate: list[float], up: list[float], down
     by_uncalibrated = (support.stock_wrong_with_uncalibrated(design, fmt, kinds)
                        or bool(missing["w13"] or missing["w2"]))
     report = {
-        "layer": layer,
-        "num_experts": len(w13),
-        "stored_name": INPUT_SCALE[fmt],
-        "w13_stored": w13_raw,
-        "w2_stored": list(down),
-        "w13_input_scale": amax,
-        "w2_input_scale": _amax_like(fmt, down_used),
+        "layer": layer, "num_experts": len(w13), "stored_name": INPUT_SCALE[fmt],
+        "w13_stored": w13_raw, "w2_stored": list(down),
+        "w13_input_scale": amax, "w2_input_scale": _amax_like(fmt, down_used),
         # max/min is invariant under the reciprocal, so take it from the stored values (exact).
-        "w13_spread": max(w13) / min(w13),
-        "w2_spread": max(down_used) / min(down_used),
-        "reference_expert": 0,
-        "error_factor_max": max(factors),
-        "error_factor_min": min(factors),
+        "w13_spread": max(w13) / min(w13), "w2_spread": max(down_used) / min(down_used),
+        "reference_expert": 0, "error_factor_max": max(factors), "error_factor_min": min(factors),
         "gate_up_mismatch": [e for e, (g, u) in enumerate(zip(gate, up))
                              if g != u and e not in bad13],
-        # The calibration's signature: all-experts calibration shows every expert the same
-        # tokens, so every gate/up input scale is identical; routed calibration spreads them.
+        # all-experts calibration shows every expert the same tokens: identical gate/up scales
         "calibration": "all-experts" if uniform else "routed",
-        "uncalibrated_w13": sorted(bad13),
-        "uncalibrated_w2": sorted(bad2),
-        "uncalibrated_kinds": kinds,
-        "missing_w13": missing["w13"],
-        "missing_w2": missing["w2"],
+        "uncalibrated_w13": sorted(bad13), "uncalibrated_w2": sorted(bad2),
+        "uncalibrated_kinds": kinds, "missing_w13": missing["w13"], "missing_w2": missing["w2"],
         "stock_wrong_uncalibrated": by_uncalibrated,
         # An uncalibrated expert that stock uses is wrong in every layout (none re-scales it).
         "affected": {lay: hit or by_uncalibrated for lay, hit in by_scales.items()},
         "affected_by_scales": by_scales,  # the design's hole alone (the calibrated scales)
         "layout_problem": (support.ep_layout_problem(len(w13), ep_size, placement)
-                           if design is Design.INIT_PREPARE_FINALIZE else None),
-    }
+                           if design is Design.INIT_PREPARE_FINALIZE else None)}
     if design is Design.NVFP4_ORACLE:
         report["ep_rank_max_amax"] = support.rank_local_maxima(amax, ep_size, placement)
-        report["dp_ep_off_by"] = (support.stock_dp_ep_off_by(amax, ep_size, placement)
-                                  if ct else 1.0)
+        report["dp_ep_off_by"] = support.stock_dp_ep_off_by(amax, ep_size, placement) if ct else 1.0
     return report
 
 
 def _summary(layers: list[dict], design: Design = Design.INIT_PREPARE_FINALIZE,
              ep_size: int = 2) -> str:
-    """The verdict line: uncalibrated experts first when stock uses them, then the design's
-    hole judged on the scales as calibrated."""
+    """The verdict: uncalibrated experts first when stock uses them, then the design's hole."""
     verdict = _hole_summary(layers, design, ep_size)
     uncal = [entry for entry in layers if entry["uncalibrated_w13"] or entry["uncalibrated_w2"]]
     if not uncal:
@@ -208,8 +185,7 @@ def _hole_summary(layers: list[dict], design: Design = Design.INIT_PREPARE_FINAL
                    f"{worst['w13_spread']:.4g}x)")
         return (f"AFFECTED: {len(bad)} of {len(layers)} MoE layer(s) are computed wrongly by stock "
                 f"vLLM {releases} in {', '.join(where)}: {how}")
-    problem = next((entry["layout_problem"] for entry in layers if entry["layout_problem"]),
-                   None)
+    problem = next((entry["layout_problem"] for entry in layers if entry["layout_problem"]), None)
     if problem:  # every layer, whatever its scales, in the EP layouts
         spread = sum(entry["w13_spread"] != 1.0 for entry in layers)
         return (f"AFFECTED: {len(bad)} of {len(layers)} MoE layer(s) in the EP layouts "
@@ -222,15 +198,13 @@ def _hole_summary(layers: list[dict], design: Design = Design.INIT_PREPARE_FINAL
     return (f"AFFECTED: {len(bad)} of {len(layers)} MoE layer(s) have unequal per-expert GEMM1 "
             f"input scales (worst {worst['layer']}: spread {worst['w13_spread']:.4g}x, expert "
             f"outputs off by {worst['error_factor_min']:.4g}x..{worst['error_factor_max']:.4g}x "
-            "vs expert 0); stock vLLM 0.11.0's FlashInfer CUTLASS NVFP4 MoE computes them "
-            "wrongly")
+            "vs expert 0); stock vLLM 0.11.0's FlashInfer CUTLASS NVFP4 MoE computes them wrongly")
 
 
 def audit_checkpoint(path, *, ep_size: int = 2, expert_placement: str = "linear",
                      design: Design = Design.INIT_PREPARE_FINALIZE) -> dict:
-    """Audit the per-expert activation scales of every NVFP4 MoE layer under ``path``.
-    ``ep_size``/``expert_placement``: the EP layouts judged (EP size = DP x TP); ``design``: whose
-    semantics (``support.DESIGNS``). Raises :class:`CheckpointAuditError`."""
+    """Audit the per-expert activation scales of every NVFP4 MoE layer under ``path``, for the EP
+    layouts of ``ep_size`` (DP x TP) and ``design``. Raises :class:`CheckpointAuditError`."""
     design = support.design(design)  # ValueError for an unknown one, before any file is read
     with _audit_errors():
         root = checkpoint_dir(path)
@@ -243,9 +217,8 @@ def audit_checkpoint(path, *, ep_size: int = 2, expert_placement: str = "linear"
         ct_refuses = compressed_tensors_011_refuses(config)
         warnings += config_warnings + ct_refuses
         plan, values, absent = read_expert_scales(root, config, fmt)
-    reports = [_layer_report(fmt, layer, *[[values[n] for n in names[shard]]
-                                           for shard in ("w1", "w3", "w2")],
-                             ep_size, expert_placement, design,
+    reports = [_layer_report(fmt, layer, *[[values[n] for n in names[shard]] for shard in
+                                           ("w1", "w3", "w2")], ep_size, expert_placement, design,
                              missing={g: sorted({e for shard in shards
                                                  for e, n in enumerate(names[shard])
                                                  if n in absent})
@@ -260,21 +233,12 @@ def audit_checkpoint(path, *, ep_size: int = 2, expert_placement: str = "linear"
     by_layout = {lay: sum(entry["affected"][lay] for entry in reports)
                  for lay in layouts_judged(design)}
     return {
-        "path": str(root),
-        "format": fmt,
-        "quant_config_source": source,
-        "design": design,
-        "vllm_releases": support.design(design).releases,
-        "ep_size": ep_size,
-        "expert_placement": expert_placement,
-        "num_scale_tensors_read": len(values),
+        "path": str(root), "format": fmt, "quant_config_source": source, "design": design,
+        "vllm_releases": support.design(design).releases, "ep_size": ep_size,
+        "expert_placement": expert_placement, "num_scale_tensors_read": len(values),
         "layers": reports,
         "affected_layers": sum(any(entry["affected"].values()) for entry in reports),
-        "affected_layers_by_layout": by_layout,
-        "warnings": warnings,
-        "transformers4_misreads": config_warnings,
-        "compressed_tensors_011_refuses": ct_refuses,
-        "calibration": calibration_line(reports),
-        "summary": _summary(reports, design, ep_size),
-    }
+        "affected_layers_by_layout": by_layout, "warnings": warnings,
+        "transformers4_misreads": config_warnings, "compressed_tensors_011_refuses": ct_refuses,
+        "calibration": calibration_line(reports), "summary": _summary(reports, design, ep_size)}
 

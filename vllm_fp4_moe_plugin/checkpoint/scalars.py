@@ -1,8 +1,7 @@
-"""The per-expert scale scalars of a checkpoint, and nothing else: each shard is opened lazily
-(``safe_open``) and ``get_tensor`` is called on the input scales and the weight global scales
-only (the plugin refuses a bad one of either at load) -- never on the weights or block scales --
-so a DeepSeek-R1-sized index audits in seconds. Every scale read is judged by the plugin's own
-rule (``scale_check``): a bad one is a bad checkpoint (:class:`CheckpointAuditError`)."""
+"""The per-expert scale scalars of a checkpoint, and nothing else: shards are opened lazily
+(``safe_open``) and only input and weight global scales are read (the plugin refuses a bad one of
+either), never weights or block scales, so a DeepSeek-R1-sized index audits in seconds. Each is
+judged by the plugin's rule (``scale_check``): a bad one is a bad checkpoint (an audit error)."""
 
 from __future__ import annotations
 
@@ -31,7 +30,7 @@ def _natural_key(s: str):
 
 
 def _moe_layers(names) -> dict[str, dict]:
-    """``{layer prefix: {"experts": set, "style": projection names}}`` from tensor names."""
+    """``{layer prefix: {"experts": ids, "projs": projection names}}`` from tensor names."""
     layers: dict[str, dict] = defaultdict(lambda: {"experts": set(), "projs": set()})
     for name in names:
         m = _EXPERT_TENSOR.match(name)
@@ -61,9 +60,8 @@ def _style(layer: str, projs: set[str]) -> dict[str, str]:
 
 
 def _read_scalars(names: dict[str, Path]) -> dict[str, float]:
-    """``get_tensor`` on exactly these names, one lazy ``safe_open`` per shard; each tensor is
-    judged by the plugin's own rule (:func:`scale_check.check_scale`): float dtype, one element,
-    finite and > 0."""
+    """``get_tensor`` on exactly these names, one lazy ``safe_open`` per shard; each judged by
+    :func:`scale_check.check_scale` (float, one element; a weight scale also finite and > 0)."""
     by_file: dict[Path, list[str]] = defaultdict(list)
     for name, f in names.items():
         by_file[f].append(name)
@@ -102,8 +100,7 @@ def _read_scalars(names: dict[str, Path]) -> dict[str, float]:
 
 
 def _refuse_header_dtype(handle, f: Path, name: str) -> None:
-    """A tensor numpy could not read: if its header dtype is not one a global scale may have
-    (float8, say), say so with the allowed ones rather than numpy's words."""
+    """Numpy could not read it: refuse a header dtype a global scale may not have (float8, say)."""
     try:
         dtype = handle.get_slice(name).get_dtype()
     except Exception:  # absent name: the caller's message says so
@@ -119,15 +116,13 @@ def _is_input_scale(name: str) -> bool:
 
 
 def read_expert_scales(root: Path, config: dict, fmt: str) -> tuple[list, dict, set]:
-    """``(plan, values, absent)``: per MoE layer in natural order, ``(layer, {shard: the
-    experts' input-scale tensor names})``; every scale read, by name; the input-scale names
-    the checkpoint lacks (uncalibrated experts), NaN in ``values`` as the plugin sees them."""
+    """``(plan, values, absent)``: per MoE layer in natural order ``(layer, {shard: input-scale
+    names})``; every scale read, by name; the input-scale names absent (NaN in ``values``)."""
     files = tensor_files(root)
     layers = _moe_layers(files)
     if not layers:
-        raise CheckpointAuditError(
-            f"{root}: no routed-expert tensors (names like "
-            "model.layers.N.mlp.experts.E.gate_proj.*); nothing to audit")
+        raise CheckpointAuditError(f"{root}: no routed-expert tensors (names like "
+                                   "model.layers.N.mlp.experts.E.gate_proj.*); nothing to audit")
     wanted: dict[str, Path] = {}
     absent: set[str] = set()
     plan = []
@@ -144,9 +139,8 @@ def read_expert_scales(root: Path, config: dict, fmt: str) -> tuple[list, dict, 
                 has_weight = base + "weight" in files or base + "weight_packed" in files
                 if weight not in files and has_weight:
                     raise CheckpointAuditError(
-                        f"{layer}: expert {e} has no weight scale tensor {weight} in "
-                        f"{root}; its NVFP4 weights cannot be dequantized -- re-export the "
-                        "checkpoint")
+                        f"{layer}: expert {e} has no weight scale tensor {weight} in {root}; its "
+                        "NVFP4 weights cannot be dequantized -- re-export the checkpoint")
                 if weight in files:
                     wanted[weight] = files[weight]
                 if name not in files:  # an uncalibrated expert (vllm#45212), not corruption

@@ -89,11 +89,23 @@ def test_bad_switch_value_is_at_risk(blackwell_env):
     assert r["verdict"] == doctor.AT_RISK
 
 
+# 0.11.0 with VLLM_USE_FLASHINFER_MOE_FP4=1: FlashInfer on exactly 10.0; elsewhere vLLM's own
+# kernel, built for sm_100a only (support.nvfp4_moe_kernel)
 @pytest.mark.parametrize("capability,kernel", [("10.0", "flashinfer_cutlass"),
-                                               ("10.3", "vllm_cutlass"), ("9.0", "marlin"),
+                                               ("10.3", "fails_to_start"),
+                                               ("12.0", "fails_to_start"),
+                                               ("12.1", "fails_to_start"), ("9.0", "marlin"),
                                                ("7.5", None)])
 def test_kernel_path(blackwell_env, capability, kernel):
     assert doctor.kernel_path(capability, "modelopt")[0] == kernel
+
+
+@pytest.mark.parametrize("capability", ["10.3", "12.0", "12.1"])
+def test_a_gpu_without_a_kernel_is_at_risk_with_the_reason(blackwell_env, checkpoints, capability):
+    r = doctor.run_doctor(str(checkpoints["spread"]), TP4_EP, capability=capability)
+    assert r["verdict"] == doctor.AT_RISK
+    assert any("cannot serve it here" in line and "no image for this GPU" in line
+               for line in r["reasons"]), r["reasons"]
 
 
 def test_cli_json_and_exit_code(checkpoints):

@@ -1,11 +1,9 @@
 """Feature probes of the installed vLLM: which MoE design is it, and what does its code do?
 
-compat only observes. :func:`probe` names the design (``support.Design``), says whether the
-code the design's patches are written against is all there (``patchable``), and returns the
-findings; the ledger (``patches/``) decides from those findings which entries are needed. Every
-probe reads what the code *is*, never ``vllm.__version__`` (a source build or a backport would
-lie). docs/ROOT-CAUSE.md §10 explains the probes. Anything else is left alone, with the reason in
-the one log line.
+compat only observes: :func:`probe` names the design, says whether the code its patches are
+written against is all there (``patchable``) and returns the findings, from which the ledger
+(``patches/``) decides. Probes read what the code *is*, never ``vllm.__version__`` (a source
+build or a backport would lie); docs/ROOT-CAUSE.md §10 explains them.
 """
 
 from __future__ import annotations
@@ -190,9 +188,8 @@ def compressed_tensors_nvfp4_class_name() -> Optional[str]:
 
 def all2allv_tp_prequantizes() -> bool:
     """P6, behavioural: does the all-to-all prepare still quantize when there is no DP (v0111
-    PF:104-113)? Calls ``prepare`` on two CPU tokens: the fixed code returns the input tensor
-    itself; the unfixed code tries to quantize (FlashInfer refuses CPU tensors, so no kernel
-    ever runs here) or returns something else."""
+    PF:104-113)? ``prepare`` on two CPU tokens: the fixed code returns the input tensor itself,
+    the unfixed one tries to quantize (FlashInfer refuses CPU tensors) or returns another."""
     import torch
     from vllm.model_executor.layers.fused_moe.config import nvfp4_moe_quant_config
 
@@ -213,10 +210,9 @@ def all2allv_tp_prequantizes() -> bool:
 def compressed_tensors_dp_scale_shared(cls_name: str) -> bool:
     """P4, behavioural: does compressed-tensors give every expert one GEMM1 activation scale
     under DP dispatch (the hole: v0111 CT:358-368, v0120 CT:378-393)? Runs the method's own
-    ``process_weights_after_loading`` (FlashInfer CUTLASS, DP=2) on a two-expert CPU layer whose
-    input global scales differ, with ``swizzle_blockscale`` (a GPU move, v0120
-    quant_utils.py:675) the identity in a private copy of its globals. Anything that hides the
-    vector counts as not shared (safe: the patch is a no-op where the scales agree)."""
+    ``process_weights_after_loading`` (FlashInfer CUTLASS, DP=2, ``swizzle_blockscale`` the
+    identity) on a two-expert CPU layer whose input global scales differ; anything that hides
+    the vector counts as not shared (the patch is a no-op where the scales agree)."""
     import types
 
     import torch
@@ -231,24 +227,18 @@ def compressed_tensors_dp_scale_shared(cls_name: str) -> bool:
                            moe=types.SimpleNamespace(moe_parallel_config=parallel))
     e, n, k = 2, 128, 128
     layer = torch.nn.Module()
-    tensors = {
-        "w13_weight_packed": torch.zeros(e, 2 * n, k // 2, dtype=torch.uint8),
-        "w2_weight_packed": torch.zeros(e, k, n // 2, dtype=torch.uint8),
-        "w13_weight_scale": torch.ones(e, 2 * n, k // 16).to(torch.float8_e4m3fn),
-        "w2_weight_scale": torch.ones(e, k, n // 16).to(torch.float8_e4m3fn),
-        "w13_weight_global_scale": torch.ones(e, 2),
-        "w2_weight_global_scale": torch.ones(e),
-        "w13_input_global_scale": torch.tensor([[1.0, 1.0], [4.0, 4.0]]),
-        "w2_input_global_scale": torch.ones(e),
-    }
+    tensors = {"w13_weight_packed": torch.zeros(e, 2 * n, k // 2, dtype=torch.uint8),
+               "w2_weight_packed": torch.zeros(e, k, n // 2, dtype=torch.uint8),
+               "w13_weight_scale": torch.ones(e, 2 * n, k // 16).to(torch.float8_e4m3fn),
+               "w2_weight_scale": torch.ones(e, k, n // 16).to(torch.float8_e4m3fn),
+               "w13_weight_global_scale": torch.ones(e, 2), "w2_weight_global_scale": torch.ones(e),
+               "w13_input_global_scale": torch.tensor([[1.0, 1.0], [4.0, 4.0]]),
+               "w2_input_global_scale": torch.ones(e)}
     for name, t in tensors.items():
         layer.register_parameter(name, torch.nn.Parameter(t, requires_grad=False))
     layer.num_experts = layer.local_num_experts = layer.global_num_experts = e
-    fn = cls.process_weights_after_loading
-    on_cpu = types.FunctionType(fn.__code__, {**fn.__globals__, "swizzle_blockscale": _same},
-                                fn.__name__, fn.__defaults__, fn.__closure__)
     try:
-        on_cpu(method, layer)
+        _on_cpu(cls.process_weights_after_loading, swizzle_blockscale=_same)(method, layer)
     except Exception:
         pass  # read what was set before the failure
     vec = getattr(layer, "w13_input_scale_quant", None)
@@ -299,12 +289,11 @@ def eplb_scale_allreduce() -> bool:
     return _has(vm.FLASHINFER_FP4_MOE, "amax_for_moe_activation_quant")
 
 
-def _on_cpu(module: str, name: str, **replaced):
-    """``module.name`` over a private copy of its globals with ``replaced`` in it: a probe runs
-    vLLM's own code with stand-ins for what it calls (GPU moves, kernels, recorders)."""
+def _on_cpu(fn, **replaced):
+    """vLLM's function ``fn`` over a private copy of its globals with ``replaced`` in it: a probe
+    runs vLLM's own code with stand-ins for what it calls (GPU moves, kernels, recorders)."""
     import types
 
-    fn = original_attr(module, name)
     return types.FunctionType(fn.__code__, {**fn.__globals__, **replaced}, fn.__name__,
                               fn.__defaults__, fn.__closure__)
 
@@ -353,7 +342,7 @@ def upstream_agrees_gemm1_scale() -> bool:
         asked[float(a_scale.max())] = bool(reduce_over_ep)
         return a_scale.max().to(torch.float32)
 
-    helper = _on_cpu(vm.FLASHINFER_FP4_MOE, vm.ORACLE_HELPERS[0],
+    helper = _on_cpu(original_attr(vm.FLASHINFER_FP4_MOE, vm.ORACLE_HELPERS[0]),
                      amax_for_moe_activation_quant=amax, swizzle_blockscale=_same)
     try:
         helper(backend=oracle.NvFp4MoeBackend.FLASHINFER_CUTLASS,
@@ -370,7 +359,7 @@ def upstream_repairs_uncalibrated() -> bool:
     import torch
 
     oracle, seen, nan = importlib.import_module(vm.NVFP4_ORACLE), {}, float("nan")
-    convert = _on_cpu(vm.NVFP4_ORACLE, "convert_to_nvfp4_moe_kernel_format",
+    convert = _on_cpu(original_attr(vm.NVFP4_ORACLE, "convert_to_nvfp4_moe_kernel_format"),
                       **{vm.ORACLE_HELPERS[0]: lambda **kw: seen.update(kw) or 1 / 0})
     quiet = logging.getLogger(vm.NVFP4_ORACLE)  # the probe layer's repair is no news
     was, quiet.disabled = quiet.disabled, True

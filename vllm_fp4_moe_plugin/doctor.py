@@ -120,42 +120,27 @@ def deployment() -> dict:
     return out
 
 
-# --moe-backend values of the 0.14.0+ design that name a FlashInfer NVFP4 MoE kernel with one
-# global activation scale (v0.34.0 FM/oracle/nvfp4.py:69-83), and what the others run.
-ORACLE_MOE_BACKENDS = {"flashinfer_trtllm": "flashinfer_trtllm",
-                       "flashinfer_cutlass": "flashinfer_cutlass",
-                       "flashinfer_cutedsl": "flashinfer_cutedsl",
-                       "cutlass": "vllm_cutlass", "marlin": "marlin"}
-
-
 def kernel_path(capability: Optional[str], fmt: Optional[str], design: Optional[Design] = None,
                 moe_backend: str = "auto") -> tuple[Optional[str], str]:
-    """Which NVFP4 MoE kernel the design picks (None: unknown). 0.11.x: the FlashInfer variables
-    (v0110 nvfp4_moe_support.py:28-57, flashinfer_fp4_moe.py:26-31); 0.14.0+: ``--moe-backend``,
-    ``auto`` = FlashInfer TRT-LLM on SM100 (v0.34.0 FM/oracle/nvfp4.py:238-247)."""
+    """Which NVFP4 MoE kernel the installed design picks (``support.nvfp4_moe_kernel``): by
+    ``--moe-backend`` where this vLLM has it, else by the FlashInfer variables."""
     if capability is None:
         return None, "no GPU here: pass --capability (e.g. 10.0 for B200) to evaluate a target"
-    major, minor = (int(x) for x in capability.split("."))
-    if design is Design.NVFP4_ORACLE:
-        if major != 10:
-            return None, (f"SM{major}{minor}: the oracle's choice there (Marlin, B12X, ...) is not "
-                          "modelled by doctor")
-        if moe_backend == "auto":
-            return "flashinfer_trtllm", "SM100, --moe-backend auto: the oracle's first choice"
-        if moe_backend in ORACLE_MOE_BACKENDS:
-            return ORACLE_MOE_BACKENDS[moe_backend], f"--moe-backend {moe_backend}"
-        return None, f"--moe-backend {moe_backend} is not modelled by doctor"
-    fi = os.environ.get("VLLM_USE_FLASHINFER_MOE_FP4", "0") == "1"
-    if (major, minor) == (10, 0) and fi:
-        backend = os.environ.get("VLLM_FLASHINFER_MOE_BACKEND", "throughput")
-        if backend == "latency" and fmt == "modelopt":
-            return "flashinfer_trtllm", "SM100 + VLLM_USE_FLASHINFER_MOE_FP4=1, latency backend"
-        return "flashinfer_cutlass", "SM100 + VLLM_USE_FLASHINFER_MOE_FP4=1"
-    if major >= 10:
-        return "vllm_cutlass", "SM10x without the FlashInfer MoE path: vLLM's own CUTLASS kernel"
-    if major >= 8:
-        return "marlin", "pre-Blackwell GPU: Marlin W4A16 (activation scales unused)"
-    return None, f"SM{major}{minor} cannot run NVFP4 MoE in vLLM 0.11.0"
+    takes = design is Design.NVFP4_ORACLE and _takes_moe_backend()
+    return support.nvfp4_moe_kernel(
+        design or Design.INIT_PREPARE_FINALIZE, capability, fmt,
+        flashinfer_env=os.environ.get("VLLM_USE_FLASHINFER_MOE_FP4", "0") == "1",
+        flashinfer_backend=os.environ.get("VLLM_FLASHINFER_MOE_BACKEND"),
+        moe_backend=moe_backend if takes else None)
+
+
+def _takes_moe_backend() -> bool:
+    """0.20.0+: ``KernelConfig.moe_backend`` (0.14.x selects by the FlashInfer variables)."""
+    with contextlib.suppress(Exception):
+        import vllm.config
+
+        return "moe_backend" in getattr(vllm.config.KernelConfig, "__dataclass_fields__", {})
+    return False
 
 
 def _stock_hole(design: Optional[Design], fmt: str, layout: Layout, path: Optional[str],
@@ -276,6 +261,9 @@ def reasons(report: dict) -> list:
         out.append("no checkpoint given: pass --checkpoint DIR to judge its MoE layers")
     elif report["layout"]["kernel"] is None:
         out.append(f"kernel unknown: {report['layout']['why']}")
+    if report["layout"]["kernel"] == support.FAILS_TO_START:
+        out.append(f"stock vLLM cannot serve it here, with or without the plugin: "
+                   f"{report['layout']['why']}")
     active = report["plugin"]["would_be_active"]
     for row in report["layers"]:
         state = row["plugin_consistent"] if active else row["stock_consistent"]
@@ -345,6 +333,8 @@ def _verdict(report: dict) -> int:
     if report["plugin"]["would_be_active"] and uncalibrated_reasons(report) and \
             os.environ.get("VLLM_FP4_MOE_PLUGIN_CHECK") == "strict":
         return AT_RISK  # vLLM would refuse to load the checkpoint
+    if report["layout"]["kernel"] == support.FAILS_TO_START:
+        return AT_RISK  # vLLM would not serve this model on this GPU
     if not report["layers"]:
         return CANNOT_TELL
     states = [r["plugin_consistent"] if report["plugin"]["would_be_active"]

@@ -317,3 +317,57 @@ def plugin_repairs_uncalibrated(design_key: str | Design, fmt: str) -> bool:
     """Does the plugin repair uncalibrated experts? Both formats, every design (ROOT-CAUSE §13)."""
     design(design_key)  # ValueError for an unknown design
     return fmt in ("modelopt", "compressed-tensors")
+
+
+# --- which NVFP4 MoE kernel a release runs on which Blackwell GPU -------------------------------
+
+FAILS_TO_START = "fails_to_start"  # the kernel vLLM picks has no image for this GPU
+# GPUs vLLM's own NVFP4 MoE kernels have images for (the wheels' fatbins): 0.11.0 sm_100a; 0.11.1
+# to 0.14.x sm_100a + sm_120a (exactly 10.0 and 12.0); 0.20.0+ sm_100f + sm_120f (all families).
+_OWN_KERNEL_GPUS = {Design.INIT_PREPARE_FINALIZE: ((10, 0),),
+                    Design.MODULAR_METHOD: ((10, 0), (12, 0))}
+# --moe-backend value -> the kernel it runs (v0.34.0 FM/oracle/nvfp4.py:175-194)
+_BACKEND_KERNELS = {"flashinfer_trtllm": "flashinfer_trtllm", "cutlass": "vllm_cutlass",
+                    "flashinfer_cutlass": "flashinfer_cutlass", "marlin": "marlin",
+                    "flashinfer_cutedsl": "flashinfer_cutedsl"}
+
+
+def nvfp4_moe_kernel(design_key: str | Design, capability: str, fmt: Optional[str], *,
+                     flashinfer_env: bool = False, flashinfer_backend: Optional[str] = None,
+                     moe_backend: Optional[str] = None) -> tuple[Optional[str], str]:
+    """(kernel, why) of an NVFP4 MoE layer on GPU ``capability`` ("10.3"): a kernel name,
+    :data:`FAILS_TO_START` or None (not modelled). ``moe_backend``: ``--moe-backend`` (0.20.0+);
+    None: ``VLLM_USE_FLASHINFER_MOE_FP4`` / ``VLLM_FLASHINFER_MOE_BACKEND`` decide (unset:
+    throughput on 0.11.0, latency later). Read from the wheels (docs/SUPPORT.md, GPU families)."""
+    d = design(design_key)
+    major, minor = (int(x) for x in capability.split("."))
+    sm = f"SM{major}{minor}"
+    if major < 10:
+        return (("marlin", f"{sm}: Marlin W4A16 (activation scales unused)") if major >= 8
+                else (None, f"{sm} cannot run NVFP4 MoE in vLLM"))
+    if major not in (10, 12):
+        return None, f"{sm}: not a Blackwell GPU vLLM serves NVFP4 MoE on; not modelled"
+    if moe_backend not in (None, "auto"):
+        return _BACKEND_KERNELS.get(moe_backend), (f"--moe-backend {moe_backend} (vLLM refuses "
+                                                   "at load one this GPU cannot run)")
+    if moe_backend == "auto":  # TRT-LLM and CuteDSL need the 10.x family
+        if major == 10:
+            return "flashinfer_trtllm", f"{sm}, --moe-backend auto: FlashInfer TRT-LLM first"
+        return "flashinfer_cutlass", (f"{sm}, --moe-backend auto: FlashInfer CUTLASS (TRT-LLM "
+                                      "and CuteDSL need the 10.x family)" + (
+                                          "; FlashInfer's kernels on 12.1 are not verified"
+                                          if minor else ""))
+    first = d is Design.INIT_PREPARE_FINALIZE
+    fi_gpu = (major, minor) == (10, 0) or not first  # 0.11.0: FlashInfer on exactly 10.0
+    if flashinfer_env and fi_gpu:
+        latency = (flashinfer_backend or ("throughput" if first else "latency")) == "latency"
+        if latency and major == 10 and (fmt == "modelopt" or not first):
+            return "flashinfer_trtllm", f"{sm} + VLLM_USE_FLASHINFER_MOE_FP4=1, latency backend"
+        return "flashinfer_cutlass", f"{sm} + VLLM_USE_FLASHINFER_MOE_FP4=1"
+    gpus = _OWN_KERNEL_GPUS.get(d, _OWN_KERNEL_GPUS[Design.MODULAR_METHOD])
+    if (major, minor) in gpus:
+        return "vllm_cutlass", f"{sm}: vLLM's own CUTLASS kernel (per-expert scales)"
+    return FAILS_TO_START, (f"{sm}: vLLM's own NVFP4 MoE kernel, which it picks here, has no "
+                            f"image for this GPU in this release (built for "
+                            f"{' and '.join(f'{a}.{b}' for a, b in gpus)}): the first MoE "
+                            "forward fails")

@@ -9,8 +9,6 @@ from vllm_fp4_moe_plugin.checkpoint.audit import audit_checkpoint
 
 pytestmark = pytest.mark.cpu
 
-
-
 L = doctor.deployed_layout
 
 
@@ -51,3 +49,19 @@ def test_audit_defaults_to_the_installed_releases_semantics(spread_checkpoints):
     assert main(["audit", str(spread_checkpoints["compressed-tensors"])]) == 1
     assert main(["audit", str(spread_checkpoints["modelopt"])]) == 0
     assert main(["audit", str(spread_checkpoints["compressed-tensors"]), "--vllm", "0.12.0"]) == 1
+
+
+@pytest.mark.parametrize("capability,kernel", [("10.3", "flashinfer_trtllm"),
+                                               ("12.0", "flashinfer_cutlass"),
+                                               ("12.1", "flashinfer_cutlass")])
+def test_every_blackwell_family_judged_and_fixed(blackwell_env, spread_checkpoints, capability,
+                                                 kernel):
+    """B300 (10.3) runs TRT-LLM like B200; RTX PRO 6000 / GB10 (12.x) FlashInfer CUTLASS: one
+    collapsed GEMM1 scale either way, so compressed-tensors at DP+EP has the hole there too, and
+    the plugin's fix covers it (its wrapper is on the helper both kernels go through)."""
+    ckpt, layout = str(spread_checkpoints["compressed-tensors"]), L(dp=2, ep=True)
+    r = doctor.run_doctor(ckpt, layout, capability=capability)
+    assert r["layout"]["kernel"] == kernel and r["verdict"] == doctor.AT_RISK
+    blackwell_env.setenv("VLLM_FP4_MOE_PLUGIN", "1")
+    r = doctor.run_doctor(ckpt, layout, capability=capability)
+    assert r["verdict"] == doctor.FINE, r["reasons"]

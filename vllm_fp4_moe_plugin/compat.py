@@ -13,7 +13,7 @@ import importlib.util
 import inspect
 import logging
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from vllm_fp4_moe_plugin import vllm_modules as vm
 from vllm_fp4_moe_plugin.patching import original_attr
@@ -226,7 +226,7 @@ def compressed_tensors_dp_scale_shared(cls_name: str) -> bool:
                            flashinfer_moe_backend=FlashinferMoeBackend.CUTLASS,
                            moe=types.SimpleNamespace(moe_parallel_config=parallel))
     e, n, k = 2, 128, 128
-    layer = torch.nn.Module()
+    layer: Any = torch.nn.Module()
     tensors = {"w13_weight_packed": torch.zeros(e, 2 * n, k // 2, dtype=torch.uint8),
                "w2_weight_packed": torch.zeros(e, k, n // 2, dtype=torch.uint8),
                "w13_weight_scale": torch.ones(e, 2 * n, k // 16).to(torch.float8_e4m3fn),

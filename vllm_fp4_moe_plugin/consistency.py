@@ -9,8 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-import torch
-
 from vllm_fp4_moe_plugin import envs
 from vllm_fp4_moe_plugin.log import get_logger, layer_label
 
@@ -44,7 +42,7 @@ def _prepare_behaviour(prepare_finalize, experts) -> tuple[bool, bool]:
     return pre, pre or getattr(experts, "fp4_moe_output_for_bf16", False)
 
 
-def check_layer(layer: torch.nn.Module, quant_config, prepare_finalize=None,
+def check_layer(layer, quant_config, prepare_finalize=None,
                 experts=None) -> Optional[LayerCheck]:
     """None when the layer is not on the FlashInfer NVFP4 path; else the verdict."""
     if quant_config is None or quant_config.quant_dtype != "nvfp4":
@@ -117,7 +115,7 @@ def expect_layer() -> None:
     _tally.expected += 1
 
 
-def run_check(layer: torch.nn.Module, quant_config, prepare_finalize=None, experts=None,
+def run_check(layer, quant_config, prepare_finalize=None, experts=None,
               *, mode: Optional[str] = None) -> Optional[LayerCheck]:
     """Check one layer per ``VLLM_FP4_MOE_PLUGIN_CHECK``; raises in strict mode."""
     if mode is None:

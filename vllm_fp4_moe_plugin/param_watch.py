@@ -7,7 +7,7 @@ torch here would cost ~2 s in a process that may never load a model).
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from vllm_fp4_moe_plugin import import_hook
 
@@ -21,8 +21,8 @@ class ParamWatch:
 
     def __init__(self, on_parameter: Callable) -> None:
         self._on_parameter = on_parameter
-        self._handle = None
-        self._pending = None  # import_hook's hook while torch is not imported yet
+        self._handle: Any = None
+        self._pending: Any = None  # import_hook's hook while torch is not imported yet
         self._stopped = False
 
     def _call(self, module, name: str, param) -> None:

@@ -60,7 +60,7 @@ _uncalibrated_warned = False
 
 def repair_uncalibrated(stored: torch.Tensor, *, reciprocal: bool, layer: str, name: str,
                         index_note: str = "", stock_effect: str = "",
-                        missing: tuple = ()) -> torch.Tensor:
+                        missing: tuple[int, ...] | list[int] = ()) -> torch.Tensor:
     """``stored`` (one layer's activation scales, ``[E]`` or ``[E, k]``) unchanged, or a copy
     whose uncalibrated experts carry the value of the calibrated expert with the largest amax, as
     ModelOpt's exporter does. ``reciprocal``: inverse to the amax (``input_global_scale``). Logs a

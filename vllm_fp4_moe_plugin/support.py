@@ -306,11 +306,9 @@ def stock_wrong_with_uncalibrated(design_key: str | Design, fmt: str, kinds: Seq
     path, using each as is; ModelOpt from 0.11.1 (#26135) and every format from 0.14.0 collapse
     both GEMMs to the max over experts, which ignores a low value and is poisoned by a high one."""
     d = design(design_key)
-    kinds = set(kinds)
-    if not kinds:
-        return False
+    found = set(kinds)
     collapses = d is Design.NVFP4_ORACLE or (d is Design.MODULAR_METHOD and fmt == "modelopt")
-    return "high" in kinds if collapses else True
+    return "high" in found if collapses else bool(found)
 
 
 def plugin_repairs_uncalibrated(design_key: str | Design, fmt: str) -> bool:

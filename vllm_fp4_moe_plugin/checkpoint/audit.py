@@ -72,12 +72,12 @@ def _with_fallback(fmt: str, layer: str, what: str, stored: list[float], bad) ->
     return [fallback if e in bad else v for e, v in enumerate(stored)]
 
 
-def _layer_report(fmt: str, layer: str, gate: list[float], up: list[float], down: list[float],
-                  ep_size: int, placement: str, design: Design = Design.INIT_PREPARE_FINALIZE,
+def _layer_report(fmt: str, layer: str, shards: list[list[float]], ep_size: int, placement: str,
+                  design: Design = Design.INIT_PREPARE_FINALIZE,
                   missing: Optional[dict] = None) -> dict:
-    """``missing``: per GEMM ("w13", "w2"), the experts whose input-scale tensor the checkpoint
-    lacks (NaN here): stock computes with whatever its parameter held, wrong in every design."""
-    missing = missing or {"w13": [], "w2": []}
+    """``shards``: gate, up, down input scales per expert; ``missing``: per GEMM, the experts
+    whose input-scale tensor the checkpoint lacks (NaN here; stock: what the memory held)."""
+    (gate, up, down), missing = shards, missing or {"w13": [], "w2": []}
     ct = fmt == "compressed-tensors"
     ep_slices(len(gate), ep_size, placement)  # placement and EP size, checked with audit's words
     # judged on gate and up each; both get the fallback (their stored values differ)
@@ -217,8 +217,8 @@ def audit_checkpoint(path, *, ep_size: int = 2, expert_placement: str = "linear"
         ct_refuses = compressed_tensors_011_refuses(config)
         warnings += config_warnings + ct_refuses
         plan, values, absent = read_expert_scales(root, config, fmt)
-    reports = [_layer_report(fmt, layer, *[[values[n] for n in names[shard]] for shard in
-                                           ("w1", "w3", "w2")], ep_size, expert_placement, design,
+    reports = [_layer_report(fmt, layer, [[values[n] for n in names[shard]] for shard in
+                                          ("w1", "w3", "w2")], ep_size, expert_placement, design,
                              missing={g: sorted({e for shard in shards
                                                  for e, n in enumerate(names[shard])
                                                  if n in absent})

@@ -66,13 +66,13 @@ def detect_format(root: Path, config: dict) -> tuple[str, str, list[str]]:
     hq = read_json(hf, what="ModelOpt hf_quant_config.json")
     producer = (hq.get("producer") or {}).get("name") if isinstance(hq.get("producer"), dict) \
         else None
-    algo = (hq.get("quantization") or {}).get("quant_algo") \
+    quant_algo = (hq.get("quantization") or {}).get("quant_algo") \
         if isinstance(hq.get("quantization"), dict) else None
     if producer != "modelopt":
         raise CheckpointAuditError(
             f"{hf}: producer.name is {producer!r}, not 'modelopt'; vLLM 0.11.0 then treats the "
             "checkpoint as unquantized (config/model.py:857-876); add "
             "\"producer\": {\"name\": \"modelopt\", ...}")
-    if algo != "NVFP4":
-        raise CheckpointAuditError(f"{hf}: quantization.quant_algo is {algo!r}, not 'NVFP4'")
+    if quant_algo != "NVFP4":
+        raise CheckpointAuditError(f"{hf}: quantization.quant_algo is {quant_algo!r}, not 'NVFP4'")
     return "modelopt", str(hf), warnings

@@ -156,9 +156,9 @@ def revert_all() -> list[str]:
         except Exception as exc:
             failed.append((p.target, exc))
     if failed:
-        target, exc = failed[0]
-        raise RuntimeError(f"could not restore vLLM's {target}: {type(exc).__name__}: "
-                           f"{exc}") from exc
+        target, error = failed[0]
+        raise RuntimeError(f"could not restore vLLM's {target}: {type(error).__name__}: "
+                           f"{error}") from error
     return reverted
 
 

@@ -7,8 +7,6 @@ arguments instead (nvfp4_oracle/ep_agreed_gemm1_scale.py).
 
 from __future__ import annotations
 
-import torch
-
 from vllm_fp4_moe_plugin import scales, unloaded
 from vllm_fp4_moe_plugin.log import layer_label, local_experts_note
 
@@ -22,12 +20,12 @@ RAW_SCALES = {
 }
 
 
-def check_weight_scales(layer: torch.nn.Module, fmt: str) -> None:
+def check_weight_scales(layer, fmt: str) -> None:
     for attr in RAW_SCALES[fmt]["weight"]:
         scales.check_positive_finite(getattr(layer, attr), layer=layer_label(layer), name=attr)
 
 
-def repair_activation_scales(layer: torch.nn.Module, fmt: str, stock_effect: str = "") -> None:
+def repair_activation_scales(layer, fmt: str, stock_effect: str = "") -> None:
     """Repair the layer's activation scales in place (a no-op for calibrated checkpoints)."""
     for attr in RAW_SCALES[fmt]["input"]:
         param = getattr(layer, attr)

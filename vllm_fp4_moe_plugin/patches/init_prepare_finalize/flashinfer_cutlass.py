@@ -88,4 +88,4 @@ def flashinfer_cutlass_moe_fp4(
         apply_router_weight_on_input=apply_router_weight_on_input)
 
 
-flashinfer_cutlass_moe_fp4.fp4_moe_bf16_passthrough = True  # read by consistency
+flashinfer_cutlass_moe_fp4.fp4_moe_bf16_passthrough = True  # type: ignore[attr-defined]

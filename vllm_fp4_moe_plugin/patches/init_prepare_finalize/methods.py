@@ -28,7 +28,7 @@ class UnsupportedLayoutError(ValueError):
     """A parallel layout the FlashInfer NVFP4 MoE kernels cannot compute correctly."""
 
 
-def check_flashinfer_layout(layer: torch.nn.Module) -> None:
+def check_flashinfer_layout(layer) -> None:
     """Refuse expert placements FlashInfer 0.3.1 would silently mis-route: it assumes rank r
     owns the contiguous experts ``[E_local*r, E_local*(r+1))`` (fi cutlass_fused_moe_kernels.cuh:
     1936-1938, flashinfer_cutlass_fused_moe_sm100_ops.cu:301-302); vLLM 0.11.0 has no NVFP4 EPLB.
@@ -79,14 +79,14 @@ class ConsistentNvFp4MoEMixin:
     def _fp4_uses_cutlass(self) -> bool:
         return bool(self.allow_flashinfer) and not self.use_marlin and not self._fp4_uses_trtllm()
 
-    def create_weights(self, layer: torch.nn.Module, *args: Any, **kwargs: Any):
+    def create_weights(self, layer, *args: Any, **kwargs: Any):
         if self.allow_flashinfer:
             check_flashinfer_layout(layer)
         if self._fp4_uses_cutlass():
             consistency.expect_layer()
         return super().create_weights(layer, *args, **kwargs)
 
-    def _fp4_validate_checkpoint_scales(self, layer: torch.nn.Module) -> None:
+    def _fp4_validate_checkpoint_scales(self, layer) -> None:
         """Refuse corrupt global scales; give uncalibrated experts the calibrated max amax
         (before vLLM inverts them, and before the DP agreement could carry them)."""
         checkpoint_scales.check_weight_scales(layer, self._fp4_moe_format)
@@ -95,7 +95,7 @@ class ConsistentNvFp4MoEMixin:
         checkpoint_scales.repair_activation_scales(layer, self._fp4_moe_format,
                                                    _STOCK_UNCALIBRATED)
 
-    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+    def process_weights_after_loading(self, layer) -> None:
         self._fp4_validate_checkpoint_scales(layer)
         super().process_weights_after_loading(layer)
         if self._fp4_uses_cutlass():
@@ -105,14 +105,14 @@ class ConsistentNvFp4MoEMixin:
         elif self._fp4_uses_trtllm():
             self._fp4_set_trtllm_scales(layer)
 
-    def init_prepare_finalize(self, layer: torch.nn.Module) -> None:
+    def init_prepare_finalize(self, layer) -> None:
         super().init_prepare_finalize(layer)
         fused = self.fused_experts
         if self._fp4_uses_cutlass() and fused is not None:
             consistency.run_check(layer, self.moe_quant_config, fused.prepare_finalize,
                                   fused.fused_experts)
 
-    def _fp4_set_cutlass_scales(self, layer: torch.nn.Module) -> None:
+    def _fp4_set_cutlass_scales(self, layer) -> None:
         if self.moe.moe_parallel_config.dp_size > 1:
             from vllm.distributed import get_ep_group
 
@@ -125,7 +125,7 @@ class ConsistentNvFp4MoEMixin:
             chosen = scales.per_expert_scales(layer.w13_input_scale_quant, layer.g1_alphas)
         layer.fp4_moe_plugin_gemm1 = chosen
 
-    def _fp4_set_trtllm_scales(self, layer: torch.nn.Module) -> None:
+    def _fp4_set_trtllm_scales(self, layer) -> None:
         """TRT-LLM ("latency") backend: ``apply`` quantizes with element 0 of
         ``w13_input_scale_quant`` (modelopt.py:1445-1449) while ``g1_alphas`` / ``g1_scale_c``
         are per expert. The rank that computes quantizes (no prepare/finalize here), so every
@@ -140,7 +140,7 @@ class ConsistentNvFp4MoEMixin:
             (layer.w2_input_scale_quant.data.float() * g1_alphas).to(torch.float32),
             requires_grad=False)
 
-    def get_fused_moe_quant_config(self, layer: torch.nn.Module):
+    def get_fused_moe_quant_config(self, layer):
         config = super().get_fused_moe_quant_config(layer)
         chosen = getattr(layer, "fp4_moe_plugin_gemm1", None)
         if config is None or not self._fp4_uses_cutlass() or chosen is None:
@@ -157,7 +157,7 @@ class ConsistentNvFp4MoEMixin:
             return super().maybe_make_prepare_finalize()
         return flashinfer_cutlass.make_prepare_finalize(self.moe)
 
-    def select_gemm_impl(self, prepare_finalize, layer: torch.nn.Module):
+    def select_gemm_impl(self, prepare_finalize, layer):
         if not self._fp4_uses_cutlass():
             return super().select_gemm_impl(prepare_finalize, layer)
         assert self.moe_quant_config is not None

@@ -40,7 +40,7 @@ class SharedGemm1ScaleForDpMixin:
         """DP prepares quantize before dispatch (v0111 fp4 utils: use_dp = dp_size > 1)."""
         return self._fp4_uses_cutlass() and self.moe.moe_parallel_config.dp_size > 1
 
-    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+    def process_weights_after_loading(self, layer) -> None:
         dp = self._fp4_dp_dispatch()
         if dp:  # validate what we are about to reduce over, before upstream inverts it
             for attr in _RAW["input"] + _RAW["weight"]:
@@ -52,12 +52,12 @@ class SharedGemm1ScaleForDpMixin:
         if dp:
             self._fp4_share_gemm1_scale(layer)
 
-    def _fp4_repair_uncalibrated(self, layer: torch.nn.Module) -> None:
+    def _fp4_repair_uncalibrated(self, layer) -> None:
         """Before stock inverts a 0 to inf per expert, and before the DP agreement could carry
         an uncalibrated scale to every rank."""
         checkpoint_scales.repair_activation_scales(layer, "compressed-tensors")
 
-    def _fp4_share_gemm1_scale(self, layer: torch.nn.Module) -> None:
+    def _fp4_share_gemm1_scale(self, layer) -> None:
         from vllm.distributed import get_ep_group
 
         group = get_ep_group().cpu_group
@@ -75,13 +75,13 @@ class SharedGemm1ScaleForDpMixin:
         logger.debug("%s: DP dispatch, one GEMM1 activation scale %.6g for all experts",
                      layer_label(layer), float(g_min))
 
-    def select_gemm_impl(self, prepare_finalize, layer: torch.nn.Module):
+    def select_gemm_impl(self, prepare_finalize, layer):
         experts = super().select_gemm_impl(prepare_finalize, layer)
         if self._fp4_uses_cutlass():  # read-only: the load-time check of what was built
             consistency.run_check(layer, self.moe_quant_config, prepare_finalize, experts)
         return experts
 
-    def create_weights(self, layer: torch.nn.Module, *args, **kwargs):
+    def create_weights(self, layer, *args, **kwargs):
         # The check runs where a modular kernel is built; one GPU runs upstream's direct call.
         if self._fp4_uses_cutlass() and compat.builds_modular_kernel():
             consistency.expect_layer()

@@ -4,8 +4,6 @@ scales repaired before upstream's ``process_weights_after_loading``, as in every
 
 from __future__ import annotations
 
-import torch
-
 from vllm_fp4_moe_plugin.patches import checkpoint_scales
 from vllm_fp4_moe_plugin.patching import same_named_subclass
 
@@ -20,7 +18,7 @@ class RepairedModelOptMixin:
     # every activation scale it loads is repaired (unloaded.py fills them): Marlin reads none
     fp4_moe_repairs_activation_scales = True
 
-    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+    def process_weights_after_loading(self, layer) -> None:
         checkpoint_scales.check_weight_scales(layer, "modelopt")
         if not getattr(self, "use_marlin", False):
             checkpoint_scales.repair_activation_scales(layer, "modelopt", _STOCK_UNCALIBRATED)

@@ -26,7 +26,7 @@ logger = get_logger("oracle")
 _first_change_logged = False
 
 
-def layer_format(layer: torch.nn.Module) -> str | None:
+def layer_format(layer) -> str | None:
     """compressed-tensors, modelopt, or None (another quant method: nothing validated)."""
     if hasattr(layer, "w13_input_global_scale"):
         return "compressed-tensors"
@@ -35,7 +35,7 @@ def layer_format(layer: torch.nn.Module) -> str | None:
     return None
 
 
-def validate_checkpoint_scales(layer: torch.nn.Module, a13_scale: torch.Tensor) -> None:
+def validate_checkpoint_scales(layer, a13_scale: torch.Tensor) -> None:
     """InvalidScaleError for a bad global scale. Input scales are skipped in per-token
     activation mode, where upstream replaces them by ones (``a13_scale`` all 1) and never
     reads the checkpoint's (v0.34.0 CT w4a4_nvfp4.py:244-248)."""
@@ -52,7 +52,7 @@ def validate_checkpoint_scales(layer: torch.nn.Module, a13_scale: torch.Tensor) 
                                      activation="input" in name)
 
 
-def _index_note(layer: torch.nn.Module, fmt: str, name: str) -> str:
+def _index_note(layer, fmt: str, name: str) -> str:
     """compressed-tensors (and every weight scale) holds only the rank's local experts."""
     pc = layer.moe_config.moe_parallel_config
     ep_rank, ep_size = getattr(pc, "ep_rank", 0), getattr(pc, "ep_size", 1)
@@ -65,7 +65,7 @@ STOCK_UNCALIBRATED = ("Stock vLLM collapses the layer's activation scales to the
                       "NaN, infinite or huge one becomes the scale of every token on this rank. ")
 
 
-def repaired_activation_scale(layer: torch.nn.Module, scale: torch.Tensor,
+def repaired_activation_scale(layer, scale: torch.Tensor,
                               name: str) -> torch.Tensor:
     """``a13_scale`` / ``a2_scale`` (amax-like: ``1 / input_global_scale`` or ModelOpt's
     ``input_scale``) with uncalibrated experts given the calibrated max. Messages name the
@@ -84,7 +84,7 @@ def repaired_activation_scale(layer: torch.nn.Module, scale: torch.Tensor,
         missing=missing)
 
 
-def quantized_inputs_cross_ranks(layer: torch.nn.Module, backend) -> bool:
+def quantized_inputs_cross_ranks(layer, backend) -> bool:
     """Does this layer quantize GEMM1 input on one rank with a collapsed scale, and dequantize
     it on another? (the all-to-all kernels with EP, a global-scale backend, a sender-side
     dispatcher, and no EPLB agreement already done by upstream)."""
@@ -103,7 +103,7 @@ def quantized_inputs_cross_ranks(layer: torch.nn.Module, backend) -> bool:
         deepep_ll_nvfp4_dispatch=bool(getattr(envs, "VLLM_DEEPEPLL_NVFP4_DISPATCH", False)))
 
 
-def agreed_a13_scale(layer: torch.nn.Module, a13_scale: torch.Tensor) -> torch.Tensor:
+def agreed_a13_scale(layer, a13_scale: torch.Tensor) -> torch.Tensor:
     """``a13_scale`` if this rank already holds the EP group's max amax, else a tensor of the
     same shape and dtype filled with it (upstream collapses either to that one value)."""
     from vllm.distributed import get_ep_group

@@ -48,6 +48,19 @@ def test_ok_rule(stock_off, plugin_off, affected, identical, ok):
     assert row.noise_floor == pytest.approx(1e-3, rel=1e-3)
 
 
+def test_a_stock_answer_as_accurate_as_nvfp4_is_ok_only_where_the_caller_accepts_it():
+    """A planted expert the plugin repairs: stock off the reference (0.05) but no further from
+    fp32 than NVFP4's own noise (the reference is the fp32 one here)."""
+    rank = _rank(IDEAL * 1.05, IDEAL)
+    strict = judge.judge("modelopt", "tp", "flashinfer_cutlass", [rank],
+                         lambda r: (IDEAL, IDEAL * 1.05), scheme="per_expert",
+                         release=("0.0.0", None))
+    accepting = judge.judge("modelopt", "tp", "flashinfer_cutlass", [rank],
+                            lambda r: (IDEAL, IDEAL * 1.05), scheme="per_expert",
+                            release=("0.0.0", None), equally_accurate_ok=True)
+    assert not strict.ok and accepting.ok and not accepting.stock_affected
+
+
 def test_a_layer_that_cannot_run_is_a_row_with_its_error():
     row = _row(_rank(None, IDEAL, error="RuntimeError: shape"))
     assert row.stock_error == "RuntimeError: shape" and row.stock_rel_err == float("inf")

@@ -1,0 +1,239 @@
+"""The release sweep: every vLLM release from 0.11.0 on, each in a throwaway world, measured.
+
+For each release: a fresh virtualenv (``.sweep/vllm-X``) with ``pip install vllm==X`` and its own
+requirements (``constraints/vllm-X.txt`` pins where they do not resolve), this plugin and the lab
+``--no-deps``; the probe (design, patchable, the patches it plans, the upstream fixes it sees);
+FlashInfer uninstalled on the oracle design (the seam stands in for it only where it is absent);
+the layer matrix (``matrix --json``: both formats, every layout and backend the release has) and
+the uncalibrated rows (``matrix --uncalibrated --json``); one row in ``docs/releases.json``; the
+world deleted. Resumable: a release already in the table is skipped unless ``--force``. Disk is
+checked before each world. Standard library only: it drives the worlds, it runs in none.
+
+Usage: ``python -m fp4_moe_lab.sweep [--release X ...] [--force] [--keep] [--table PATH]``
+(``scripts/sweep.sh`` runs it with the lab on the path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from fp4_moe_lab.checkout import ROOT
+
+FIRST = (0, 11, 0)
+TABLE = ROOT / "docs" / "releases.json"
+WORLDS = ROOT / ".sweep"
+NEED_GIB = 16  # a world: ~10 GiB installed, pip's temporary files besides
+PROBE = """
+import json, importlib
+from vllm_fp4_moe_plugin import compat, patches, vllm_modules as vm
+import vllm
+obs = compat.probe()
+plan = patches.plan(obs)
+print(json.dumps({"vllm": vllm.__version__, "design": obs.design, "patchable": obs.patchable,
+                  "reason": plan.reason, "install": plan.install,
+                  "upstream_fixed": plan.upstream_fixed, "patches": list(plan.patches),
+                  "findings": {k: v if isinstance(v, (bool, str, type(None))) else repr(v)
+                               for k, v in obs.findings.items()}}))
+"""
+
+
+def releases(first: tuple = FIRST) -> list[str]:
+    """The final releases of vLLM on the package index from ``first`` on, oldest first."""
+    out = subprocess.run([sys.executable, "-m", "pip", "index", "versions", "vllm"],
+                         capture_output=True, text=True, timeout=300).stdout
+    found = re.search(r"Available versions: (.*)", out)
+    if not found:
+        raise SystemExit("pip index versions vllm gave no list: is the package index reachable?")
+    versions = [v.strip() for v in found.group(1).split(",")]
+    final = [v for v in versions if re.fullmatch(r"\d+\.\d+\.\d+", v)]
+    return sorted((v for v in final if tuple(map(int, v.split("."))) >= first),
+                  key=lambda v: tuple(map(int, v.split("."))))
+
+
+def free_gib(path: Path) -> float:
+    return shutil.disk_usage(path).free / 2 ** 30
+
+
+def _run(cmd: list, log, timeout: float, **kw) -> subprocess.CompletedProcess:
+    log.write(f"$ {' '.join(map(str, cmd))}\n")
+    log.flush()
+    r = subprocess.run(list(map(str, cmd)), capture_output=True, text=True, timeout=timeout,
+                       cwd=ROOT, **kw)
+    log.write(r.stdout[-20000:] + r.stderr[-20000:] + f"[exit {r.returncode}]\n")
+    log.flush()
+    return r
+
+
+def _install(release: str, venv: Path, log) -> Optional[str]:
+    """Build the world; the error line when it cannot be built."""
+    py = venv / "bin" / "python"
+    r = _run([sys.executable, "-m", "venv", venv], log, 300)
+    if r.returncode:
+        return "venv: " + r.stderr.strip()[-300:]
+    pins = ROOT / "constraints" / f"vllm-{release}.txt"
+    # [flashinfer]: 0.11.x ships FlashInfer as an extra, which the 0.11.0-era seam runs with;
+    # later releases require it (a missing extra only draws pip's warning)
+    cmd = [py, "-m", "pip", "install", "-q", f"vllm[flashinfer]=={release}", "pytest",
+           "safetensors"]
+    if pins.exists():
+        cmd[4:4] = ["-c", pins]
+    r = _run(cmd, log, 3600, env={**os.environ, "PIP_NO_CACHE_DIR": "1"})
+    if r.returncode:
+        return "pip install vllm: " + (r.stderr.strip().splitlines() or ["?"])[-1][:300]
+    r = _run([py, "-m", "pip", "install", "-q", "--no-deps", "-e", ".", "-e", "./lab"], log, 600)
+    return None if r.returncode == 0 else "pip install plugin: " + r.stderr.strip()[-300:]
+
+
+def _json(r: subprocess.CompletedProcess):
+    """The JSON document a command printed last (vLLM may log to stdout before it)."""
+    lines = r.stdout.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith(("{", "[")):
+            try:
+                return json.loads("\n".join(lines[i:]))
+            except json.JSONDecodeError:
+                continue
+    return None
+
+
+def measure(release: str, keep: bool = False) -> dict:
+    """One release's row (every cell measured in its own world; a world kept by ``--keep`` is
+    measured again as it is)."""
+    venv, t0 = WORLDS / f"vllm-{release}", time.monotonic()
+    row: dict = {"release": release, "date": time.strftime("%Y-%m-%d"), "error": None}
+    WORLDS.mkdir(exist_ok=True)
+    log_path = WORLDS / f"vllm-{release}.log"
+    with open(log_path, "w") as log:
+        try:
+            if not (venv / ".built").exists():
+                shutil.rmtree(venv, ignore_errors=True)
+                row["error"] = _install(release, venv, log)
+                if row["error"] is None:
+                    (venv / ".built").write_text(release)
+            row["install_s"] = round(time.monotonic() - t0)
+            if row["error"] is None:
+                _measure_in(venv / "bin" / "python", row, log)
+        except subprocess.TimeoutExpired as exc:
+            row["error"] = f"timed out: {exc.cmd[:4]}"
+        finally:
+            if not keep:
+                shutil.rmtree(venv, ignore_errors=True)
+    row["seconds"] = round(time.monotonic() - t0)
+    row["log"] = str(log_path.relative_to(ROOT))
+    return row
+
+
+def _measure_in(py: Path, row: dict, log) -> None:
+    probe = _json(_run([py, "-c", PROBE], log, 900))
+    if probe is None:
+        row["error"] = "the probe did not run (see the log)"
+        return
+    row.update(probe=probe, design=probe["design"], patches=probe["patches"])
+    if probe["design"] == "nvfp4_oracle":  # the seam stands in for an absent FlashInfer only
+        _run([py, "-m", "pip", "uninstall", "-y", "-q", "flashinfer-python", "flashinfer-cubin",
+              "flashinfer-jit-cache"], log, 600)
+    t = time.monotonic()
+    m = _run([py, "-m", "fp4_moe_lab.cli", "matrix", "--json"], log, 3600)
+    rows = _json(m) or []
+    row["matrix_s"] = round(time.monotonic() - t)
+    row["matrix"] = summary(rows, m.returncode)
+    t = time.monotonic()
+    u = _run([py, "-m", "fp4_moe_lab.cli", "matrix", "--uncalibrated", "--json"], log, 3600)
+    row["uncalibrated_s"] = round(time.monotonic() - t)
+    row["uncalibrated"] = summary(_json(u) or [], u.returncode)
+
+
+def summary(rows: list, exit_code: int) -> dict:
+    """What a table row says of one run: rows, all ok, the holes stock has, the worst plugin
+    error (relative, against the ideal NVFP4 layer) and the rows that are not ok."""
+    finite = [r["plugin_rel_err"] for r in rows if isinstance(r.get("plugin_rel_err"), float)]
+    return {"exit": exit_code, "rows": len(rows), "ok": bool(rows) and all(r["ok"] for r in rows),
+            "stock_holes": sorted({"/".join(str(r.get(k)) for k in
+                                            ("format", "layout", "backend", "case") if r.get(k))
+                                   for r in rows if r.get("stock_affected")}),
+            "worst_plugin_rel_err": max(finite) if finite else None,
+            "not_ok": [{k: r.get(k) for k in ("format", "layout", "backend", "gemm", "case",
+                                              "stock_rel_err", "plugin_rel_err")}
+                       for r in rows if not r["ok"]]}
+
+
+def render(table: dict) -> str:
+    """docs/SUPPORT.md's release table: one row per measured release."""
+    lines = ["| vLLM | design | patches planned | matrix rows ok | stock holes | worst plugin "
+             "error | uncalibrated rows ok | measured | s |", "|---" * 9 + "|"]
+    for release, row in table.items():
+        m, u = row.get("matrix") or {}, row.get("uncalibrated") or {}
+
+        def ok(part):
+            return (f"{'yes' if part.get('ok') else '**no**'} ({part.get('rows', 0)})"
+                    if part else "-")
+        worst = m.get("worst_plugin_rel_err")
+        lines.append(" | ".join([
+            f"| {release}", row.get("design") or "-", str(len(row.get("patches") or [])),
+            ok(m), str(len(m.get("stock_holes", []))) if m else "-",
+            f"{worst:.2g}" if isinstance(worst, float) else "-", ok(u),
+            row["date"] + (f": {row['error']}" if row.get("error") else ""),
+            f"{row['seconds']} |"]))
+    return "\n".join(lines)
+
+
+def publish(table: dict, doc: Path = ROOT / "docs" / "SUPPORT.md") -> None:
+    """Write :func:`render` between docs/SUPPORT.md's ``<!-- releases -->`` markers."""
+    text = doc.read_text()
+    head, _, rest = text.partition("<!-- releases -->\n")
+    _, _, tail = rest.partition("<!-- /releases -->")
+    doc.write_text(f"{head}<!-- releases -->\n{render(table)}\n<!-- /releases -->{tail}")
+
+
+def load(table: Path) -> dict:
+    return json.loads(table.read_text()) if table.exists() else {}
+
+
+def main(argv: Optional[list] = None) -> int:
+    ap = argparse.ArgumentParser(prog="sweep", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--release", action="append", help="only this release (repeatable)")
+    ap.add_argument("--force", action="store_true", help="measure releases already in the table")
+    ap.add_argument("--keep", action="store_true", help="keep each world (disk!)")
+    ap.add_argument("--table", type=Path, default=TABLE)
+    ap.add_argument("--report", action="store_true",
+                    help="only write the table into docs/SUPPORT.md, measure nothing")
+    args = ap.parse_args(argv)
+    if args.report:
+        publish(load(args.table))
+        return 0
+    todo = args.release or releases()
+    table = load(args.table)
+    for release in todo:
+        if release in table and not args.force:
+            print(f"[sweep] {release}: in the table ({table[release]['date']}), skipped")
+            continue
+        if free_gib(ROOT) < NEED_GIB:
+            print(f"[sweep] stopping before {release}: {free_gib(ROOT):.1f} GiB free, "
+                  f"a world needs {NEED_GIB}", file=sys.stderr)
+            return 3
+        print(f"[sweep] {release}: building and measuring ...", flush=True)
+        row = measure(release, keep=args.keep)
+        table = load(args.table)  # another sweep may have written meanwhile
+        table[release] = row
+        ordered = dict(sorted(table.items(), key=lambda kv: tuple(map(int, kv[0].split(".")))))
+        args.table.write_text(json.dumps(ordered, indent=1) + "\n")
+        publish(ordered)
+        m = row.get("matrix") or {}
+        print(f"[sweep] {release}: {row.get('design')} {row['error'] or ''} matrix ok "
+              f"{m.get('ok')} holes {len(m.get('stock_holes', []))} worst plugin "
+              f"{m.get('worst_plugin_rel_err')} in {row['seconds']} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

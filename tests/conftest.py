@@ -7,36 +7,17 @@ from pathlib import Path
 
 import pytest
 
-_ENGINE_DIR = Path(__file__).resolve().parent / "engine"
-
-
-def pytest_collection_modifyitems(config, items):
-    """The engine tier is a folder: every test under tests/engine drives a real vLLM engine."""
-    for item in items:
-        if Path(str(item.fspath)).resolve().is_relative_to(_ENGINE_DIR):
-            item.add_marker(pytest.mark.engine)
-
-
-def pytest_ignore_collect(collection_path, config):
-    """With -m unit, test modules that do not declare the unit mark are not even imported:
-    most import torch or vLLM at module level, which the unit tier's virtualenv lacks."""
-    if config.getoption("markexpr", "") != "unit":
-        return None
-    if collection_path.is_dir():  # a folder without unit tests: not even its conftest.py
-        return not any(_declares_unit(p) for p in collection_path.rglob("test_*.py"))
-    if collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
-        return not _declares_unit(collection_path)
-    return None
-
-
-def _declares_unit(path: Path) -> bool:
-    return "pytest.mark.unit" in path.read_text()
+# The tiers are folders (scripts/test.sh): tests/ut (no vLLM, no torch), the vLLM-layer tier (the
+# other folders, in the default world; tests/upstream, tests/newest and tests/patched in their
+# release worlds), tests/engine (real vLLM CPU engines), tests/accuracy (lm-eval cells).
+_UNIT_DIR = Path(__file__).resolve().parent / "ut"
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """A unit-tier run (-m unit) that imported vLLM or torch broke the tier's contract: the
-    tier must run where neither is installed (.venv-unit), so fail it here too."""
-    if session.config.getoption("markexpr", "") != "unit" or exitstatus != 0:
+    """A unit-tier run (tests/ut only) that imported vLLM or torch broke the tier's contract:
+    the tier must run where neither is installed (.venv-unit), so fail it here too."""
+    paths = [Path(str(item.fspath)).resolve() for item in getattr(session, "items", [])]
+    if exitstatus != 0 or not paths or not all(p.is_relative_to(_UNIT_DIR) for p in paths):
         return
     heavy = sorted(m for m in ("vllm", "torch") if m in sys.modules)
     if heavy:

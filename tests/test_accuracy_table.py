@@ -5,11 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from fp4_moe_lab.accuracy import table as run_table
-
-pytestmark = pytest.mark.cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 

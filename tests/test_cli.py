@@ -7,8 +7,6 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.cpu
-
 ROW_KEYS = {"format", "layout", "backend", "stock_rel_err", "plugin_rel_err", "bound",
             "noise_floor", "plugin_fp32_err", "ok"}
 

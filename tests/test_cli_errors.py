@@ -17,11 +17,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from fp4_moe_lab.checkpoint.writer import write_checkpoint
+from tests.ut.test_cli_args import assert_bad_input, run, run_process
 from vllm_fp4_moe_plugin import cli
-
-from .test_cli_args import assert_bad_input, run, run_process
-
-pytestmark = pytest.mark.cpu
 
 REPO = Path(__file__).resolve().parents[1]
 # the checkout's two packages: the plugin and the lab (lab/fp4_moe_lab)

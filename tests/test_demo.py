@@ -2,12 +2,8 @@
 
 from pathlib import Path
 
-import pytest
-
 from fp4_moe_lab import checkout, demo
 from fp4_moe_lab.engines import engine, plugin_wheel
-
-pytestmark = pytest.mark.cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 

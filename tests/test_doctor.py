@@ -9,8 +9,6 @@ import pytest
 from fp4_moe_lab.checkpoint.writer import write_checkpoint
 from vllm_fp4_moe_plugin import doctor
 
-pytestmark = pytest.mark.cpu
-
 TP4_EP = doctor.deployed_layout(tp=4, ep=True)
 
 

@@ -12,8 +12,6 @@ from fp4_moe_lab.simulation.ep_slice import EpSliceScenario, planted_amax, slice
 from fp4_moe_lab.simulation.layouts import Scenario
 from vllm_fp4_moe_plugin import support
 
-pytestmark = pytest.mark.cpu
-
 
 @pytest.mark.parametrize("ratio", [1.25, 2.0, 4.0])
 def test_slice_maxima_differ_by_exactly_the_ratio(ratio):

@@ -35,7 +35,7 @@ from tests.serving_modules import (
     module_of,
 )
 
-pytestmark = [pytest.mark.cpu, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "vllm_fp4_moe_plugin"

@@ -1,7 +1,7 @@
 """The audit on checkpoints that need torch or vLLM to write or to check against: the writer's
 own checkpoints (exact numbers, lazy reads, shards), a float8 scale written through torch, and
 config keys checked against the installed transformers and vLLM. The rest of the audit's tests
-(tests/checkpoint/test_audit.py) need neither and run in the unit tier."""
+(tests/ut/test_audit.py) need neither and run in the unit tier."""
 
 import json
 import math
@@ -10,6 +10,7 @@ import pytest
 
 from fp4_moe_lab.checkpoint.writer import write_checkpoint
 from tests.real_quantizer_checks import MODELS
+from tests.ut.test_audit import LAYER, NUM_EXPERTS, _RecordingSafeOpen, _uniform
 from vllm_fp4_moe_plugin.checkpoint import tensor_index
 from vllm_fp4_moe_plugin.checkpoint.audit import LAYOUTS, audit_checkpoint
 from vllm_fp4_moe_plugin.checkpoint.render import format_audit
@@ -17,9 +18,6 @@ from vllm_fp4_moe_plugin.checkpoint.tensor_index import CheckpointAuditError
 
 from .conftest import ARCHS, FORMATS
 from .synthetic import write_scales_only
-from .test_audit import LAYER, NUM_EXPERTS, _RecordingSafeOpen, _uniform
-
-pytestmark = pytest.mark.cpu
 
 
 @pytest.mark.parametrize("arch", ARCHS)

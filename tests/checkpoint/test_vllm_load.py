@@ -20,7 +20,7 @@ from fp4_moe_lab.simulation.layouts import LAYOUTS, spawn
 
 from .conftest import ARCHS, FORMATS
 
-pytestmark = [pytest.mark.cpu, pytest.mark.multiproc]
+pytestmark = pytest.mark.multiproc
 
 MODEL_CLASS = {"deepseek_v3": "DeepseekV3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 QUANTIZATION = {"modelopt": ("modelopt_fp4", "ModelOptNvFp4Config", "ModelOptNvFp4FusedMoE"),

@@ -11,8 +11,6 @@ from fp4_moe_lab.checkpoint.writer import write_checkpoint
 
 from .conftest import ARCHS, FORMATS
 
-pytestmark = pytest.mark.cpu
-
 MAX_CHECKPOINT_BYTES = 10 * 1024 * 1024
 SPREADS = (1.0, 2.5, 3.0, 4.0)
 SMALL = {"num_experts": 8, "num_hidden_layers": 1}  # qwen3_moe overrides for fast writes

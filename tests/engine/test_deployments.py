@@ -35,7 +35,7 @@ import pytest
 
 from fp4_moe_lab.engines import deploy, server
 
-pytestmark = [pytest.mark.cpu, pytest.mark.multiproc, pytest.mark.slow, pytest.mark.deploy]
+pytestmark = [pytest.mark.multiproc, pytest.mark.slow, pytest.mark.deploy]
 CI = pytest.mark.deploy_ci
 TRAINED = server.REPO_ROOT / "accuracy" / "models" / "qwen3moe-add-nvfp4-ct-all"
 PROBLEMS = server.REPO_ROOT / "accuracy" / "data" / "addition-test.jsonl"

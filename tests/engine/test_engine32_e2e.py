@@ -33,7 +33,7 @@ import pytest
 from fp4_moe_lab.engines import server
 from fp4_moe_lab.engines.engine import ACTIVE_LINE, max_logprob_gap
 
-pytestmark = [pytest.mark.cpu, pytest.mark.multiproc, pytest.mark.slow]
+pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
 WORLD = "0.32.0"
 PROMPTS = [[1, 5, 9, 33, 100, 7, 250, 3], [2, 40, 41, 42, 300, 17]]

@@ -22,7 +22,7 @@ from fp4_moe_lab.engines import engine
 from fp4_moe_lab.engines.engine import ACTIVE_LINE, engine_python, max_logprob_gap
 from fp4_moe_lab.simulation.reference_kernel import SHADOW_NOISE_BOUND, shadow_records
 
-pytestmark = [pytest.mark.cpu, pytest.mark.multiproc, pytest.mark.slow]
+pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
 PLUGIN_LOGPROB_TOL = 0.02  # bf16 noise; measured 0.0 at TP=1
 

@@ -8,8 +8,6 @@ import pytest
 
 from fp4_moe_lab.engines import plugin_wheel, server
 
-pytestmark = [pytest.mark.cpu]
-
 
 def test_stale_wheel_is_refused_with_the_command_that_fixes_it(tmp_path):
     (tmp_path / plugin_wheel.STAMP).write_text(json.dumps({"source_sha256": "0" * 64}))

@@ -10,7 +10,7 @@ from fp4_moe_lab.simulation.matrix import references
 from tests import uncalibrated_checks
 from tests.pass_marks import PLUGIN_BOUND
 
-pytestmark = [pytest.mark.cpu, pytest.mark.multiproc]
+pytestmark = pytest.mark.multiproc
 
 JOBS = "tests.layers.jobs"
 FORMATS = ("modelopt", "compressed-tensors")

@@ -11,7 +11,7 @@ from fp4_moe_lab.simulation.layouts import LAYOUT_NAMES, LAYOUTS, Scenario
 from fp4_moe_lab.simulation.matrix import rows_for_layout
 from tests.pass_marks import AFFECTED_FACTOR, FP32_FACTOR, PLUGIN_BOUND
 
-pytestmark = [pytest.mark.cpu, pytest.mark.multiproc]
+pytestmark = pytest.mark.multiproc
 
 SCENARIO = Scenario()  # E=8, H=256, I=512, top-2, 32 tokens/rank, 4x input-scale spread
 

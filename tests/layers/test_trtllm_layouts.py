@@ -15,7 +15,7 @@ from fp4_moe_lab.simulation.matrix import installed_release
 from tests.pass_marks import AFFECTED_FACTOR, FP32_FACTOR, PLUGIN_BOUND
 from vllm_fp4_moe_plugin.support import Design
 
-pytestmark = [pytest.mark.cpu, pytest.mark.multiproc]
+pytestmark = pytest.mark.multiproc
 
 SCENARIO = Scenario()  # E=8, H=256, I=512, top-2, 32 tokens/rank, 4x input-scale spread
 

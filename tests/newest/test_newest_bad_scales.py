@@ -7,7 +7,7 @@ import pytest
 from fp4_moe_lab.simulation.layouts import LAYOUTS, spawn
 from tests import uncalibrated_checks
 
-pytestmark = [pytest.mark.cpu, pytest.mark.multiproc]
+pytestmark = pytest.mark.multiproc
 
 FORMATS = ("modelopt", "compressed-tensors")
 

@@ -7,8 +7,6 @@ import pytest
 from vllm_fp4_moe_plugin import doctor
 from vllm_fp4_moe_plugin.checkpoint.audit import audit_checkpoint
 
-pytestmark = pytest.mark.cpu
-
 L = doctor.deployed_layout
 
 

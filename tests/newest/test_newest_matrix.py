@@ -17,7 +17,7 @@ import torch
 from fp4_moe_lab.simulation.layouts import LAYOUTS, Scenario, run_layout
 from tests.pass_marks import AFFECTED_FACTOR, FP32_FACTOR, PLUGIN_BOUND
 
-pytestmark = [pytest.mark.cpu, pytest.mark.multiproc, pytest.mark.slow]
+pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
 # (layout, prepare/finalize vLLM must build there with FLASHINFER_CUTLASS)
 LAYOUT_PF = {

@@ -10,7 +10,7 @@ import pytest
 
 from vllm_fp4_moe_plugin import support
 
-pytestmark = [pytest.mark.cpu, pytest.mark.multiproc, pytest.mark.slow]
+pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "matrix-vllm-0.34.0.json"
 BACKENDS = {"flashinfer_cutlass", "flashinfer_trtllm"}

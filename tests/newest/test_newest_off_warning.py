@@ -6,7 +6,7 @@ import pytest
 
 from fp4_moe_lab.simulation.layouts import LAYOUTS, spawn
 
-pytestmark = [pytest.mark.cpu, pytest.mark.multiproc]
+pytestmark = pytest.mark.multiproc
 
 JOB = "tests.layers.jobs:off_warning"
 

@@ -1,17 +1,14 @@
 """The probe on the nvfp4_oracle release: what it reports, and what the ledger makes of it."""
 
-import pytest
 
 from vllm_fp4_moe_plugin import compat, patches, vllm_modules
 from vllm_fp4_moe_plugin.support import Design
-
-pytestmark = pytest.mark.cpu
 
 
 def test_the_probe_reports_exactly_the_declared_findings():
     obs = compat.probe()
     assert obs.design is Design.NVFP4_ORACLE and obs.patchable, obs
-    # Reference check: the keys tests/plugin/test_ledger.py checks every predicate against.
+    # Reference check: the keys tests/ut/test_ledger.py checks every predicate against.
     assert set(obs.findings) == set(compat.FINDINGS[obs.design])
 
 

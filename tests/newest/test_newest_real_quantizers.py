@@ -6,7 +6,7 @@ import pytest
 
 from tests import real_quantizer_checks as checks
 
-pytestmark = [pytest.mark.cpu, pytest.mark.multiproc, pytest.mark.slow]
+pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
 
 def test_dead_experts_of_a_real_routed_checkpoint():

@@ -33,8 +33,6 @@ from fp4_moe_lab.simulation import oracle_trtllm
 
 from . import flashinfer_wheel
 
-pytestmark = pytest.mark.cpu
-
 _FP4 = "vllm.model_executor.layers.quantization.utils.flashinfer_fp4_moe"
 E, H = 3, 256  # hidden as in the matrix's Scenario
 # GEMM1/GEMM2 intermediate size: the matrix's Scenario (512) and one TP=2 rank of it.

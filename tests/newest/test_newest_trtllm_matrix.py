@@ -23,7 +23,7 @@ from fp4_moe_lab.simulation.layouts import LAYOUTS, Scenario, run_layout
 from fp4_moe_lab.simulation.matrix import trtllm_layer_kwargs, trtllm_routes_itself
 from tests.pass_marks import AFFECTED_FACTOR, FP32_FACTOR, PLUGIN_BOUND
 
-pytestmark = [pytest.mark.cpu, pytest.mark.multiproc, pytest.mark.slow]
+pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
 FORMATS = ("modelopt", "compressed-tensors")
 _MONO = "MoEPrepareAndFinalizeNoDPEPMonolithic"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.cpu, pytest.mark.multiproc]
+pytestmark = pytest.mark.multiproc
 
 ORACLE = "vllm.model_executor.layers.fused_moe.oracle.nvfp4"
 CT_NVFP4 = ("vllm.model_executor.layers.quantization.compressed_tensors."

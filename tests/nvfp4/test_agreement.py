@@ -39,7 +39,6 @@ ct_quant = pytest.importorskip("compressed_tensors.quantization")
 vllm_emu = pytest.importorskip(
     "vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils")
 
-pytestmark = pytest.mark.cpu
 
 SEEDS = [0, 1, 2]
 SHAPE = (256, 2048)  # 512k elements per seed, 1.5M in all

@@ -5,8 +5,6 @@ import torch
 
 from fp4_moe_lab.nvfp4 import E2M1_VALUES, e2m1_decode, e2m1_round, pack_fp4, unpack_fp4
 
-pytestmark = pytest.mark.cpu
-
 SEED = 0
 # (input, expected value): every tie goes to the even mantissa, beyond 6 saturates.
 TIES = [(0.25, 0.0), (0.75, 1.0), (1.25, 1.0), (1.75, 2.0), (2.5, 2.0), (3.5, 4.0), (5.0, 4.0)]

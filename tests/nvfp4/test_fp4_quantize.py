@@ -13,8 +13,6 @@ from fp4_moe_lab.nvfp4 import (
     unswizzle_128x4,
 )
 
-pytestmark = pytest.mark.cpu
-
 SEED = 0
 DTYPES = [torch.bfloat16, torch.float16]
 ROWS = [1, 7, 64]

@@ -10,8 +10,6 @@ from fp4_moe_lab.nvfp4 import (
     unswizzle_128x4,
 )
 
-pytestmark = pytest.mark.cpu
-
 SEED = 0
 ROWS = [1, 7, 130, 300]
 SCALE_COLS = [3, 5, 8]

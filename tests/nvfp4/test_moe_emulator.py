@@ -31,8 +31,6 @@ from fp4_moe_lab.nvfp4 import (
 
 from .moe_cases import make_case, rel_err, with_first_expert_extreme
 
-pytestmark = pytest.mark.cpu
-
 SHAPES = [(8, 256, 256), (4, 128, 64)]  # (E, H, I)
 ROWS = [1, 7, 64]
 SEEDS = [0, 1]

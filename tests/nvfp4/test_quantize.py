@@ -16,8 +16,6 @@ from fp4_moe_lab.nvfp4 import (
     unpack_fp4,
 )
 
-pytestmark = pytest.mark.cpu
-
 SEED = 0
 CONVENTIONS = ["flashinfer", "compressed_tensors"]
 SHAPES = [(1, 32), (7, 64), (64, 256)]

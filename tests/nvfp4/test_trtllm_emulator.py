@@ -48,8 +48,6 @@ from fp4_moe_lab.nvfp4.trtllm_layout import (  # noqa: E402
 
 from .moe_cases import make_case, rel_err  # noqa: E402
 
-pytestmark = pytest.mark.cpu
-
 BF16 = torch.bfloat16
 RENORMALIZE, DEEPSEEK_V3 = 1, 2
 # (E, H, I): 2I and H multiples of 128, H/16 and I/16 multiples of 4 -- whole 128x4 scale tiles,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.cpu, pytest.mark.multiproc, pytest.mark.slow]
+pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 # The layouts that show the EP hole (the default dispatch, FlashInfer's one-sided NVLink) and

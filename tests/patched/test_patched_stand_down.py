@@ -8,13 +8,9 @@ line, nothing patched), the EP agreement alone or the repair alone with one of t
 import importlib
 import logging
 
-import pytest
-
 from vllm_fp4_moe_plugin import compat, patches
 from vllm_fp4_moe_plugin import vllm_modules as vm
 from vllm_fp4_moe_plugin.patches import nvfp4_oracle
-
-pytestmark = [pytest.mark.cpu]
 
 
 def test_probe_sees_exactly_the_applied_fixes(fixed):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.cpu, pytest.mark.multiproc]
+pytestmark = pytest.mark.multiproc
 
 TESTS = Path(sys.prefix) / "vllm-tests"
 # Per patch: its test file, and a test of it that stock must fail by assertion (not only by

@@ -10,8 +10,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.cpu
-
 
 def _design_targets():
     from vllm_fp4_moe_plugin import patches

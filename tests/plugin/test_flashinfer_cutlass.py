@@ -3,8 +3,6 @@
 import pytest
 import torch
 
-pytestmark = pytest.mark.cpu
-
 M, H, I, E = 5, 256, 256, 4  # noqa: E741 (I: the MoE intermediate size, next to M, H, E)
 
 

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-pytestmark = [pytest.mark.cpu, pytest.mark.multiproc]
+pytestmark = pytest.mark.multiproc
 
 # The bound on what the check adds where nobody runs the fix (write one key, read the others').
 OFF_BUDGET_S = 1.0

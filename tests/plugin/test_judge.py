@@ -7,8 +7,6 @@ from fp4_moe_lab.simulation import judge
 from fp4_moe_lab.simulation.layouts import RankOutput
 from tests import pass_marks
 
-pytestmark = pytest.mark.cpu
-
 IDEAL = torch.ones(4, 8)
 FP32 = IDEAL * (1 + 1e-3)  # a noise floor of 1e-3
 INFO = {"prepare_finalize": "X", "a1_gscale_shape": [1]}

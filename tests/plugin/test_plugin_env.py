@@ -4,8 +4,6 @@ and register() lists the plugin's."""
 
 import pytest
 
-pytestmark = pytest.mark.cpu
-
 OWN = {"VLLM_FP4_MOE_PLUGIN", "VLLM_FP4_MOE_PLUGIN_CHECK", "VLLM_FP4_MOE_PLUGIN_TIMEOUT_S"}
 
 

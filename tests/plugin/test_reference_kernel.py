@@ -18,8 +18,6 @@ from fp4_moe_lab.simulation.reference_kernel import (
     shadow_records,
 )
 
-pytestmark = pytest.mark.cpu
-
 E, H, I, TOP_K, M = 8, 256, 256, 2, 24  # noqa: E741 (I: the MoE intermediate size, next to M, H, E)
 
 

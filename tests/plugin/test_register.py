@@ -8,8 +8,6 @@ import pytest
 
 from tests.conftest import plugin_records
 
-pytestmark = pytest.mark.cpu
-
 MO = "vllm.model_executor.layers.quantization.modelopt"
 CT = "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe"
 FX = "vllm.model_executor.layers.fused_moe.flashinfer_cutlass_moe"

@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-pytestmark = [pytest.mark.cpu, pytest.mark.multiproc]
+pytestmark = pytest.mark.multiproc
 
 
 def _free_port() -> int:

@@ -3,8 +3,6 @@ import torch
 
 from vllm_fp4_moe_plugin import scales
 
-pytestmark = pytest.mark.cpu
-
 
 @pytest.mark.parametrize("bad,kind", [(float("nan"), "NaN"), (float("inf"), "inf"),
                                       (0.0, "zero"), (-2.0, "negative")])

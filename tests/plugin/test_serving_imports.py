@@ -15,11 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.serving_modules import LAB_PACKAGE, PACKAGE, SERVING_MODULES
-
-pytestmark = [pytest.mark.cpu]
 
 PROBE = Path(__file__).resolve().parents[1] / "probes" / "serving_process_modules.py"
 

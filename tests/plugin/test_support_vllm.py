@@ -1,4 +1,4 @@
-"""The vLLM-free support model and ledger (tests/plugin/test_support.py, test_support_doc.py,
+"""The vLLM-free support model and ledger (tests/ut/test_support.py, test_support_doc.py,
 test_ledger.py: the unit tier) checked against what needs the installed vLLM or torch: vLLM's
 own expert map, the installed probe's findings, and the published uncalibrated-expert rows."""
 
@@ -8,8 +8,6 @@ from pathlib import Path
 import pytest
 
 from vllm_fp4_moe_plugin import compat, support
-
-pytestmark = pytest.mark.cpu
 
 
 @pytest.mark.parametrize("num_experts", [8, 7, 16])

@@ -9,8 +9,6 @@ import torch
 
 from vllm_fp4_moe_plugin import scales, unloaded
 
-pytestmark = pytest.mark.cpu
-
 
 class Method:
     fp4_moe_repairs_activation_scales = True

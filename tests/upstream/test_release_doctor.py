@@ -4,9 +4,6 @@ import pytest
 
 from vllm_fp4_moe_plugin import doctor
 
-pytestmark = pytest.mark.cpu
-
-
 
 @pytest.fixture
 def env(blackwell_env):

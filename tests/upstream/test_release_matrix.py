@@ -12,7 +12,7 @@ from fp4_moe_lab.simulation.layouts import LAYOUT_NAMES, Scenario
 from fp4_moe_lab.simulation.matrix import rows_for_layout
 from tests.pass_marks import AFFECTED_FACTOR, FP32_FACTOR, PLUGIN_BOUND
 
-pytestmark = [pytest.mark.cpu, pytest.mark.multiproc, pytest.mark.slow]
+pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
 # (format, layout) pairs where stock 0.11.1-0.13.0 is inconsistent: docs/ROOT-CAUSE.md §7 items 1-2.
 HOLES = {("compressed-tensors", "dp_ep_allgather"), ("compressed-tensors", "dp_ep_all2allv"),

@@ -13,7 +13,7 @@ import pytest
 
 from vllm_fp4_moe_plugin import compat, patches
 
-pytestmark = [pytest.mark.cpu, pytest.mark.compat]
+pytestmark = pytest.mark.compat
 
 _MO = "vllm.model_executor.layers.quantization.modelopt"
 _CT = "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe"
@@ -136,7 +136,7 @@ def test_off_warning_only_where_this_release_is_wrong():
 
 def test_the_probe_reports_exactly_the_declared_findings():
     obs = compat.probe()
-    # Reference check: the keys tests/plugin/test_ledger.py checks every predicate against.
+    # Reference check: the keys tests/ut/test_ledger.py checks every predicate against.
     assert obs.patchable and set(obs.findings) == set(compat.FINDINGS[obs.design]), obs
 
 

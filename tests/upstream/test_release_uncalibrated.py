@@ -9,6 +9,6 @@ import pytest
 from tests.uncalibrated_checks import world_tests
 from vllm_fp4_moe_plugin.support import Design
 
-pytestmark = [pytest.mark.cpu, pytest.mark.multiproc, pytest.mark.slow]
+pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
 rows, test_uncalibrated_expert = world_tests(Design.MODULAR_METHOD, ("single",))

@@ -7,8 +7,6 @@ import pytest
 from vllm_fp4_moe_plugin import support
 from vllm_fp4_moe_plugin.support import Design
 
-pytestmark = [pytest.mark.unit]
-
 FAILS = support.FAILS_TO_START
 INIT, MODULAR, ORACLE = Design.INIT_PREPARE_FINALIZE, Design.MODULAR_METHOD, Design.NVFP4_ORACLE
 GPUS = ("10.0", "10.3", "12.0", "12.1")

@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.cpu, pytest.mark.unit]
-
 ROOT = Path(__file__).resolve().parents[2]
 PKG = "vllm_fp4_moe_plugin"
 

@@ -10,11 +10,7 @@ import re
 import subprocess
 from pathlib import Path
 
-import pytest
-
-pytestmark = [pytest.mark.cpu, pytest.mark.unit]
-
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = ("accuracy", "benchmarks", "examples", "lab", "scripts", "tests")
 
 

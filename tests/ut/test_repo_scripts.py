@@ -5,9 +5,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.cpu, pytest.mark.unit]
-
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted([*ROOT.glob("examples/*.sh"), *ROOT.glob("scripts/*.sh"), ROOT / ".ci" / "run"])
 
 

@@ -12,8 +12,6 @@ from vllm_fp4_moe_plugin import compat, patches
 from vllm_fp4_moe_plugin.patches import LEDGER
 from vllm_fp4_moe_plugin.support import Design
 
-pytestmark = [pytest.mark.cpu, pytest.mark.unit]
-
 DOC = Path(__file__).resolve().parents[2] / "docs" / "PATCHES.md"
 # Sample values per kind of finding: the class name the CT entries compare with, the helper
 # tuples the oracle entries look in, and booleans for the rest.

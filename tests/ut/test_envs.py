@@ -2,8 +2,6 @@ import pytest
 
 from vllm_fp4_moe_plugin import envs
 
-pytestmark = [pytest.mark.cpu, pytest.mark.unit]
-
 
 @pytest.mark.parametrize("value,expected", [(None, False), ("0", False), ("1", True)])
 def test_switch_values(monkeypatch, value, expected):

@@ -8,8 +8,6 @@ import pytest
 from vllm_fp4_moe_plugin.patching import ModulePatch, PatchConflictError, same_named_subclass
 from vllm_fp4_moe_plugin.support import Design
 
-pytestmark = [pytest.mark.cpu, pytest.mark.unit]
-
 
 @pytest.fixture
 def target_module():

@@ -9,8 +9,6 @@ import pytest
 
 from vllm_fp4_moe_plugin import support
 
-pytestmark = [pytest.mark.cpu, pytest.mark.unit]
-
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 CELL = {"plugin": support.WRONG, "plugin (fails)": support.FAILS, "upstream": None}
 

@@ -4,8 +4,6 @@ import pytest
 
 from vllm_fp4_moe_plugin import support
 
-pytestmark = [pytest.mark.cpu, pytest.mark.unit]
-
 
 @pytest.mark.parametrize("release, design", [
     ("0.11.0", "init_prepare_finalize"), ("0.11.1", "modular_method"),

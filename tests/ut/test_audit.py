@@ -8,15 +8,12 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+from tests.checkpoint.synthetic import MISSING_WEIGHT_SHARD, SCALE, WEIGHT_GLOBAL, write_scales_only
 from vllm_fp4_moe_plugin.checkpoint import tensor_index
 from vllm_fp4_moe_plugin.checkpoint.audit import LAYOUTS, audit_checkpoint, ep_slices
 from vllm_fp4_moe_plugin.checkpoint.render import format_audit
 from vllm_fp4_moe_plugin.checkpoint.tensor_index import CheckpointAuditError
-
-from .conftest import FORMATS
-from .synthetic import MISSING_WEIGHT_SHARD, SCALE, WEIGHT_GLOBAL, write_scales_only
-
-pytestmark = [pytest.mark.cpu, pytest.mark.unit]
+from vllm_fp4_moe_plugin.cli import FORMATS
 
 LAYER = "model.layers.3.mlp.experts"
 NUM_EXPERTS = 8

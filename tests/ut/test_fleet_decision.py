@@ -21,8 +21,6 @@ from vllm_fp4_moe_plugin.fleet import (
     disagreement,
 )
 
-pytestmark = pytest.mark.unit
-
 KINDS = ("on", "zero", "unset", "absent")
 
 

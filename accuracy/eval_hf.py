@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Exact-match accuracy of a HF model directory on the addition test set, on the CPU.
 
 Why: the accuracy table's reference numbers (bf16, and the fake-quantized NVFP4 checkpoints where

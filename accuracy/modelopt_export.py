@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Write the ModelOpt-format NVFP4 checkpoint of the trained addition MoE with NVIDIA ModelOpt.
 
 Why: DeepSeek-R1-FP4 and most published NVFP4 MoE checkpoints are ModelOpt exports

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Draw docs/accuracy.png from the accuracy table's rows (run by accuracy/run_table.py in a
 Python that has matplotlib, which the engine worlds need not have).
 

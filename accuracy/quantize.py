@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Write the compressed-tensors NVFP4 checkpoints of the trained addition MoE with llmcompressor.
 
 Why: the plugin's bugs live in how vLLM uses the per-expert activation global scales that a

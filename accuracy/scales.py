@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Tabulate the MoE activation scales of every NVFP4 checkpoint under accuracy/models/.
 
 Why: the plugin's bugs are all about how vLLM combines the experts' activation scales, so the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`python accuracy/skew.py`: runs :mod:`fp4_moe_lab.accuracy.skew` (usage there), with
 the Python of .venv, where the lab is installed."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The accuracy task: 3-digit addition, character by character ("123+456=" -> "579").
 
 Why this task: a 2-layer MoE only gets it right by computing every answer digit from the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Train the tiny MoE models (Qwen3-MoE; DeepSeek-V3) that the NVFP4 accuracy checks quantize
 
 

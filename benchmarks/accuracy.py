@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Item 4: output error against the fp32 reference, three schemes side by side, per layout.
 
 All three run on the real vLLM 0.11.0 layer (ModelOpt format) under the simulated SM100 path,

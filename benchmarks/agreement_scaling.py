@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The load-time EP scale agreement at 2, 4 and 8 ranks, torch only (no vLLM needed).
 
 What the plugin adds at load under DP+EP, per rank: one ``scales.agree_max`` per MoE layer (a

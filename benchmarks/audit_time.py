@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Item 5: ``audit_checkpoint`` on a DeepSeek-R1-sized index, scales only.
 
 The checkpoint is written here into a temporary directory: ModelOpt naming (as

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Item 7: the NVFP4 emulator and reference on a DeepSeek-shaped layer, on one device.
 
 Why: the test suite's cost at real sizes. Shape: E=256, H=7168, I=2048, top-8 (DeepSeek-R1's

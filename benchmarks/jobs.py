@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Jobs that run inside simulated ranks (``simulation.layouts.spawn``); each returns plain data.
 
 One job per layout does everything that layout's benchmarks need, because starting vLLM in a

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Spawn each layout once (``simulation.layouts.spawn``) and collect what items 2, 3, 4, 6 need.
 
 Why one spawn per layout: a rank's cost is mostly starting vLLM, so ``benchmarks.jobs.

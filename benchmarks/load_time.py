@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Item 6: load-time cost for a DeepSeek-R1-sized model (58 MoE layers x 256 experts).
 
 Measured per rank in real gloo DP+EP groups (2 ranks: the ``dp_ep_allgather`` layout; 4 ranks:

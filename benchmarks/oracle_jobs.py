@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Jobs that run inside simulated ranks of the NVFP4-oracle world (vLLM 0.14.0+; CI: 0.34.0).
 
 The 0.34.0 twin of :mod:`benchmarks.jobs`: one job per spawned group does everything that group

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The NVFP4-oracle world's rows (CI: vLLM 0.34.0), from :mod:`.oracle_runs` results.
 
 Item numbers keep the 0.11.0 table's meanings where they carry over: 1 start-up, 2 apply() host

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Spawn the NVFP4-oracle world's rank groups once each and collect what its rows need.
 
 One DP=2+EP group (``dp_ep_allgather``: vLLM's default dispatch, which quantizes on the sender)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Instruments for the NVFP4-oracle seam (``simulation/blackwell_oracle.py``, vLLM 0.14.0+).
 
 The 0.34.0 twin of :mod:`benchmarks.seam`; enter it *inside* ``simulated_blackwell()`` (the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Item 2: host-side cost of one MoE ``apply()``, plugin vs stock, single-GPU layout.
 
 Measured by ``benchmarks.jobs.apply_overhead`` in a spawned rank under the simulated SM100

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Item 3: activation quantization passes, and their bytes, before the MoE kernel.
 
 Counted at the seam (``benchmarks.seam.counting``): every ``fp4_quantize`` vLLM's prepare

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One benchmark row = one side-by-side ratio, and the one table they are printed in.
 
 Why a shared shape: every row is a ratio measured in the same run, each with its target,

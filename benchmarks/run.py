@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``python -m benchmarks.run [--smoke] [--json PATH] [--worlds all|here]``: the benchmarks,
 one table per release world (vLLM 0.11.0; the NVFP4-oracle design, 0.34.0).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Instruments for the one documented hardware seam (``simulation/blackwell.py``).
 
 Must be entered *inside* ``simulated_blackwell()`` (the spawned ranks of

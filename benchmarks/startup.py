@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Item 1: what the plugin costs every process vLLM starts, next to ``import vllm``.
 
 Why fresh subprocesses: vLLM imports the entry point and calls ``register()`` once per process,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One cold vLLM process, timed step by step: ``import vllm``, the plugin's entry-point module,
 ``register()``, then the NVFP4 MoE modules whose first import runs the probe and the patches
 (register() hands the module's ``_install`` to the import hook: it is timed there). Prints

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The release worlds the benchmarks run in, and which one this interpreter is.
 
 A world is one installed vLLM with its own virtualenv in the checkout (``scripts/bootstrap*.sh``):

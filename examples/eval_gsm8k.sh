@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # gsm8k (5-shot) on a Blackwell (SM100) host: stock vLLM 0.11.0 vs the plugin, same settings.
 # This is the run that confirms what the CPU simulation claims (README, "What is verified").
 #

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # gsm8k (5-shot) on a 4-GPU Blackwell (SM100) host with the newest vLLM: stock vs the plugin for
 # a public compressed-tensors NVFP4 MoE checkpoint. This is the run that confirms what the CPU
 # matrix on vLLM 0.34.0 claims (README, "What is verified"):

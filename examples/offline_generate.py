@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Offline generation with the plugin on a Blackwell host (what `vllm serve` does, in Python).
 
     VLLM_FP4_MOE_PLUGIN=1 python examples/offline_generate.py --tp 4 --ep

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Serve nvidia/DeepSeek-R1-0528-FP4-v2 on a 4-GPU Blackwell (SM100) host with the plugin on.
 #
 #   LAYOUT=tp4_ep ./examples/serve_deepseek_r1_fp4.sh   # TP=4 + expert parallel

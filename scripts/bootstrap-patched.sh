@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # A world with this repository's upstream patches (upstream/*.patch) applied to its installed
 # vllm/: $BASE-patched-$WHICH, a hard-linked copy of the stock world $BASE (built first; the
 # copy costs seconds and almost no disk) whose patched files `git apply` writes anew, so the

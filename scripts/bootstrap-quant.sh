@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Create .venv-quant, the dev-only world that writes the NVFP4 test checkpoints of accuracy/
 # (accuracy/quantize.py, accuracy/modelopt_export.py) with the quantizers people use:
 # llmcompressor 0.14.0.1 and nvidia-modelopt 0.47.0, on the CPU. Pins: constraints/quant.txt.

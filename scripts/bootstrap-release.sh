@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Create the virtualenv of one focused test world, .venv-vllm-$WORLD, from
 # constraints/vllm-$WORLD.txt, plus this plugin (--no-deps: its runtime needs nothing that vLLM
 # does not bring). Usage: bootstrap-release.sh [WORLD]   (WORLD: 0.12.0, the default, or 0.34.0)

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Create .venv in the repository root and install the pinned world (constraints/default.txt) plus this
 # package (editable, with its console script). Re-running is cheap: it reinstalls only when
 # constraints/default.txt, setup.cfg or pyproject.toml changed.

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Hard-link identical files shared by this checkout's virtualenvs.
 
 Why: the three test worlds (.venv, .venv-engine, .venv-vllm-0.12.0) each carry PyPI's CUDA

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Sourced by the bootstrap scripts: fail before pip starts, not halfway through an install,
 # when the disk cannot hold the virtualenv about to be built, and keep pip's temporary files
 # (downloaded wheels, several GB while one `pip install` runs) on the same disk as the

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Lint: ruff (`ruff check`, rules in pyproject.toml [tool.ruff.lint]) and codespell
 # ([tool.codespell]) over the repository, mypy ([tool.mypy]) over the serving package, against the
 # vLLM and torch of .venv. All come pinned from constraints/default.txt through the `test` extra

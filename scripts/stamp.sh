@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Sourced by the scripts that build virtualenvs: a virtualenv is (re)installed only when the
 # files that decide what it holds (pins, package metadata, the recipe itself) have changed
 # since its last successful install, so re-running a bootstrap costs seconds.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The release sweep (lab/fp4_moe_lab/sweep.py): each vLLM release from 0.11.0 on, in a throwaway
 # world under .sweep/, probed and measured (layer matrix, uncalibrated rows); one row each in
 # docs/releases.json. Resumable: releases already there are skipped (--force re-measures).

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The whole test run (what CI and the README run), tier by tier, each a folder of tests/, each
 # timed ("[tier] ..." lines):
 #   unit      tests/ut: no vLLM, no torch, in its own small virtualenv (.venv-unit)

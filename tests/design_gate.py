@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The gate of the focused suites (tests/upstream, tests/newest): each runs only in a world of
 its own MoE design, asked for with ``VLLM_FP4_MOE_EXPECT_DESIGN`` (``scripts/test.sh``)."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The tests' own acceptance numbers, kept here rather than imported from the code under test:
 a change to the code's bound cannot loosen what the tests accept.
 

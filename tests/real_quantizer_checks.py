@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What every release world asserts about the checkpoints real quantizers wrote, one
 copy: llmcompressor 0.14's routed calibration left experts uncalibrated with uninitialised memory
 as their input global scales (accuracy/models/SCALES.md); real vLLM layers load them.

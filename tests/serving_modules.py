@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the wheel users install may hold: the serving code and the operator commands (audit,
 doctor), nothing of the development package (lab/fp4_moe_lab). One allow-list, read by
 tests/test_wheel.py (the built wheel's files) and tests/plugin/test_serving_imports.py (what a

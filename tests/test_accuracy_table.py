@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The accuracy table's writer lock (fp4_moe_lab.accuracy.table), no engine: one writer per JSON."""
 
 import os

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`python -m benchmarks.run --smoke --worlds here` runs in the vLLM 0.11.0 world
 and its structural targets hold. (The 0.34.0 world's smoke test is tests/newest's.)
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The console scripts' subcommands (vllm-fp4-moe, vllm-fp4-moe-lab), as a user calls them
 (exit codes, --json keys)."""
 

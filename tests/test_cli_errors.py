@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The exit-code contract: 0 fine, 1 a finding, 2 bad input (one line on stderr
 naming the input), 70 internal error (traceback only with --debug / VLLM_FP4_MOE_DEBUG=1).
 

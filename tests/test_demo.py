@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The demo's engine mode is for repository checkouts only: when it runs, and why not."""
 
 from pathlib import Path

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """doctor: every section, and the verdict in the situations an operator meets."""
 
 import json

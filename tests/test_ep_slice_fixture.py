@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The 0.34.0 world's accuracy fixture (fp4_moe_lab.simulation.ep_slice) plants what the EP-slice
 benchmark rows need: EP=2 slices whose GEMM1 local maxima differ by exactly 1.25x, 2x and 4x,
 and GEMM2 maxima that do not differ (so the only scheme difference left is GEMM1's scale).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What every release world's suite asserts about uncalibrated experts, one copy.
 
 Each world runs ``simulation.uncalibrated.run_uncalibrated`` on its own vLLM (real layers, real

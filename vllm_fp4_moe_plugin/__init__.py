@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """vllm-fp4-moe-plugin: correct NVFP4 MoE activation scales on stock vLLM (0.11.0 to 0.34.0).
 
 vLLM calls :func:`register` in every process it starts via the ``vllm.general_plugins`` entry

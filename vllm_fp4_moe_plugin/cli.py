@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """vllm-fp4-moe: the operator's console script, one subcommand per job (audit, doctor).
 
 Subcommands return data from their own modules; printing and --json live here at the edge.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Feature probes of the installed vLLM: which MoE design is it, and what does its code do?
 
 compat only observes: :func:`probe` names the design, says whether the code its patches are

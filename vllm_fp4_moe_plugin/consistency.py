@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Load-time check: does each NVFP4 MoE layer's quant config match what its prepare step does?
 
 The original failure was silent. Once per layer at load, this verifies ``g1_alphas[e] * g ==

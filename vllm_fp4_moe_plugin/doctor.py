@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``vllm-fp4-moe doctor``: will this machine, these settings and this checkpoint give correct
 NVFP4 MoE answers, with and without the plugin? Runs with or without a GPU. Each section is a
 plain function returning data; :func:`run_doctor` decides the verdict: exit 0 fine, 1 at risk,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Environment variables of the plugin, parsed in one place with errors that name the fix.
 
 Parsers read through module ``__getattr__`` (as vllm-spyre's ``envs.py``), so ``envs.X`` always

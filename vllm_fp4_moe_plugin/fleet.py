@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The fleet check: a rank that runs the fix never serves next to a rank that does not.
 
 Ranks that disagree compute the NVFP4 MoE layers with different scales, silently in TP-like

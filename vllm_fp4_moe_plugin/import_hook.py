@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Run a callback right after vLLM first imports one of a few modules.
 
 Probing and patching need vLLM's MoE modules, whose first import takes seconds: too slow for

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The plugin's logger.
 
 vLLM configures a handler on the ``vllm`` logger and turns propagation off, so a logger outside

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """NVFP4 format constants (docs/NVFP4-FORMAT.md §3.1-3.2), torch-free, in one place: the serving
 code, the CLI and the lab (``fp4_moe_lab.nvfp4``) agree on the same table and limits.
 """

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One WARNING per process when the plugin is installed, off, and a layer needs it.
 
 Read-only (a :mod:`.param_watch` hook). Pre-oracle designs: at risk if the per-expert

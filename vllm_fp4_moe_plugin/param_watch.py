@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A read-only watch on parameter registration: the one load-time event that every vLLM design
 and every plugin state (on, off, unset) shares. vLLM's NVFP4 MoE quant methods register their
 tensors in ``create_weights`` and ``process_weights_after_loading``; a torch registration hook

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A small, reversible patch primitive: rebind one module attribute, remember the original.
 
 Mirrors the shape of ArcticInference's ``patching.py`` (one object per replaced symbol, a

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The one rule every NVFP4 global scale of a checkpoint must satisfy, in one place.
 
 Shared by the plugin at load (:func:`vllm_fp4_moe_plugin.scales.check_positive_finite`) and

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The activation-scale policy, as pure functions of per-expert scales and the parallel layout.
 
 In vLLM 0.11.0 the quant config must describe what prepare/finalize does (docs/ROOT-CAUSE.md §9).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Where stock vLLM computes NVFP4 MoE layers wrongly, by design, format and layout: vLLM-free.
 
 Asked by the patches, ``doctor``, ``audit``, the off-switch warning and the matrix; checked against

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Which experts' activation scales the checkpoint never provided.
 
 vLLM creates an NVFP4 MoE layer's activation-scale parameters with ``torch.empty`` and lets the

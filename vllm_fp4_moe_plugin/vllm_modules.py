@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Where in vLLM the plugin looks: the module paths and symbol names it probes and patches.
 
 One place for them, read by ``compat`` (probes), the ledger (``patches/``) and ``register()``

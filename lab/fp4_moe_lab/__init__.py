@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """fp4_moe_lab: the development half of vllm-fp4-moe-plugin, never published (lab/pyproject.toml).
 
 * :mod:`.nvfp4` -- NVFP4 math, FlashInfer/TRT-LLM kernel emulators and fp32 oracles (pure torch).

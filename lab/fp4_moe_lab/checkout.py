@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The repository checkout this lab is imported from: where the engine worlds (``.venv-engine*``),
 the accuracy models and the docs the drivers write live.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """vllm-fp4-moe-lab: the development commands (matrix, make-checkpoint, demo), a console script
 of the lab package, never of the serving wheel. Same flags, errors and exit codes as the
 operator's ``vllm-fp4-moe`` (its :func:`~vllm_fp4_moe_plugin.cli.run_command`); the commands

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The development commands of ``vllm-fp4-moe-lab`` (:mod:`fp4_moe_lab.cli` parses them):
 matrix, make-checkpoint, demo. Errors are the serving CLI's ``UsageError`` (exit 2, one line),
 findings return ``EXIT_FINDING``, as in the operator's commands.

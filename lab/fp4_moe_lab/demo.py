@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``vllm-fp4-moe-lab demo``: the whole story on a built-in tiny checkpoint, in a few minutes.
 
 1. write a tiny NVFP4 Qwen3-MoE checkpoint whose experts have different input scales;

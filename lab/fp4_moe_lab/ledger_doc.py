@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """docs/PATCHES.md, rendered from the patch ledger (``vllm_fp4_moe_plugin.patches.LEDGER``):
 ``python -m fp4_moe_lab.ledger_doc > docs/PATCHES.md``; tests/ut/test_ledger.py keeps the
 file in sync. A development tool, so it lives in the lab, not in the serving wheel."""

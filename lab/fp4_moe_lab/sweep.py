@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The release sweep: every vLLM release from 0.11.0 on, each in a throwaway world, measured.
 
 For each release: a fresh virtualenv (``.sweep/vllm-X``) with ``pip install vllm==X`` and its own

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Task accuracy through vLLM's OpenAI server and lm-eval: CI's slice of docs/ACCURACY.md.
 
 Two rows of accuracy/run_table.py's table, >= 100 problems each (the lm-eval task

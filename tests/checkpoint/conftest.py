@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Checkpoints written once per session: every (arch, fmt) at the default spread."""
 
 import pytest

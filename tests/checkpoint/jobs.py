@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Jobs that run inside a simulated rank (``simulation.layouts.spawn``); each returns plain data.
 
 One job loads every written checkpoint, because starting vLLM in a fresh process is the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Scales-only checkpoints for the audit tests: config files plus the activation-scale tensors,
 and index entries for weight tensors that point to a shard that is never written (so any read
 of a weight tensor fails loudly)."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The audit on checkpoints that need torch or vLLM to write or to check against: the writer's
 own checkpoints (exact numbers, lazy reads, shards), a float8 scale written through torch, and
 config keys checked against the installed transformers and vLLM. The rest of the audit's tests

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Written checkpoints load through vLLM 0.11.0's REAL model classes and loader.
 
 One spawned rank (``layouts.spawn``, CPU Blackwell simulation) builds ``DeepseekV3ForCausalLM``

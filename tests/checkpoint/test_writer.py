@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The tiny checkpoint writer: deterministic bytes, exact scale spreads, valid configs, sharding."""
 
 import json

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Load a checkpoint directory with vLLM 0.11.0's own model class, loader and quant config, on CPU.
 
 Why: the loaders skip or silently leave ``torch.empty`` garbage for some misnamed tensors

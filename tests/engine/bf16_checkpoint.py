@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Write a tiny random-init bf16 Qwen3-MoE checkpoint with transformers (run in an engine
 world: ``.venv-engine-0.32.0/bin/python tests/engine/bf16_checkpoint.py OUT``).
 

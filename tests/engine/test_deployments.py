@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The plugin in every deployment vLLM documents, in real engines of both CPU worlds.
 
 Each test starts vLLM as an operator does (``fp4_moe_lab.engines.deploy``: ``vllm serve`` through

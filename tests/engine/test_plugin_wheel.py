@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The engine worlds serve the plugin from its built wheel (fp4_moe_lab.engines.plugin_wheel)."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Jobs that run inside simulated ranks (spawned by ``layouts.spawn``); each returns plain data.
 
 They bundle many checks per process start, because starting vLLM in a fresh process is the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the plugin does to real layers besides the happy path: bad scales, guards, other
 backends left alone, the TRT-LLM scale, and the DP scale agreement across ranks."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Every layout of docs/ROOT-CAUSE.md §9, both formats: real vLLM 0.11.0 layers in real gloo groups.
 
 Stock must be wrong by far more than NVFP4 noise, the plugin at the noise level, on the same

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """llmcompressor's dead experts (uninitialised input scales) on real vLLM 0.11.0 layers: the
 plugin at the ideal NVFP4 answer with one WARNING naming them, stock far off."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """vLLM 0.11.0's TRT-LLM ("latency") NVFP4 MoE backend, ModelOpt, in real gloo groups.
 
 The kernel is the FlashInfer 0.3.1 ``trtllm_fp4_block_scale_moe`` emulator

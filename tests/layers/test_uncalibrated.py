@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Uncalibrated experts on real layers of vLLM 0.11.0 (init_prepare_finalize design).
 
 DP=2+EP, where the plugin's EP agreement must not carry the value to every rank, runs on the

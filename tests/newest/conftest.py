@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The focused suite for a vLLM release in the NVFP4-oracle MoE design (0.14.0 to 0.34.0).
 
 It runs only when asked: ``VLLM_FP4_MOE_EXPECT_DESIGN=nvfp4_oracle`` (``scripts/test.sh`` sets

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """FlashInfer 0.7.x's own TRT-LLM weight-shuffle helpers, run on CPU from the released wheel.
 
 vLLM 0.34.0 pins flashinfer-python 0.7.3, which the package index does not carry (0.7.2.post1

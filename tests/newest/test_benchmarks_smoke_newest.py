@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`python -m benchmarks.run --smoke --worlds here` in the NVFP4-oracle world (CI:
 vLLM 0.34.0) runs, and the rows that do not depend on the machine's speed hold: nothing of the
 plugin runs per forward, under DP+EP the plugin's compressed-tensors layer uses ModelOpt's one

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Bad checkpoint scales on the oracle design (CI: vLLM 0.34.0): the plugin refuses them with the
 layer, the tensor and the expert named, in the same words as on 0.11.0 (tests/layers); activation
 scales no calibration produced are loaded with the calibrated max amax instead."""

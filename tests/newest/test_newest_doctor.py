@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """doctor and audit on the oracle design (CI: vLLM 0.34.0): layers judged by this design's hole
 (compressed-tensors, DP+EP, a sender-side dispatcher, EP ranks' maxima differ), and the plugin's
 fix named."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The consistency matrix on the installed NVFP4-oracle release (CI: vLLM 0.34.0), CPU.
 
 Real vLLM code (quant methods, FusedMoEFactory/RoutedExperts, its weight loader,

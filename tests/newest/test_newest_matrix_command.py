@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``vllm-fp4-moe-lab matrix`` itself, every layout, on the installed oracle-design release (CI:
 vLLM 0.34.0): exit 0 (every row ok), a FlashInfer CUTLASS and a FlashInfer TRT-LLM row (vLLM's
 default NVFP4 MoE backend on SM100) for every layout and format, and the rows docs/ and the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Plugin installed but off, on the oracle design (CI: vLLM 0.34.0): one WARNING per process where
 stock can mix the EP ranks' scales (compressed-tensors under DP+EP with the default dispatch),
 none elsewhere, none with VLLM_FP4_MOE_PLUGIN=0."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The probe on the nvfp4_oracle release: what it reports, and what the ledger makes of it."""
 
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """llmcompressor's dead experts (uninitialised input scales) on real vLLM 0.34.0 layers, single
 and DP=2+EP (where the EP agreement must not carry them to every rank): the plugin at the ideal
 NVFP4 answer with one WARNING naming them, stock far off."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """vLLM 0.34.0's TRT-LLM NVFP4 weight layout, built with FlashInfer 0.7's OWN shuffle helpers,
 undone bit for bit by the emulator's unshuffle.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """FlashInfer TRT-LLM rows of the matrix on the NVFP4-oracle release (CI: vLLM 0.34.0), CPU.
 
 ``--moe-backend flashinfer_trtllm`` (vLLM's default NVFP4 MoE backend on SM100): the oracle

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """vLLM's own plugin loader installs the fix in a fresh worker-like process, before any
 ``process_weights_after_loading`` can run (vLLM 0.34.0 calls ``load_general_plugins()`` first
 thing in ``WorkerWrapperBase.init_worker``, v0.34.0 v1/worker/worker_base.py:289-305, and in the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Fixtures for the NVFP4 math / emulator tests: the device they run on.
 
 ``VLLM_FP4_MOE_TEST_DEVICE`` picks it (default ``cpu``; ``cuda`` on a GPU box). Everything in

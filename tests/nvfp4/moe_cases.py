@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Shared builders for the MoE emulator tests: a random layer, inputs with outliers, routing."""
 
 import dataclasses

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Agreement with the independent NVFP4 implementations installed next to vLLM 0.11.0.
 
 * compressed-tensors 0.11.0 (llm-compressor's format): ``generate_gparam``,

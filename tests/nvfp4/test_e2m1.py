@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """E2M1 rounding (RNE, saturating, signed zero) and nibble packing."""
 
 import pytest

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """fp4_quantize: FlashInfer 0.3.1's return contract and its element-0-only global scale."""
 
 import pytest

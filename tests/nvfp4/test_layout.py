@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """128x4 swizzled block-scale layout: round trips, padding, offsets, block_scale_interleave."""
 
 import pytest

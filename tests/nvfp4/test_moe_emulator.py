@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The FlashInfer 0.3.1 cutlass_fused_moe emulator against the loop-over-experts oracles.
 
 Tolerances (relative Frobenius error ||a-b||/||b||, measured over 12 seeds x both shapes x

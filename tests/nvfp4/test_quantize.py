@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """quantize / dequantize: scales, zero blocks, saturation, broadcasting of the global scale."""
 
 import pytest

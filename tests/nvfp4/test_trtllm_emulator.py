@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The FlashInfer 0.3.1 ``trtllm_fp4_block_scale_moe`` emulator: layout, routing, numerics, bugs.
 
 Bounds (relative Frobenius error ||a-b||/||b||):

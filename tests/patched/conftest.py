@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The suite of the patched world: vLLM 0.34.0 with upstream/'s patches applied to its installed
 ``vllm/`` (scripts/bootstrap-patched.sh). It runs only when ``VLLM_FP4_MOE_PATCHED`` names the
 applied set (``ep-scale``, ``uncalibrated`` or ``both``) and ``VLLM_FP4_MOE_EXPECT_DESIGN`` is

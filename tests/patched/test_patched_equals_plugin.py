@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """vLLM 0.34.0 with both patches computes, with the plugin off, what stock 0.34.0 computes with
 the plugin on: the same layers (real vLLM code in real gloo ranks; SM100 and FlashInfer
 simulated as in tests/newest), the same seeds, the errors equal to the last bit.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """With upstream's fix in vLLM the plugin stands down, hole by hole.
 
 In each patched world the feature probes must see exactly the fixes applied, and the plugin,

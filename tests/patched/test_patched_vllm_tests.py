@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The tests each patch adds to vLLM (upstream/*.patch, vLLM's tests/ layout) pass in the patched
 world and fail on stock 0.34.0: run as vLLM's CI would run them, with pytest in the directory
 scripts/bootstrap-patched.sh wrote them to (upstream/conftest.py beside them)."""

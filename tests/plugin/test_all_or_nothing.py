@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Patching is all or nothing: a failure in any ledger patch leaves every vLLM
 symbol the probe asked for at its original, and the process refuses to serve with one error
 naming the target."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The prepare/finalize and experts subclasses, on vLLM 0.11.0's real classes (in-process)."""
 
 import pytest

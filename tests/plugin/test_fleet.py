@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The fleet check on real process groups: a rank that runs the fix never serves next to one that
 does not, and a plugin that is off (or absent) never stops stock vLLM.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The one rule every matrix row is judged by (simulation/judge.py), on hand-made outputs."""
 
 import pytest

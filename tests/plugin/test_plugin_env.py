@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The switch reaches Ray workers: on this release vLLM copies to Ray workers and Ray
 data-parallel engine cores only the variables its registry lists (``vllm/ray/ray_env.py``),
 and register() lists the plugin's."""

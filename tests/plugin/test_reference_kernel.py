@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The engine reference kernel: ideal NVFP4 from kernel-format tensors, independent of the
 emulator's code, must agree with the emulator on the plugin's (bf16, per-expert) path."""
 

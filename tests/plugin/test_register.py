@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """register(): opt-in, idempotent, one INFO line when active; on a vLLM it cannot patch it is
 inactive with one WARNING naming the reason, and strict mode refuses to start."""
 

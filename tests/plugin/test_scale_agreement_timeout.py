@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The load-time scale agreement is one collective per layer and cannot hang forever: a rank
 that never arrives is named, with the layer and how far it got, after the timeout."""
 

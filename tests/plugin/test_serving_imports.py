@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A vLLM process with the plugin on imports only serving modules, and nothing of the lab.
 
 In a fresh interpreter (the test's own, with the installed vLLM): VLLM_FP4_MOE_PLUGIN=1, vLLM's

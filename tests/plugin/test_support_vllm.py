@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The vLLM-free support model and ledger (tests/ut/test_support.py, test_support_doc.py,
 test_ledger.py: the unit tier) checked against what needs the installed vLLM or torch: vLLM's
 own expert map, the installed probe's findings, and the published uncalibrated-expert rows."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Activation scales a checkpoint does not provide are known, not guessed (vllm#45212: ModelOpt
 exports that omit the input_scale of experts no calibration token reached; vLLM leaves the
 parameter as torch.empty left it)."""

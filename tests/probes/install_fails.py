@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A patch that fails to install inside vLLM's own import of its quant module refuses to serve,
 also on a retry, and leaves every vLLM symbol as it was.
 

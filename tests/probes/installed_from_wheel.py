@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Where an engine world imports the plugin and the lab from: prints the plugin's file, the lab's
 file, and the plugin's direct_url.json (empty unless pip recorded one; "editable" if it is an
 editable install). Run with the world's interpreter, outside the checkout, by

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """register() in a fresh vLLM process (VLLM_FP4_MOE_PLUGIN=1 in the environment) imports no MoE
 code, and the patch lands when vLLM first imports its NVFP4 MoE quantization modules.
 Prints ``REGISTER_MS <ms>``. Run by tests/plugin/test_register.py."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A second accuracy-table run on the same JSON: takes its writer lock, which must refuse while
 the test holds it (the refusal goes to stderr, exit status non-zero).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A vLLM process with the plugin on (VLLM_FP4_MOE_PLUGIN=1 in the environment): vLLM's plugin
 loader calls register(), then vLLM's NVFP4 MoE modules are imported so the patches install.
 Prints ``MODULES {json}``: the plugin's state and every loaded module of the plugin or the lab.

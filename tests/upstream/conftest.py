@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The focused suite for a vLLM release in the modular_method MoE design (0.11.1 to 0.13.0).
 
 It runs only when asked: ``VLLM_FP4_MOE_EXPECT_DESIGN=modular_method`` (``scripts/test.sh`` sets

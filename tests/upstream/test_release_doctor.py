@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """doctor on a 0.11.1-era release: it names the design and judges layers by *its* holes."""
 
 import pytest

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The consistency matrix on the installed 0.11.1-era release (CI: vLLM 0.12.0).
 
 On the holes upstream left, stock is wrong (or cannot run) and the plugin is within NVFP4 noise;

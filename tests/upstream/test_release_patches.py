@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """On a 0.11.1-era vLLM the plugin installs only the fixes upstream still lacks.
 
 ModelOpt's GEMM1 scales were fixed upstream (#27223/#26135); the plugin's ModelOpt entry there

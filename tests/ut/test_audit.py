@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The scale-only audit: exact numbers from written checkpoints, the affected verdict per layout,
 named errors, lazy reads only of scale tensors, and speed on a DeepSeek-R1-sized index."""
 

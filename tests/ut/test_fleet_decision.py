@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The fleet check's decision table, without processes: every mix of rank kinds (switch on,
 ``0``, unset, no plugin) over three ranks. A rank without the plugin computes as stock, like one
 that is off: only a fleet in which some rank runs the fix must be uniform. What a rank's pipeline

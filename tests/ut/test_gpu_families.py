@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Which NVFP4 MoE kernel each design runs on each Blackwell family (support.nvfp4_moe_kernel):
 10.0 (B200/GB200), 10.3 (B300/GB300), 12.0 (RTX PRO 6000 / RTX 5090), 12.1 (DGX Spark GB10).
 Expected values are read from the wheels (docs/SUPPORT.md, GPU families), not from the code."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The package's imports obey docs/ARCHITECTURE.md's layer table: no upward import, no cycle.
 
 Read with ``ast`` (nothing is imported), function-local imports included: a lazy import that

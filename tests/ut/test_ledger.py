@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Every replaced symbol has a complete ledger entry whose predicate reads only findings the
 probe reports, and docs/PATCHES.md says the same as the code."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The patch primitive, on throwaway modules (ArcticInference tests/test_patching.py style)."""
 
 import sys

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Shell entry points parse (bash -n), and the README's first commands are the real ones."""
 
 import subprocess

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The vLLM-free support model: designs by release, EP slices, where each design is wrong."""
 
 import pytest

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """docs/SUPPORT.md's table and every published matrix agree with the support model
 (``support.stock_hole``), the one place that encodes where stock vLLM is wrong."""
 

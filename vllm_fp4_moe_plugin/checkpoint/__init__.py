@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The audit of real NVFP4 MoE checkpoints (the ``audit`` and ``doctor`` commands).
 
 :mod:`.audit` (``audit_checkpoint``) judges what :mod:`.detect`, :mod:`.config_lint` and

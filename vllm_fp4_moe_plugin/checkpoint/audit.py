@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Is an NVFP4 MoE checkpoint hit by a vLLM release's GEMM1 activation-scale bug? Read only scales.
 
 Stock vLLM quantizes an MoE layer's input with one GEMM1 input scale (0.11.0: expert 0's, or the

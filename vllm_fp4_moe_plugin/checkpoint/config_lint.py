@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Config keys that the checkpoint's own readers get wrong before any scale matters: what
 transformers 4 reads under other names than transformers 5 writes, and what compressed-tensors
 0.11.0 refuses. Each finding names the key to add or remove; the files are never rewritten."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Which NVFP4 format a checkpoint is, read from its JSON as vLLM 0.11.0 reads it: the audit
 judges scales by format, and a checkpoint vLLM would not load as NVFP4 is refused here."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The operator's table of :func:`audit.audit_checkpoint`'s report (``audit`` without
 ``--json``)."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The per-expert scale scalars of a checkpoint, and nothing else: shards are opened lazily
 (``safe_open``) and only input and weight global scales are read (the plugin refuses a bad one of
 either), never weights or block scales, so a DeepSeek-R1-sized index audits in seconds. Each is

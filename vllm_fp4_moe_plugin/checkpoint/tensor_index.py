@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Which safetensors file holds each tensor of a checkpoint directory, without reading tensors.
 
 Shared by the audit (which must touch only scale tensors) and the loading checks. Resolution

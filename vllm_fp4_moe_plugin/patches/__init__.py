@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The patch ledger: every vLLM symbol this plugin replaces, and why, one folder per design.
 
 Each design (``support.Design``) has its slice in ``patches/<design>/__init__.py``: entries in

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The bf16-passthrough prepare, shared by the designs that need it. vLLM-free.
 
 Without DP dispatch there is no reason to quantize NVFP4 activations before the FlashInfer

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The checkpoint's global scales of one NVFP4 MoE layer, checked (weight) and repaired
 (activation: :func:`scales.repair_uncalibrated`) as loaded, before vLLM inverts them and before
 any collapse or agreement could carry them to other experts or ranks. Written once for the

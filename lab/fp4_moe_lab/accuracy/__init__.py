@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The task-accuracy table (docs/ACCURACY.md) and the checkpoint edits its rows serve.
 
 * :mod:`.cells` -- what the table is made of (checkpoints, layouts, worlds, columns, cell keys).

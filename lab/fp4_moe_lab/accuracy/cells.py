@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the accuracy table is made of: its checkpoints, layouts, worlds and columns, the key of
 each cell, where the table's JSON and documents live, and reading a failed cell's reason.
 Shared by the runner (:mod:`.table`) and the report (:mod:`.report`)."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Write a LABELLED checkpoint in which one expert of every MoE layer has a dead activation scale
 of one value class, as the field reports them (docs/SUPPORT.md, "Field reports").
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Derive a servable "NVFP4 experts, bf16 attention" checkpoint from an NVFP4 checkpoint whose
 attention projections are NVFP4 too.
 

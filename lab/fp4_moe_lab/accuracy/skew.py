@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Write a LABELLED checkpoint whose EP=2 GEMM1 slice maxima differ by a chosen factor.
 
 Why: every checkpoint the real quantizers wrote for the trained model has an EP=2 GEMM1

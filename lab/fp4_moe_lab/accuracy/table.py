@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Task accuracy of the NVFP4 checkpoints through vLLM's OpenAI server and lm-eval.
 
 One command makes the whole table; rows are engine release x checkpoint (format) x layout,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Tiny deterministic NVFP4 MoE checkpoints (both formats), for the tests and the demo.
 
 * :mod:`.expert_tensors` -- one layer's experts as checkpoint tensor names, either format.

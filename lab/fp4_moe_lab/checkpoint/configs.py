@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """config.json and quantization dicts of the tiny NVFP4 MoE checkpoints
 (docs/NVFP4-FORMAT.md §1-2, §5).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One MoE layer's experts as the checkpoint tensors vLLM 0.11.0 loads, in either format.
 
 The same numbers serve both formats; only names and the direction of the global scales differ

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Tiny, deterministic NVFP4 MoE checkpoints that vLLM 0.11.0 loads unchanged.
 
 Why hand-written (docs/NVFP4-FORMAT.md §4b): ModelOpt needs a GPU and llm-compressor pins clash with

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What :mod:`.writer` accepts, importable without torch: the make-checkpoint and demo commands
 check their output path with these before any slow import or tensor."""
 

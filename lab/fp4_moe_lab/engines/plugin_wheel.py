@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The plugin in the engine worlds as a user installs it: from its built wheel.
 
 Why: the accuracy table serves the model with the plugin installed from its built wheel, so what the

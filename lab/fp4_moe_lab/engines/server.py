@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Start vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``) in an engine
 world, wait until it is ready, talk to it, and always stop it.
 

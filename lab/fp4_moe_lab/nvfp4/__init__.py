@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """NVFP4 math, scale layouts, a FlashInfer 0.3.1 contract emulator and fp32 oracles.
 
 Pure torch (no vLLM / FlashInfer / compressed-tensors imports), any device: the plugin's tests

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """NVFP4 format constants as the emulators use them: the numbers live in the serving package
 (:mod:`vllm_fp4_moe_plugin.nvfp4_constants`); this module adds the E2M1 table as a tensor."""
 

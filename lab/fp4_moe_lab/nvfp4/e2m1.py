@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """E2M1 (FP4) codes: rounding, decoding and nibble packing.
 
 Why our own: the kernels use ``cvt.rn.satfinite.e2m1x2.f32`` (FlashInfer 0.3.1

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``fp4_quantize`` with FlashInfer 0.3.1's exact Python contract, on any device.
 
 Why: vLLM 0.11.0's prepare step calls ``flashinfer.fp4_quantize(a1, a1_gscale)`` with a

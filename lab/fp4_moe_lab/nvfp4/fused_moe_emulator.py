@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Emulator of FlashInfer 0.3.1 ``flashinfer.fused_moe.cutlass_fused_moe`` (NVFP4 and bf16/fp16).
 
 Why: the bug this project fixes lives in the contract between vLLM 0.11.0 and this kernel, which

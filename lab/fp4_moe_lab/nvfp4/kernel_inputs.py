@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Turn a :class:`QuantizedExperts` into exactly what vLLM 0.11.0 hands FlashInfer's MoE kernel.
 
 Why: emulator tests must call ``cutlass_fused_moe`` the way vLLM does, so that a test of the

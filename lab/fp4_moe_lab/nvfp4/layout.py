@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Block-scale layouts: checkpoints store ``[M, K/16]`` row-major, the kernels read 128x4 tiles.
 
 Why our own: vLLM 0.11.0's ``swizzle_blockscale`` ends in ``.cuda()``

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """NVFP4 quantize / dequantize with a linear block-scale layout (docs/NVFP4-FORMAT.md §3.2).
 
 Why two conventions: the tools compute the same recipe with different IEEE operation orders, and

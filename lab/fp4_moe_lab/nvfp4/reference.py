@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Plain loop-over-experts fp32 oracles for one NVFP4 MoE layer, and random test layers.
 
 Why separate from the emulator: the oracles know nothing about kernel layouts ([w3; w1] order,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Emulator of FlashInfer 0.3.1 ``flashinfer.fused_moe.trtllm_fp4_block_scale_moe`` (NVFP4).
 
 Why: vLLM 0.11.0's TRT-LLM ("latency") NVFP4 MoE backend (ModelOpt only,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The TRT-LLM ("trtllm-gen") NVFP4 MoE weight layout: shuffles, their inverses, and a builder of
 what vLLM 0.11.0 hands ``trtllm_fp4_block_scale_moe``.
 

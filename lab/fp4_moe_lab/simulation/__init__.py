@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The CPU simulation of Blackwell (SM100) that the ``matrix`` and ``demo`` commands and the tests
 run real vLLM layers in; never used by ``register()`` (docs/ARCHITECTURE.md).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The one seam where this project pretends to be a Blackwell (SM100) GPU.
 
 Nothing here is used by ``register()`` or by any production code path. Tests, the ``matrix``

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A real checkpoint's MoE layer as the simulated layer (``Scenario(checkpoint=DIR, layer=N)``).
 
 What a quantizer really wrote -- llmcompressor's uncalibrated experts included -- goes through

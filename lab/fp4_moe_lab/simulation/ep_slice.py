@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The accuracy fixture of the 0.34.0 world: two EP slices whose GEMM1 local maxima differ by an
 exact ratio.
 

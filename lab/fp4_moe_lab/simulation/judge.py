@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """How a matrix row is judged: errors against the layout's references, the bound, the ``ok`` rule.
 
 One rule for every backend's rows (CUTLASS and TRT-LLM, every design). ``noise_floor`` is the

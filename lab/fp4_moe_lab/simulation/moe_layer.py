@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Build, load and run one real vLLM 0.11.0 ``FusedMoE`` NVFP4 layer on CPU.
 
 Everything is vLLM's own: the quant config classes, ``FusedMoE``, its weight loader fed with

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """FlashInfer's CUTLASS NVFP4 MoE contract as vLLM's oracle design (0.14.0+) calls it, on CPU:
 the kernel (the emulator, or the ideal-NVFP4 reference loop), vLLM's ``scaled_fp4_quant`` op,
 the enums vLLM imports from FlashInfer, and the device probe without ``is_cuda()``. Part of the

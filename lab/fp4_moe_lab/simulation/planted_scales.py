@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One planted expert whose activation scale is what real quantizers and exports hold for an expert
 that saw no calibration token (each value class with the report that shows it: :data:`CASES`),
 or a legitimately rare expert's large one.

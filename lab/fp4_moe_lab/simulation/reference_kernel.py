@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A stand-in for ``cutlass_fused_moe`` that computes the *ideal* NVFP4 answer.
 
 Used for the engine end-to-end reference: the same engine, the same weights, but every MoE

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """vLLM 0.11.0's TRT-LLM ("latency") rows of the matrix: the rank job, the references, the rows.
 
 In vLLM 0.11.0 only ModelOpt takes this backend, with DeepSeek-V3 routing (the seam and why:

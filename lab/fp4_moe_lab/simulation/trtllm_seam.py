@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """vLLM 0.11.0's TRT-LLM ("latency") NVFP4 MoE backend on CPU: the seam (its rows: trtllm_rows).
 
 Seam (installed by :func:`~.blackwell.simulated_blackwell` with ``backend="latency"``); each

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The companion table to the matrix: what stock and the plugin compute when one expert's
 activation scale is what a quantizer writes for an expert that saw no calibration token.
 

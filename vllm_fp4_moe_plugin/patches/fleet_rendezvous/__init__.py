@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The slice of the ledger for every design: the fleet check's trigger (fleet.py). Applied by
 ``register()`` in every switch state when vLLM imports ``parallel_state``: a rank that is off
 takes part too, so that one running the fix knows it is not alone."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The INIT_PREPARE_FINALIZE design's slice of the ledger (vLLM 0.11.0). vLLM-free.
 
 Every FlashInfer NVFP4 MoE layout pre-quantizes with expert 0's GEMM1 scale while GEMM1 is

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Prepare/finalize, experts and direct call for the FlashInfer CUTLASS NVFP4 MoE path, with the
 bf16 passthrough (:mod:`..bf16_passthrough`) where vLLM 0.11.0 quantizes in ``prepare``
 (flashinfer_cutlass_prepare_finalize.py:95-104, 171-178). They are *subclasses* used only by our

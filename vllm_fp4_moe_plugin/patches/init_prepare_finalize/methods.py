@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """INIT_PREPARE_FINALIZE design (vLLM 0.11.0): NVFP4 MoE quant methods whose quant config tells
 the truth (why: the ledger entries in ``patches/init_prepare_finalize``). The subclasses of
 ``ModelOptNvFp4FusedMoE`` (modelopt.py:1040) and ``CompressedTensorsW4A4MoeMethod``

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The MODULAR_METHOD design's slice of the ledger (vLLM 0.11.1-0.13.0). vLLM-free.
 
 Upstream fixed TP (#27223) and ModelOpt DP (#26135); each entry below is a hole left, needed only

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """MODULAR_METHOD design: without DP the FlashInfer all-to-all prepare passes bf16 through
 (:mod:`..bf16_passthrough`), as the all-gather one does since #27223 (v0120 PF:184-185):
 ``FlashInferExperts(use_dp=False)`` sizes its output for bf16 (v0120 FX:128). Why: its ledger

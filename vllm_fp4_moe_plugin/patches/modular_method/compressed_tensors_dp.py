@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """MODULAR_METHOD design (vLLM 0.11.1-0.13.0): compressed-tensors NVFP4 MoE gets one shared
 GEMM1 scale under DP dispatch. Why and how: its ledger entry (``patches/modular_method``). The
 shared scale is the min over the whole EP group: what ModelOpt's global max of ``input_scale`` is

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """MODULAR_METHOD design (vLLM 0.11.1-0.13.0): ModelOpt NVFP4 MoE with its dead or missing expert
 scales repaired before upstream's ``process_weights_after_loading``, as in every other design
 (``checkpoint_scales``). Why and how: its ledger entry (``patches/modular_method``)."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The NVFP4_ORACLE design's slice of the ledger (vLLM 0.14.0-0.34.0): one wrapper on each
 scale-collapsing helper the oracle has, with two duties (the EP-agreed GEMM1 scale, the repair of
 uncalibrated expert scales), each dropped where the probe sees upstream do it. vLLM-free.

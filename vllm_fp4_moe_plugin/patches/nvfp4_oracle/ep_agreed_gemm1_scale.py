@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """vLLM 0.14.0+ (NVFP4 backend oracle): one GEMM1 activation scale agreed over the EP group.
 
 Why and how: the ledger entry (``patches/nvfp4_oracle``); where stock is wrong:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The slice of the ledger for every design: vLLM learns the plugin's environment variables
 (why: the entry below). vLLM-free. ``register()`` applies it in every process when the switch is
 on, before vLLM starts any worker; the MoE patches come later, when vLLM imports its NVFP4 MoE

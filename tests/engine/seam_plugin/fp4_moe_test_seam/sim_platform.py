@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """vLLM's CPU platform, reporting a non-x86 CPU (pure-torch unquantized MoE, no IPEX)."""
 
 from vllm.platforms.cpu import CpuPlatform

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The repository's folders share code through the lab package (``fp4_moe_lab``) only: no
 file imports another top-level folder's scripts, and none edits ``sys.path`` to reach one.
 
@@ -78,3 +79,19 @@ def test_the_tracker_check_allows_upstream_citations():
     ours = "see issue" + " 18 and Issues" + " 4"  # split so this file passes its own check
     assert _tracker_references(ours) == ["issue" + " 18", "Issues" + " 4"]
     assert _tracker_references("compressed-tensors issue #389; vLLM #27223") == []
+
+
+def test_every_source_file_carries_the_license_header():
+    """``# SPDX-License-Identifier: Apache-2.0`` on the first line (the second after a shebang)
+    of every tracked Python and shell file, as vLLM and its plugins mark theirs."""
+    files = subprocess.run(["git", "ls-files", "-z", "*.py", "*.sh", ".ci/run"], cwd=ROOT,
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    missing = []
+    for name in filter(None, files):
+        path = ROOT / name
+        if not path.exists():
+            continue
+        head = path.read_text().split("\n", 2)[:2]
+        if "# SPDX-License-Identifier: Apache-2.0" not in head:
+            missing.append(name)
+    assert not missing, f"add the SPDX header to: {missing}"

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Blackwell (SM100) seam for vLLM's NVFP4-oracle MoE design (vLLM 0.14.0+; read on 0.34.0).
 
 Like :mod:`.blackwell` (the 0.11.x seam), nothing here is used by ``register()``. Tests and the
@@ -79,6 +80,41 @@ operands (six scales, act scales scalar or one per local expert, block scales as
 are unchanged, so the 0.3.1 emulator is reused behind
 :func:`.oracle_flashinfer.fi_cutlass_fused_moe`.
 
+vLLM 0.14.0, the oracle design's first release, still has the older layer around the oracle
+(``FusedMoE`` with DP chunking, the FlashInfer P/Fs in one module, no ``fused_moe/experts/`` or
+``prepare_finalize/`` package; FlashInfer 0.5.3 pinned, whose ``cutlass_fused_moe`` NVFP4
+operands are those above). Found by feature, never by version, the seam also replaces there
+(paths under ``vllm/`` of v0.14.0):
+
+=====================================================  ===========================================
+vLLM 0.14.0 symbol replaced                            why it has to be replaced on CPU
+=====================================================  ===========================================
+``oracle.nvfp4.cutlass_fp4_supported``                 capability probe (Q/utils/quant_utils.py:
+                                                       714-719: ``is_cuda()`` + a CUDA op): SM100?
+``oracle.nvfp4.is_flashinfer_fp4_cutlass_moe_``        capability probe (Q/utils/flashinfer_fp4_
+``available``, same in ``flashinfer_fp4_moe``          moe.py:51-58): keeps the env and SM100
+                                                       checks, drops ``is_cuda()``
+``fused_moe.config.has_flashinfer_cutlass_fused_moe``  FlashInfer is not installed; FM/config.py:
+                                                       1103-1111 decides DP chunking with it
+``fused_moe.utils.flashinfer_fp4_quantize``            FlashInfer's quantizer (FM/utils.py:115-
+                                                       122) -> the emulated ``fp4_quantize``
+``flashinfer_cutlass_prepare_finalize.nvfp4_block_``   FlashInfer SF interleave (:20) -> emulator
+``scale_interleave``
+``flashinfer_cutlass_prepare_finalize.flashinfer_``    MNNVL all-to-all (:249-348) -> the gloo twin
+``alltoall_dispatch`` / ``_combine``                   of the 0.20.0/0.28.0 two-sided contract
+``FlashInferAllToAllManager`` (in the communicator)    asserts FlashInfer (distributed/device_
+                                                       communicators/all2all.py:418-421); twinned
+                                                       without the MNNVL workspace
+``torch.cuda.current_device``                          FM/layer.py:1527-1551 allocates the DP
+                                                       chunking buffers on it
+``sys.modules["flashinfer.fused_moe.core"]``           ``FlashInferExperts.apply`` imports
+                                                       ``ActivationType`` (FM/flashinfer_cutlass_
+                                                       moe.py:152), as on 0.20.0
+=====================================================  ===========================================
+
+Its FlashInfer TRT-LLM path and the one-sided dispatcher are not simulated (see
+:func:`.oracle_trtllm.simulates_trtllm` and :func:`simulates_one_sided`).
+
 With ``backend="latency"`` (``--moe-backend flashinfer_trtllm``, vLLM's first choice on SM100,
 oracle/nvfp4.py:238-247) the seam also replaces, for its duration:
 
@@ -141,8 +177,9 @@ def _experts_module():
     """Where ``FlashInferExperts`` lives: ``fused_moe/experts/`` (0.28.0+) or
     ``fused_moe/`` (v0.20.0 FM/flashinfer_cutlass_moe.py)."""
     for name in (_FX, f"{_FM}.flashinfer_cutlass_moe"):
-        if importlib.util.find_spec(name) is not None:
-            return importlib.import_module(name)
+        mod = oracle_comm.present_module(name)  # 0.14.x-0.20.x: no fused_moe/experts/
+        if mod is not None:
+            return mod
     raise ImportError("no FlashInferExperts module in this vLLM")
 
 
@@ -151,7 +188,11 @@ def simulates_one_sided() -> bool:
     (``get_communication``, v0.34.0 distributed/device_communicators/all2all.py:895), the
     contract ``oracle_comm._GlooAllToAll`` twins? 0.28.0's speaks FlashInfer's older payload-list
     ``moe_alltoall`` API instead
-    (v0.28.0 prepare_finalize/flashinfer_nvlink_one_sided.py:117-124), which is not simulated."""
+    (v0.28.0 prepare_finalize/flashinfer_nvlink_one_sided.py:117-124), which is not simulated.
+    v0.14.0 has no one-sided dispatcher at all, so its ``dp_ep_one_sided`` row cannot exist:
+    ``all2all_backend`` takes naive, pplx, deepep_*, allgather_reducescatter and
+    flashinfer_all2allv only (v0.14.0 config/parallel.py:40-47; managers distributed/
+    device_communicators/all2all.py:27-509, chosen in cuda_communicator.py:92-118)."""
     try:
         from vllm.distributed.device_communicators.all2all import FlashInferNVLinkOneSidedManager
     except ImportError:
@@ -161,6 +202,31 @@ def simulates_one_sided() -> bool:
 
 # re-exported for callers that ask the seam what it simulates
 simulates_trtllm = oracle_trtllm.simulates_trtllm
+
+
+def _fi_fp4_cutlass_moe_available_0_14() -> bool:
+    """v0.14.0 Q/utils/flashinfer_fp4_moe.py:51-58 without ``is_cuda()``; FlashInfer's kernel
+    is the emulator (``has_flashinfer_cutlass_fused_moe``, as in the experts module)."""
+    import vllm.envs as envs
+    from vllm.platforms import current_platform
+
+    return bool(envs.VLLM_USE_FLASHINFER_MOE_FP4 and current_platform.has_device_capability(100))
+
+
+def _probes_0_14(p: _Patcher) -> None:
+    """v0.14.0's capability probes, module functions rather than the experts' own
+    ``_supports_current_device``: ``select_nvfp4_moe_backend`` (FM/oracle/nvfp4.py:80-111)
+    asks ``cutlass_fp4_supported()`` (Q/utils/quant_utils.py:714-719: ``is_cuda()``, then the
+    CUDA op ``cutlass_scaled_mm_supports_fp4``) and ``is_flashinfer_fp4_cutlass_moe_available()``
+    (Q/utils/flashinfer_fp4_moe.py:51-58: ``is_cuda()``, SM100). Replaced where the oracle
+    imported them by name; each keeps its SM100 question, through the reported capability."""
+    from vllm.platforms import current_platform
+
+    p.set(_ORACLE, "cutlass_fp4_supported",
+          lambda: current_platform.has_device_capability(100), only_if_present=True)
+    for owner in (_ORACLE, "vllm.model_executor.layers.quantization.utils.flashinfer_fp4_moe"):
+        p.set(owner, "is_flashinfer_fp4_cutlass_moe_available",
+              _fi_fp4_cutlass_moe_available_0_14, only_if_present=True)
 
 
 def _sm100():
@@ -218,9 +284,16 @@ def simulated_blackwell(*, backend: str = "throughput",
         p.set_cls(platform_cls, "get_device_communicator_cls",
                   classmethod(lambda cls: communicator))
         fx = _experts_module()
-        p.set_cls(fx.FlashInferExperts, "_supports_current_device",
-                  staticmethod(oracle_flashinfer.fi_cutlass_supports_current_device))
+        if hasattr(fx.FlashInferExperts, "_supports_current_device"):  # e.g. 0.34.0
+            p.set_cls(fx.FlashInferExperts, "_supports_current_device",
+                      staticmethod(oracle_flashinfer.fi_cutlass_supports_current_device))
+        else:  # v0.14.0: the oracle's module-level probes, see _probes_0_14
+            _probes_0_14(p)
         p.set(fx, "has_flashinfer_cutlass_fused_moe", lambda: True)
+        # v0.14.0 FM/config.py:1103-1111 (FusedMoEConfig.use_flashinfer_cutlass_kernels, which
+        # turns on the DP chunking of FM/layer.py:779-784) asks FlashInfer too; not in 0.34.0
+        p.set(f"{_FM}.config", "has_flashinfer_cutlass_fused_moe", lambda: True,
+              only_if_present=True)
         p.set(fx, "flashinfer_cutlass_fused_moe", oracle_flashinfer.fi_cutlass_fused_moe)
         if kernel == "reference":
             from fp4_moe_lab.simulation.reference_kernel import (
@@ -238,20 +311,34 @@ def simulated_blackwell(*, backend: str = "throughput",
                 stubbed.append(name)
                 sys.modules[name] = mod
         p.set(ops, "scaled_fp4_quant", oracle_flashinfer.cpu_scaled_fp4_quant)
-        for mod in (f"{_FM}.prepare_finalize.naive_dp_ep",
-                    f"{_FM}.prepare_finalize.flashinfer_nvlink_two_sided",
-                    f"{_FM}.prepare_finalize.flashinfer_nvlink_one_sided"):
-            p.set(mod, "nvfp4_block_scale_interleave", nvfp4.block_scale_interleave,
-                  only_if_present=True)
+        # v0.14.0 quantizes MoE activations with FlashInfer's quantizer, not vLLM's op
+        # (FM/utils.py:27, 115-122: ``flashinfer_fp4_quantize``); 0.34.0 has no such name
+        p.set(f"{_FM}.utils", "flashinfer_fp4_quantize", nvfp4.fp4_quantize,
+              only_if_present=True)
+        # the P/Fs' SF interleave: the prepare_finalize/ package (0.20.0+), or v0.14.0's one
+        # module for FlashInfer's P/Fs (FM/flashinfer_cutlass_prepare_finalize.py:20, 227, 314)
+        for name in (f"{_FM}.prepare_finalize.naive_dp_ep",
+                     f"{_FM}.prepare_finalize.flashinfer_nvlink_two_sided",
+                     f"{_FM}.prepare_finalize.flashinfer_nvlink_one_sided",
+                     f"{_FM}.flashinfer_cutlass_prepare_finalize"):
+            mod = oracle_comm.present_module(name)
+            if mod is not None:
+                p.set(mod, "nvfp4_block_scale_interleave", nvfp4.block_scale_interleave,
+                      only_if_present=True)
         p.set("vllm.model_executor.layers.quantization.utils.flashinfer_fp4_moe",
               "swizzle_blockscale", cpu_swizzle_blockscale)
-        if oracle_comm.two_sided_is_mnnvl():  # 0.28.0
-            two = f"{_FM}.prepare_finalize.flashinfer_nvlink_two_sided"
+        if oracle_comm.two_sided_is_mnnvl():  # 0.14.0, 0.20.0, 0.28.0
+            two = oracle_comm.two_sided_module()
             p.set(two, "flashinfer_alltoall_dispatch", oracle_comm.mnnvl_alltoall_dispatch)
             p.set(two, "flashinfer_alltoall_combine", oracle_comm.mnnvl_alltoall_combine)
         p.set(f"{_FM}.all2all_utils", "flashinfer_one_sided_dispatch_layout",
               oracle_flashinfer.one_sided_dispatch_layout, only_if_present=True)  # not in 0.28.0
         p.set(torch.accelerator, "current_device_index", lambda: 0)
+        fused_moe_cls = getattr(importlib.import_module(f"{_FM}.layer"), "FusedMoE", None)
+        if hasattr(fused_moe_cls, "ensure_dp_chunking_init"):  # no FusedMoE class in 0.34.0
+            # v0.14.0 FM/layer.py:1527-1551 allocates the DP-chunking staging buffers on
+            # ``torch.cuda.current_device()``; there is no CUDA device here
+            p.set(torch.cuda, "current_device", lambda: torch.device("cpu"))
         if backend == "latency":
             if importlib.util.find_spec("flashinfer") is not None:
                 raise NotImplementedError("the TRT-LLM seam stands in for FlashInfer only "

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Run one NVFP4 MoE layer in every parallel layout, in real multi-process gloo groups.
 
 Each layout spawns ``world`` fresh processes that initialize vLLM's own distributed groups
@@ -32,7 +33,8 @@ ORACLE_ONLY_LAYOUTS = tuple(n for n in LAYOUTS if n not in LAYOUT_NAMES)
 
 def default_layouts() -> tuple[str, ...]:
     """The matrix's layouts for the installed vLLM: the eight of every design, plus the
-    one-sided NVLink dispatch where vLLM has it in the form the seam simulates (0.34.0)."""
+    one-sided NVLink dispatch where vLLM has it in the form the seam simulates (0.34.0; v0.14.0
+    has no such dispatcher, see :func:`~.blackwell_oracle.simulates_one_sided`)."""
     from fp4_moe_lab.simulation import blackwell_oracle
 
     one_sided = blackwell_oracle.applies() and blackwell_oracle.simulates_one_sided()
@@ -175,11 +177,16 @@ def _run_job(rank: int, layout: Layout, job: str, args: tuple, ports: list[int],
         parallel.all2all_backend = layout.all2all  # 0.11.1+: a config field, not only an env
     parallel._data_parallel_master_port_list = list(ports[1:])
     extra, seam = {}, {}
-    if oracle:  # the user's --moe-backend flashinfer_cutlass (KernelConfig.moe_backend)
-        from vllm.config import KernelConfig
+    if oracle:  # the user's choice of FlashInfer backend, as this release takes it
+        import vllm.config
 
-        extra["kernel_config"] = KernelConfig(
-            moe_backend=blackwell_oracle.MOE_BACKENDS[backend])
+        kernel_config = getattr(vllm.config, "KernelConfig", None)
+        if "moe_backend" in getattr(kernel_config, "__dataclass_fields__", {}):
+            extra["kernel_config"] = kernel_config(  # --moe-backend (0.20.0+)
+                moe_backend=blackwell_oracle.MOE_BACKENDS[backend])
+        else:  # 0.14.x: the FlashInfer variables (v0.14.0 FM/oracle/nvfp4.py:80-101)
+            os.environ["VLLM_USE_FLASHINFER_MOE_FP4"] = "1"
+            os.environ["VLLM_FLASHINFER_MOE_BACKEND"] = backend
         seam["backend"] = backend
     elif backend != "throughput":
         raise NotImplementedError("spawn(backend=...) selects the oracle design's backend")
@@ -194,14 +201,22 @@ def _run_job(rank: int, layout: Layout, job: str, args: tuple, ports: list[int],
                                          distributed_init_method=f"tcp://127.0.0.1:{ports[0]}",
                                          local_rank=rank_in_dp, backend="gloo")
             initialize_model_parallel(layout.tp, layout.pp)
-            if oracle:  # what the GPU worker does before building the model (gpu_worker.py:566)
-                from vllm.v1.worker.workspace import init_workspace_manager
-
-                init_workspace_manager(torch.device("cpu"))
+            init_workspace = _workspace_init()
+            if init_workspace is not None:  # what the GPU worker does before the model is built
+                init_workspace(torch.device("cpu"))  # (v0.34.0 v1/worker/gpu_worker.py:566)
             return fn(RankContext(rank=rank, dp_rank=dp_rank, layout=layout, vllm_config=cfg),
                       *args)
         finally:
             _release_groups()
+
+
+def _workspace_init():
+    """``init_workspace_manager`` of vLLM's workspace, which its MoE layers allocate from where it
+    exists (0.13.0, the last modular_method release, and every oracle release); else None."""
+    try:
+        return importlib.import_module("vllm.v1.worker.workspace").init_workspace_manager
+    except (ImportError, AttributeError):
+        return None
 
 
 def _release_groups() -> None:
@@ -330,15 +345,24 @@ def describe_layer(layer) -> dict[str, Any]:
         return _describe_runner(layer)  # oracle design (MoERunner -> RoutedExperts from 0.28)
     qm = layer.quant_method
     fe = getattr(qm, "fused_experts", None)
+    if fe is None and hasattr(getattr(qm, "kernel", None), "fused_experts"):
+        # v0.14.0: the oracle's modular kernel, built in process_weights_after_loading
+        # (Q/compressed_tensors/compressed_tensors_moe.py:429-436, FM/oracle/nvfp4.py:229-260)
+        fe = qm.kernel
     cfg = getattr(qm, "moe_quant_config", None)
     a1 = getattr(cfg, "a1_gscale", None)
+    backend = getattr(qm, "flashinfer_moe_backend", None)  # 0.11.x: CUTLASS/TRT-LLM
+    if backend is None:  # v0.14.0: the oracle's choice (FM/oracle/nvfp4.py:48-53), also
+        # behind the modular method that replaces it under DP (FM/fused_moe_modular_method.py:40)
+        chooser = getattr(qm, "old_quant_method", qm)
+        backend = getattr(getattr(chooser, "nvfp4_backend", None), "value", None)
     return {
         "quant_method": f"{type(qm).__module__}.{type(qm).__name__}",
         "prepare_finalize": type(fe.prepare_finalize).__name__ if fe is not None else "direct",
         "experts": type(fe.fused_experts).__name__ if fe is not None else "direct",
         "a1_gscale_shape": list(a1.shape) if a1 is not None else None,
         "a1_gscale": a1.detach().float().reshape(-1).tolist() if a1 is not None else None,
-        "backend": str(getattr(qm, "flashinfer_moe_backend", None)),  # 0.11.x: CUTLASS/TRT-LLM
+        "backend": str(backend),
         "ep_rank": layer.ep_rank, "ep_size": layer.ep_size,
         "tp_rank": layer.tp_rank, "tp_size": layer.tp_size,
     }

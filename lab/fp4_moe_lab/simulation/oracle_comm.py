@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The MoE half of vLLM's CUDA communicator on gloo, for the oracle design (0.14.0+): the
 device communicator the seam's platform hands out, and twins of FlashInfer's NVLink
 all-to-all managers with their ``dispatch`` / ``combine`` contract. Part of the seam
@@ -6,6 +7,7 @@ all-to-all managers with their ``dispatch`` / ``combine`` contract. Part of the 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from types import SimpleNamespace
 from typing import Optional
 
@@ -77,16 +79,19 @@ class _GlooAllToAll:
 
 def mnnvl_alltoall_dispatch(all2all_manager, global_num_tokens_cpu, x, gs, topk_ids,
                              topk_weights, top_k, num_experts, quant_config,
-                             defer_input_quant: bool = False):
+                             defer_input_quant: bool = False,
+                             use_deepseek_fp8_block_scale: bool = False):
     """The older two-sided contract (v0.28.0 prepare_finalize/flashinfer_nvlink_two_sided.py:
-    125-215, same in v0.20.0: FlashInfer's ``MnnvlMoe`` alltoallv), MNNVL swapped for a gloo
-    all-gather: the sender quantizes with ``gs`` in linear SF layout (:166-178), the receiver
-    interleaves; the
+    125-215, same in v0.20.0: FlashInfer's ``MnnvlMoe`` alltoallv; in v0.14.0
+    model_executor/layers/fused_moe/flashinfer_cutlass_prepare_finalize.py:249-325, which
+    takes ``use_deepseek_fp8_block_scale`` instead of ``defer_input_quant``), MNNVL swapped for
+    a gloo all-gather: the sender quantizes with ``gs`` in linear SF layout (:166-178; v0.14.0
+    :289-297), the receiver interleaves (v0.14.0 :313-314); the
     kernel skips the experts it does not own, so every rank computes what a real all-to-all
     would hand it. The 0.34.0 form (``moe_ep`` communications) is :class:`_GlooAllToAll`."""
     from vllm.model_executor.layers.fused_moe.utils import moe_kernel_quantize_input
 
-    if defer_input_quant:
+    if defer_input_quant or use_deepseek_fp8_block_scale:
         raise NotImplementedError("the two-sided twin covers NVFP4 dispatch only")
     import inspect
 
@@ -115,12 +120,38 @@ def mnnvl_alltoall_combine(all2all_manager, output, top_k, token_count, alltoall
     return alltoall_info.combine(output)
 
 
+def present_module(name: str):
+    """The module ``name`` if this vLLM has it, else None (also when a parent is missing, or is
+    a plain module where later releases have a package: v0.14.0's
+    model_executor/layers/fused_moe/prepare_finalize.py)."""
+    try:
+        if importlib.util.find_spec(name) is None:
+            return None
+    except ImportError:  # ModuleNotFoundError: a parent is absent or not a package
+        return None
+    return importlib.import_module(name)
+
+
+def two_sided_module():
+    """Where FlashInfer's two-sided (``flashinfer_all2allv``) prepare/finalize lives:
+    ``prepare_finalize/flashinfer_nvlink_two_sided.py`` (0.20.0+) or, before the
+    ``prepare_finalize`` package, ``fused_moe/flashinfer_cutlass_prepare_finalize.py``
+    (v0.14.0 model_executor/layers/fused_moe/flashinfer_cutlass_prepare_finalize.py:76-162,
+    249-348: ``FlashInferAllToAllMoEPrepareAndFinalize`` and the module functions it calls)."""
+    for name in (f"{_FM}.prepare_finalize.flashinfer_nvlink_two_sided",
+                 f"{_FM}.flashinfer_cutlass_prepare_finalize"):
+        mod = present_module(name)
+        if mod is not None and hasattr(mod, "flashinfer_alltoall_dispatch"):
+            return mod
+    return None
+
+
 def two_sided_is_mnnvl() -> bool:
-    """0.20.0/0.28.0's two-sided P/F calls module functions with (..., top_k, num_experts,
-    ...); 0.34.0's takes a ``moe_ep`` communication instead."""
+    """0.14.0/0.20.0/0.28.0's two-sided P/F calls module functions with (..., top_k,
+    num_experts, ...); 0.34.0's takes a ``moe_ep`` communication instead."""
     import inspect
 
-    mod = importlib.import_module(f"{_FM}.prepare_finalize.flashinfer_nvlink_two_sided")
+    mod = two_sided_module()
     fn = getattr(mod, "flashinfer_alltoall_dispatch", None)
     return fn is not None and "top_k" in inspect.signature(fn).parameters
 
@@ -178,6 +209,41 @@ def _gloo_nvlink_managers():
     return GlooTwoSided, GlooOneSided
 
 
+def _gloo_all2allv_manager():
+    """Twin of ``FlashInferAllToAllManager``, the ``flashinfer_all2allv`` manager of releases
+    before the NVLink two-sided manager (v0.14.0 distributed/device_communicators/all2all.py:
+    408-509): its ``__init__`` skips only the FlashInfer-installed assert (:418-421); the MNNVL
+    workspace (``initialize``, :431-472) is never built, because the P/F's module functions
+    that use it are :func:`mnnvl_alltoall_dispatch` / :func:`mnnvl_alltoall_combine`."""
+    from vllm.distributed.device_communicators.all2all import (
+        All2AllManagerBase,
+        FlashInferAllToAllManager,
+    )
+
+    class GlooAllToAllV(FlashInferAllToAllManager):
+        def __init__(self, cpu_group):
+            All2AllManagerBase.__init__(self, cpu_group)
+            self.initialized = False
+            self.alltoall_info = None
+
+        def ensure_alltoall_workspace_initialized(self):
+            return True
+
+        def cleanup(self):
+            pass
+
+    return GlooAllToAllV
+
+
+def _two_sided_manager_class():
+    """The two-sided manager twin this vLLM's P/F expects (see above)."""
+    import vllm.distributed.device_communicators.all2all as a2a
+
+    if hasattr(a2a, "FlashInferNVLinkTwoSidedManager"):
+        return _gloo_nvlink_managers()[0]
+    return _gloo_all2allv_manager()  # v0.14.0 all2all.py:408
+
+
 def _communicator_class():
     from vllm.distributed.device_communicators.base_device_communicator import (
         DeviceCommunicatorBase,
@@ -199,7 +265,7 @@ def _communicator_class():
 
                 self.all2all_manager = AgRsAll2AllManager(self.cpu_group)
             elif backend in ("flashinfer_all2allv", "flashinfer_nvlink_two_sided"):
-                self.all2all_manager = _gloo_nvlink_managers()[0](self.cpu_group)
+                self.all2all_manager = _two_sided_manager_class()(self.cpu_group)
             elif backend == "flashinfer_nvlink_one_sided":
                 self.all2all_manager = _gloo_nvlink_managers()[1](self.cpu_group)
             else:
@@ -220,14 +286,16 @@ def _communicator_class():
             return self.all2all_manager.dispatch_router_logits(
                 hidden_states, router_logits, is_sequence_parallel, extra_tensors)
 
-        def dispatch(self, hidden_states, topk_weights, topk_ids, is_sequence_parallel=False,
-                     extra_tensors=None):
-            return self.all2all_manager.dispatch(hidden_states, topk_weights, topk_ids,
-                                                 is_sequence_parallel,
-                                                 extra_tensors=extra_tensors)
+        # Handed on as called: the communicator and its manager take the same arguments in
+        # each release, (hidden_states, topk_weights, topk_ids, ...) in 0.34.0,
+        # (hidden_states, router_logits, ...) in v0.14.0 (distributed/device_communicators/
+        # cuda_communicator.py:321-345 -> all2all.py:117-164, the naive DP dispatch of
+        # model_executor/layers/fused_moe/layer.py:1957-1962).
+        def dispatch(self, *args, **kwargs):
+            return self.all2all_manager.dispatch(*args, **kwargs)
 
-        def combine(self, hidden_states, is_sequence_parallel=False):
-            return self.all2all_manager.combine(hidden_states, is_sequence_parallel)
+        def combine(self, *args, **kwargs):
+            return self.all2all_manager.combine(*args, **kwargs)
 
         def allocate_combine_input(self, shape, dtype, device, is_sequence_parallel=False):
             return None

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """FlashInfer's TRT-LLM NVFP4 MoE path (``--moe-backend flashinfer_trtllm``) as vLLM's oracle
 design calls it, on CPU: the kernels (the 0.7 emulator), the weight-shuffle index helpers and
 the device probe, as a stand-in ``flashinfer`` module tree (FlashInfer 0.7.3 is not
@@ -20,7 +21,13 @@ def simulates_trtllm() -> bool:
     """Does this vLLM have the TRT-LLM NVFP4 experts module the ``backend="latency"`` seam
     patches (``fused_moe/experts/trtllm_nvfp4_moe.py``, read on v0.34.0)? v0.20.0 keeps its
     experts under ``fused_moe/`` (see :func:`.blackwell_oracle._experts_module`): no TRT-LLM
-    simulation there."""
+    simulation there. Nor on v0.14.0, which has no TRT-LLM experts class: its quant methods
+    call module functions (model_executor/layers/quantization/utils/flashinfer_fp4_moe.py:
+    253-424, from compressed_tensors/compressed_tensors_moe.py:495-535 and modelopt.py:
+    1603-1647) that run FlashInfer 0.5.3's ``trtllm_fp4_block_scale_moe`` (the pin in its
+    wheel's metadata), a contract the emulator does not implement (it has 0.3.1's and 0.7's),
+    behind FusedMoE's naive DP dispatch (no P/F for that backend, compressed_tensors_moe.py:
+    442-444; fused_moe/layer.py:1921-1970)."""
     try:
         return importlib.util.find_spec(_TRT) is not None
     except ImportError:

@@ -13,6 +13,8 @@
 #   accuracy  tests/accuracy: lm-eval through the OpenAI server (docs/ACCURACY.md)
 # Extra arguments go to every pytest run in the default world (e.g. -x, -k expr).
 #   --quick   only the unit tier (~15 s to create .venv-unit the first time, the tests ~5 s).
+#   --release X  only vLLM release X, in a throwaway world: probe, layer matrix, uncalibrated
+#             rows, its row in docs/releases.json (scripts/sweep.sh; ~5-12 min, ~16 GiB free).
 # FP4MOE_TEST_DROP_RELEASE_VENVS=1 (CI sets it) removes each release virtualenv once its suite
 # has run, so that at most one of them (~6-10 GiB) is on disk next to .venv and .venv-engine.
 set -euo pipefail
@@ -35,6 +37,9 @@ unit_tier() {
   fi
   .venv-unit/bin/python -m pytest tests/ut -p no:cacheprovider -q "$@"
 }
+if [ "${1:-}" = "--release" ]; then
+  exec ./scripts/sweep.sh --force --release "${2:?--release needs a vLLM version, e.g. 0.13.0}"
+fi
 if [ "${1:-}" = "--quick" ]; then
   shift
   tier unit unit_tier "$@"

@@ -70,9 +70,9 @@ LEDGER: tuple[ModulePatch, ...] = tuple(ModulePatch(
          "uncalibrated experts repaired; under DP+EP, sender-side dispatch, a global-scale backend "
          "and no EPLB, a13_scale becomes the EP group's max (ep_agreed_gemm1_scale.py)."),
     upstream=("Open as of vLLM 0.34.0; #48355 (0.28.0) agrees the scale only with "
-              "--enable-eplb. An upstream fix would load compressed-tensors' input global "
-              "scales for every expert (as ModelOpt does) or all-reduce whenever the "
-              "all-to-all kernels are used."),
+              "--enable-eplb. Proposed as upstream/0001 (GEMM1's scale all-reduced whenever "
+              "the all-to-all kernels are used) and upstream/0002 (uncalibrated and missing "
+              "expert scales repaired), docs/UPSTREAM.md."),
     remove_when=("findings 'upstream_agrees_gemm1_scale' and 'upstream_repairs_uncalibrated' "
                  "both true on every release still supported (upstream/0001 and 0002 merged: "
                  "the plugin already stands down there), or 'oracle_helpers_take_layer_and_"

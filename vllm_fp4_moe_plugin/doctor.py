@@ -166,8 +166,8 @@ def layer_paths(report: dict, layout: Layout, path: Optional[str], plugin_active
     for layer in report["layers"]:
         affected = bool(layer["affected"].get(layout.name, True))
         flashinfer = path in ("flashinfer_cutlass", "flashinfer_trtllm")
-        hole = None if path is None else _stock_hole(design, report["format"], layout, path,
-                                                     affected)
+        hole = None if path in (None, support.FAILS_TO_START) else _stock_hole(
+            design, report["format"], layout, path, affected)
         stock_ok = None if hole is None else not hole
         # The 0.11.0 patches refuse uneven expert splits; the 0.11.1-era ones only fill holes.
         uneven = (design is Design.INIT_PREPARE_FINALIZE and layout.ep

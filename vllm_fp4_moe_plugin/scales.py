@@ -1,12 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The activation-scale policy, as pure functions of per-expert scales and the parallel layout.
+"""What the plugin does with a layer's activation scales at load: check them, repair uncalibrated
+experts (logs; refuses in strict mode), the 0.11.0 policy below (pure), and the agreement over the
+EP group (one collective on a CPU group; progress noted in the world's store for its timeout).
 
 In vLLM 0.11.0 the quant config must describe what prepare/finalize does (docs/ROOT-CAUSE.md §9).
 TP-like layouts pass bf16 and the kernel quantizes each row with its expert's scale: ``gs_e`` and
 ``g1_alphas[e] = ws2_e / gs_e`` stay. DP layouts quantize once on the sender, before the expert is
 known, so one scalar serves every expert: ``g* = min_e gs_e`` over the EP group (the largest
 calibrated amax: no expert saturates more than calibrated), ``g1_alphas[e] = ws2_e / g*`` rebuilt.
-No vLLM import; the one collective takes the process group as an argument."""
+No vLLM import: the collective takes its process group as an argument."""
 
 from __future__ import annotations
 

@@ -13,21 +13,29 @@ their own. ``block_scale_interleave`` is the one exception: FlashInfer JIT-build
 device's SM (``quantization/fp4_quantization.py``, 0.7.4:1439-1499), so the caller hands in a
 stand-in, exactly as tests/nvfp4 does for FlashInfer 0.3.1.
 
-Wheels are looked for in ``$VLLM_FP4_MOE_FLASHINFER_WHEELS``, default
-``<virtualenv>/flashinfer-wheels`` (``scripts/bootstrap-release.sh 0.34.0`` downloads them
-there, ``pip download --no-deps``).
+Which wheels: those of the FlashInfer series the installed vLLM pins (its ``flashinfer-python``
+requirement, read from vLLM's metadata): ``0.7.*`` for vLLM 0.34.0 (``==0.7.3``), ``0.6.*`` for
+vLLM 0.20.0 (``==0.6.8.post1``, which the index does carry). They are looked for in
+``$VLLM_FP4_MOE_FLASHINFER_WHEELS``, default ``<virtualenv>/flashinfer-wheels``
+(``scripts/bootstrap-release.sh 0.34.0`` downloads the 0.7.x ones there, ``pip download
+--no-deps``; for another release, ``pip download --no-deps flashinfer-python==<its pin>``).
+A name is ``None`` in :func:`load`'s answer only where :data:`OPTIONAL` allows it: the wheel
+has no file for it at all (FlashInfer 0.6.x has no ``trace/templates/gemm.py``).
 """
 
 from __future__ import annotations
 import __future__
 
 import ast
+import importlib.metadata
 import os
+import re
 import sys
 import typing
 import zipfile
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Optional
 
 import torch
 
@@ -42,6 +50,10 @@ NAMES = ("get_shuffle_matrix_a_row_indices", "get_shuffle_matrix_sf_a_row_indice
          "get_reorder_rows_for_gated_act_gemm_row_indices", "reorder_rows_for_gated_act_gemm",
          "_maybe_get_cached_w3_w1_permute_indices", "get_w2_permute_indices_with_cache",
          "shuffle_matrix_a", "shuffle_matrix_sf_a", "_unswizzle_batched_sf_128x4")
+# Name -> the file an older wheel may lack altogether, and the name with it: the 128x4 reader's
+# trace/templates/gemm.py is not in the 0.6.8.post1 wheel (vLLM 0.20.0's pin). Where the file is
+# there, the name must be too.
+OPTIONAL = {"_unswizzle_batched_sf_128x4": "flashinfer/trace/templates/gemm.py"}
 
 
 def wheel_dir() -> Path:
@@ -49,9 +61,26 @@ def wheel_dir() -> Path:
     return Path(os.environ.get("VLLM_FP4_MOE_FLASHINFER_WHEELS", default))
 
 
+def pinned() -> Optional[str]:
+    """The ``flashinfer-python`` version the installed vLLM requires (``==X``), as its metadata
+    states it (vLLM 0.34.0: 0.7.3; 0.20.0: 0.6.8.post1); None if it pins none."""
+    for req in importlib.metadata.requires("vllm") or ():
+        m = re.match(r"flashinfer[-_]python\s*==\s*([0-9][^\s;,]*)", req, re.I)
+        if m:
+            return m.group(1)
+    return None
+
+
+def pattern() -> str:
+    """The wheel names looked for: the pinned version's ``major.minor`` series."""
+    pin = pinned()
+    return "flashinfer_python-" + (".".join(pin.split(".")[:2]) + ".*" if pin else "<no pin>") \
+        + "-py3-none-any.whl"
+
+
 def wheels() -> list[Path]:
-    """The FlashInfer 0.7.x wheels on hand, oldest first."""
-    return sorted(wheel_dir().glob("flashinfer_python-0.7.*-py3-none-any.whl"))
+    """The FlashInfer wheels of the pinned series on hand, oldest first."""
+    return sorted(wheel_dir().glob(pattern())) if pinned() else []
 
 
 def _top_level(tree: ast.Module) -> dict[str, ast.stmt]:
@@ -81,7 +110,10 @@ def load(wheel: Path, overrides: dict) -> SimpleNamespace:
     given object instead of FlashInfer's (and not looked for in the sources)."""
     defs: dict[str, ast.stmt] = {}
     with zipfile.ZipFile(wheel) as z:
+        present = set(z.namelist())
         for name in FILES:
+            if name not in present:  # e.g. trace/templates/gemm.py before 0.7
+                continue
             for key, node in _top_level(ast.parse(z.read(name).decode(), name)).items():
                 defs.setdefault(key, node)
     wanted, todo = [], list(NAMES)
@@ -97,7 +129,7 @@ def load(wheel: Path, overrides: dict) -> SimpleNamespace:
                    flags=__future__.annotations.compiler_flag, dont_inherit=True)
     ns = {"torch": torch, "typing": typing, **overrides}
     exec(code, ns)  # FlashInfer's own code, from its released wheel (see the module docstring)
-    missing = [n for n in NAMES if n not in ns]
+    missing = [n for n in NAMES if n not in ns and (n not in OPTIONAL or OPTIONAL[n] in present)]
     if missing:
         raise LookupError(f"{wheel.name} has no top-level {missing} in {FILES}")
-    return SimpleNamespace(**{n: ns[n] for n in NAMES}, version=wheel.name.split("-")[1])
+    return SimpleNamespace(**{n: ns.get(n) for n in NAMES}, version=wheel.name.split("-")[1])

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from fp4_moe_lab.simulation.layouts import LAYOUTS, Scenario, run_layout
+from tests.newest.features import skip_unless_matrix_has
 from tests.pass_marks import AFFECTED_FACTOR, FP32_FACTOR, PLUGIN_BOUND
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
@@ -42,6 +43,7 @@ def _row(rows: list, layout: str, fmt: str) -> SimpleNamespace:
 @pytest.mark.parametrize("fmt", ["modelopt", "compressed-tensors"])
 @pytest.mark.parametrize("layout", list(LAYOUT_PF))
 def test_hole_fixed_and_everything_else_untouched(layout, fmt, matrix_rows):
+    skip_unless_matrix_has(layout)
     row = _row(matrix_rows, layout, fmt)
     assert row.design == "nvfp4_oracle"
     assert row.plugin_prepare_finalize == LAYOUT_PF[layout], row

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from fp4_moe_lab.simulation.layouts import default_layouts
+from tests.newest.features import ONE_SIDED
 from vllm_fp4_moe_plugin import support
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
@@ -27,7 +29,10 @@ def test_every_layout_and_format_has_a_row_per_backend(matrix_rows):
     per_cell: dict = {}
     for row in matrix_rows:
         per_cell.setdefault((row["layout"], row["format"]), []).append(row["backend"])
-    assert {layout for layout, _ in per_cell} == set(support.LAYOUTS)
+    want = set(support.LAYOUTS)
+    if ONE_SIDED not in default_layouts():  # v0.20.0: see tests/newest/features.py
+        want.discard(ONE_SIDED)
+    assert {layout for layout, _ in per_cell} == want
     for cell, backends in per_cell.items():
         assert sorted(backends) == sorted(BACKENDS), cell  # each once, none missing
 

@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """vLLM 0.34.0's TRT-LLM NVFP4 weight layout, built with FlashInfer 0.7's OWN shuffle helpers,
-undone bit for bit by the emulator's unshuffle.
+undone bit for bit by the emulator's unshuffle. (On vLLM 0.20.0 the same checks run with the
+helpers of its pin, FlashInfer 0.6.8.post1, whose wheel has no 128x4 reader: see
+flashinfer_wheel.py.)
 
 vLLM prepares the TRT-LLM weights in ``prepare_static_weights_for_trtllm_fp4_moe``
 (Q/utils/flashinfer_fp4_moe.py:327-441, Q = vllm/model_executor/layers/quantization): per
@@ -44,11 +46,14 @@ WHEELS = flashinfer_wheel.wheels()
 @pytest.fixture(scope="module", params=WHEELS or [None],
                 ids=lambda w: w.name.split("-")[1] if w else "no-wheel")
 def fi(request):
-    """FlashInfer 0.7.x's helpers from one wheel; a missing wheel is a failure, not a skip:
-    ``scripts/bootstrap-release.sh 0.34.0`` puts them in place."""
+    """The helpers of one wheel of the FlashInfer series the installed vLLM pins (0.7.x for
+    0.34.0, 0.6.x for 0.20.0; flashinfer_wheel.py); a missing wheel is a failure, not a skip:
+    ``scripts/bootstrap-release.sh 0.34.0`` puts the 0.7.x ones in place."""
     if request.param is None:
-        pytest.fail(f"no flashinfer_python-0.7.*.whl in {flashinfer_wheel.wheel_dir()} "
-                    "(scripts/bootstrap-release.sh 0.34.0 downloads them)")
+        pytest.fail(f"no {flashinfer_wheel.pattern()} in {flashinfer_wheel.wheel_dir()} "
+                    f"(vLLM pins flashinfer-python=={flashinfer_wheel.pinned()}; "
+                    "scripts/bootstrap-release.sh 0.34.0 downloads 0.7.x, else "
+                    "pip download --no-deps -d that folder)")
     return flashinfer_wheel.load(request.param,
                                  {"block_scale_interleave": nvfp4.block_scale_interleave})
 
@@ -157,6 +162,10 @@ def test_flashinfer_07_public_shuffles_agree(fi, intermediate, monkeypatch):
         assert torch.equal(g1s[e].reshape(-1), fi.shuffle_matrix_sf_a(w13_sf, tile))
         assert torch.equal(g2w[e], fi.shuffle_matrix_a(x["w2"][e], tile))
         assert torch.equal(g2s[e].reshape(-1), fi.shuffle_matrix_sf_a(x["w2_sf"][e], tile))
+    if fi._unswizzle_batched_sf_128x4 is None:
+        pytest.skip(f"FlashInfer {fi.version}, the installed vLLM's pin (v0.20.0: 0.6.8.post1), "
+                    "lacks the 128x4 reader _unswizzle_batched_sf_128x4 (0.7.4 flashinfer/trace/"
+                    "templates/gemm.py:142); the shuffles above were checked")
     read1 = fi._unswizzle_batched_sf_128x4(g1s, E, rows1, H // 16)
     read2 = fi._unswizzle_batched_sf_128x4(g2s, E, H, intermediate // 16)
     # Reference check: FlashInfer 0.7's own reading of the 128x4 layout.

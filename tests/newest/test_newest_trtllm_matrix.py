@@ -22,6 +22,7 @@ import pytest
 
 from fp4_moe_lab.simulation.layouts import LAYOUTS, Scenario, run_layout
 from fp4_moe_lab.simulation.matrix import trtllm_layer_kwargs, trtllm_routes_itself
+from tests.newest.features import skip_unless_matrix_has
 from tests.pass_marks import AFFECTED_FACTOR, FP32_FACTOR, PLUGIN_BOUND
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
@@ -56,6 +57,7 @@ def _row(rows, layout, fmt):
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("layout", list(LAYOUT_PF))
 def test_trtllm_rows(layout, fmt, matrix_rows):
+    skip_unless_matrix_has(layout)
     row = _row(matrix_rows, layout, fmt)
     assert row["design"] == "nvfp4_oracle"
     assert row["plugin_prepare_finalize"] == LAYOUT_PF[layout], row

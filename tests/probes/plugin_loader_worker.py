@@ -9,13 +9,18 @@ import importlib
 import json
 import sys
 
-from vllm.config.logging import LoggingConfig
-from vllm.logger import configure_logging
+import vllm.logger
 from vllm.plugins import load_general_plugins
 
 ct_module, oracle_module, helper = sys.argv[1:4]
-configure_logging(LoggingConfig())  # a multiproc worker's first step (multiproc_executor.py:999)
-load_general_plugins()              # then init_worker's, before the worker is built
+if hasattr(vllm.logger, "configure_logging"):
+    # a multiproc worker's first step (v0.34.0 v1/executor/multiproc_executor.py:1000)
+    from vllm.config.logging import LoggingConfig
+
+    vllm.logger.configure_logging(LoggingConfig())
+# else: no ``configure_logging`` nor ``vllm.config.logging`` (v0.20.0): importing vllm.logger
+# configures vLLM's root logger itself (v0.20.0 logger.py:156-201, called at :241)
+load_general_plugins()  # then init_worker's, before the worker is built
 import vllm_fp4_moe_plugin as plugin  # noqa: E402
 
 ct = importlib.import_module(ct_module)  # defines CompressedTensorsW4A4Nvfp4MoEMethod's PWAL

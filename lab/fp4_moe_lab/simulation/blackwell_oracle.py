@@ -177,7 +177,8 @@ def _experts_module():
     """Where ``FlashInferExperts`` lives: ``fused_moe/experts/`` (0.28.0+) or
     ``fused_moe/`` (v0.20.0 FM/flashinfer_cutlass_moe.py)."""
     for name in (_FX, f"{_FM}.flashinfer_cutlass_moe"):
-        mod = oracle_comm.present_module(name)  # 0.14.x-0.20.x: no fused_moe/experts/
+        # 0.14.x: no fused_moe/experts/; v0.20.0: one, without flashinfer_cutlass_moe.py
+        mod = oracle_comm.present_module(name)
         if mod is not None:
             return mod
     raise ImportError("no FlashInferExperts module in this vLLM")
@@ -279,6 +280,15 @@ def simulated_blackwell(*, backend: str = "throughput",
     platform_cls = type(current_platform)
     p = _ClassPatcher()
     stubbed: list[str] = []
+    # Asked once, before the seam puts any stand-in ``flashinfer`` into sys.modules (find_spec
+    # answers from sys.modules first, so a later question would find the seam's own stub).
+    flashinfer_absent = importlib.util.find_spec("flashinfer") is None
+
+    def stub(mods: dict) -> None:  # a stand-in ``flashinfer`` tree, for the seam's duration
+        for name, mod in mods.items():
+            stubbed.append(name)
+            sys.modules[name] = mod
+
     try:
         p.set_cls(platform_cls, "get_device_capability", _sm100())
         p.set_cls(platform_cls, "get_device_communicator_cls",
@@ -305,11 +315,8 @@ def simulated_blackwell(*, backend: str = "throughput",
         p.set(fx, "activation_to_flashinfer_type",
               oracle_flashinfer.activation_to_flashinfer_type,
               only_if_present=True)  # 0.28.0+; 0.20.0 imports FlashInfer's enum in apply
-        if (not hasattr(fx, "activation_to_flashinfer_type")
-                and importlib.util.find_spec("flashinfer") is None):
-            for name, mod in oracle_flashinfer.flashinfer_enum_stub().items():
-                stubbed.append(name)
-                sys.modules[name] = mod
+        if not hasattr(fx, "activation_to_flashinfer_type") and flashinfer_absent:
+            stub(oracle_flashinfer.flashinfer_enum_stub())
         p.set(ops, "scaled_fp4_quant", oracle_flashinfer.cpu_scaled_fp4_quant)
         # v0.14.0 quantizes MoE activations with FlashInfer's quantizer, not vLLM's op
         # (FM/utils.py:27, 115-122: ``flashinfer_fp4_quantize``); 0.34.0 has no such name
@@ -340,15 +347,15 @@ def simulated_blackwell(*, backend: str = "throughput",
             # ``torch.cuda.current_device()``; there is no CUDA device here
             p.set(torch.cuda, "current_device", lambda: torch.device("cpu"))
         if backend == "latency":
-            if importlib.util.find_spec("flashinfer") is not None:
+            if not flashinfer_absent:
                 raise NotImplementedError("the TRT-LLM seam stands in for FlashInfer only "
                                           "where it is not installed")
             trt = importlib.import_module(oracle_trtllm._TRT)
             p.set_cls(trt.TrtLlmNvFp4ExpertsBase, "_supports_current_device",
                       staticmethod(oracle_trtllm.trtllm_supports_current_device))
-            for name, mod in oracle_trtllm.flashinfer_trtllm_stub().items():
-                stubbed.append(name)
-                sys.modules[name] = mod
+            # On v0.20.0 this replaces the enum stub above: its ``core`` holds the same
+            # ``ActivationType`` twin, which both FlashInfer paths import
+            stub(oracle_trtllm.flashinfer_trtllm_stub())
         # 0.28.0's workspace manager empties the device cache when it grows (v0.28.0
         # v1/worker/workspace.py:206); there is no device cache on CPU.
         p.set(torch.accelerator, "empty_cache", lambda: None, only_if_present=True)

@@ -223,7 +223,7 @@ def default_backends() -> tuple[str, ...]:
     (oracle/nvfp4.py:238-247, read on v0.34.0), so the default matrix -- the one CI runs and
     docs/ publishes -- must hold its rows; on 0.11.0 they are the ModelOpt layouts
     its TRT-LLM path has (``trtllm_seam.applies``). An oracle-design vLLM whose TRT-LLM experts
-    the seam cannot simulate (v0.20.0; v0.14.0, whose TRT-LLM path is FlashInfer 0.5.3's kernel
+    the seam cannot simulate (v0.14.0, whose TRT-LLM path is FlashInfer 0.5.3's kernel
     called from model_executor/layers/quantization/utils/flashinfer_fp4_moe.py:253-424; see
     :func:`~.blackwell_oracle.simulates_trtllm`) gets CUTLASS only."""
     from fp4_moe_lab.simulation import blackwell_oracle

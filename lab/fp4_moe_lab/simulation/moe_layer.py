@@ -72,11 +72,14 @@ def build_layer(experts: QuantizedExperts, fmt: str, *, top_k: int, index: int,
 
     if "reduce_results" in inspect.signature(FusedMoE.__init__).parameters:
         layer_kwargs.setdefault("reduce_results", True)  # v0.20.0's FusedMoE always reduces
+    # custom_routing_function=None, as in _build_runner: vLLM's own router (the TRT-LLM rows'
+    # grouped top-k, which its monolithic kernel computes itself)
+    layer_kwargs.setdefault("custom_routing_function", cpu_topk_softmax_routing)
     layer = FusedMoE(
         num_experts=experts.num_experts, top_k=top_k, hidden_size=experts.hidden,
         intermediate_size=experts.intermediate, params_dtype=dtype,
         renormalize=True, quant_config=make_quant_config(fmt), prefix=f"{mlp}.experts",
-        custom_routing_function=cpu_topk_softmax_routing, **layer_kwargs)
+        **layer_kwargs)
     params = dict(layer.named_parameters())
     names = ("gate_proj", "down_proj", "up_proj", experts.num_experts)
     if "model" in inspect.signature(FusedMoE.make_expert_params_mapping).parameters:

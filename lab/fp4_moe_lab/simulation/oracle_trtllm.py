@@ -19,9 +19,13 @@ _TRT = "vllm.model_executor.layers.fused_moe.experts.trtllm_nvfp4_moe"
 
 def simulates_trtllm() -> bool:
     """Does this vLLM have the TRT-LLM NVFP4 experts module the ``backend="latency"`` seam
-    patches (``fused_moe/experts/trtllm_nvfp4_moe.py``, read on v0.34.0)? v0.20.0 keeps its
-    experts under ``fused_moe/`` (see :func:`.blackwell_oracle._experts_module`): no TRT-LLM
-    simulation there. Nor on v0.14.0, which has no TRT-LLM experts class: its quant methods
+    patches (``fused_moe/experts/trtllm_nvfp4_moe.py``, read on v0.34.0)? v0.20.0 has it (only
+    its CUTLASS ``FlashInferExperts`` stays under ``fused_moe/``, see
+    :func:`.blackwell_oracle._experts_module`), calling the kernels with FlashInfer 0.6.8.post1's
+    keywords (its pin; v0.20.0 FM/experts/trtllm_nvfp4_moe.py:209-241, 340-370), a subset of the
+    0.7 contract the emulator implements, and importing the same weight-preparation helpers
+    (v0.20.0 Q/utils/flashinfer_fp4_moe.py:170-174). Not on v0.14.0, which has no TRT-LLM
+    experts class: its quant methods
     call module functions (model_executor/layers/quantization/utils/flashinfer_fp4_moe.py:
     253-424, from compressed_tensors/compressed_tensors_moe.py:495-535 and modelopt.py:
     1603-1647) that run FlashInfer 0.5.3's ``trtllm_fp4_block_scale_moe`` (the pin in its

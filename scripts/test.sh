@@ -38,7 +38,8 @@ unit_tier() {
   .venv-unit/bin/python -m pytest tests/ut -p no:cacheprovider -q "$@"
 }
 if [ "${1:-}" = "--release" ]; then
-  exec ./scripts/sweep.sh --force --release "${2:?--release needs a vLLM version, e.g. 0.13.0}"
+  if [ -z "${2:-}" ]; then echo "--release needs a vLLM version, e.g. 0.13.0" >&2; exit 2; fi
+  exec ./scripts/sweep.sh --force --release "$2"
 fi
 if [ "${1:-}" = "--quick" ]; then
   shift

@@ -9,6 +9,7 @@ build or a backport would lie); docs/ROOT-CAUSE.md §10 explains them.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -319,6 +320,7 @@ def _probe_layer(a13_scale, a2_scale) -> dict:
                 a13_scale=a13_scale, a2_scale=a2_scale)
 
 
+@functools.cache  # asked by the probe and by each oracle entry's builder; vLLM does not change
 def probe_upstream_fixes() -> dict[str, bool]:
     """The oracle design's two holes, each fixed in vLLM or not (upstream/0001, 0002). A probe
     that cannot run says not fixed: the plugin's duty is a no-op where vLLM computes right."""
@@ -417,7 +419,7 @@ def _probe_nvfp4_oracle(findings: dict) -> Observation:
     findings["moe_parallel_config_all2all"] = (hasattr(parallel_config, "use_all2all_kernels")
                                                and "all2all_backend" in fields)
     findings["eplb_scale_allreduce"] = eplb_scale_allreduce()
-    findings.update(probe_upstream_fixes())
+    findings.update(probe_upstream_fixes())  # a copy: the cache's dict stays as computed
     required = ("oracle_helpers_take_layer_and_a13_scale", "global_sf_backend_probe",
                 "moe_parallel_config_all2all")
     missing = [k for k in required if not findings[k]]

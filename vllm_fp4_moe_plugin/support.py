@@ -360,6 +360,9 @@ def nvfp4_moe_kernel(design_key: str | Design, capability: str, fmt: Optional[st
     fi_gpu = (major, minor) == (10, 0) or not first  # 0.11.0: FlashInfer on exactly 10.0
     if flashinfer_env and fi_gpu:
         latency = (flashinfer_backend or ("throughput" if first else "latency")) == "latency"
+        if latency and major == 10 and d is Design.MODULAR_METHOD:  # its default from 0.12.0
+            return None, (f"{sm}, VLLM_FLASHINFER_MOE_BACKEND latency: this design's TRT-LLM "
+                          "path is not modelled; set it to throughput (FlashInfer CUTLASS)")
         if latency and major == 10 and (fmt == "modelopt" or not first):
             return "flashinfer_trtllm", f"{sm} + VLLM_USE_FLASHINFER_MOE_FP4=1, latency backend"
         return "flashinfer_cutlass", f"{sm} + VLLM_USE_FLASHINFER_MOE_FP4=1"

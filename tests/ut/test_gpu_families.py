@@ -20,6 +20,9 @@ GPUS = ("10.0", "10.3", "12.0", "12.1")
     (INIT, True, None, None, ("flashinfer_cutlass", FAILS, FAILS, FAILS)),
     # 0.11.1-0.13.0 and 0.14.x: vLLM's own kernel, images for sm_100a and sm_120a
     (MODULAR, False, None, None, ("vllm_cutlass", FAILS, "vllm_cutlass", FAILS)),
+    # 0.11.1-0.13.0 with FlashInfer: latency (TRT-LLM) not modelled; throughput is CUTLASS
+    (MODULAR, True, None, None, (None, None, "flashinfer_cutlass", "flashinfer_cutlass")),
+    (MODULAR, True, "throughput", None, ("flashinfer_cutlass",) * 4),
     (ORACLE, False, None, None, ("vllm_cutlass", FAILS, "vllm_cutlass", FAILS)),
     # FlashInfer asked for: latency (the default from 0.12.0) is TRT-LLM on the 10.x family
     (ORACLE, True, None, None, ("flashinfer_trtllm", "flashinfer_trtllm", "flashinfer_cutlass",

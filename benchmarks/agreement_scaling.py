@@ -1,13 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """The load-time EP scale agreement at 2, 4 and 8 ranks, torch only (no vLLM needed).
 
-What the plugin adds at load under DP+EP, per rank: one ``scales.agree_max`` per MoE layer (a
-progress key in the world's rendezvous store, then one MAX all-reduce of one float over a gloo
+What the plugin adds at load under DP+EP, per rank: one ``scale_agreement.agree_max`` per MoE layer
+(a progress key in the world's rendezvous store, then one MAX all-reduce of one float over a gloo
 group, its wait bounded by the timeout), next to as many bare gloo all-reduces and as many
-``dist.barrier`` round trips, and the agreement's earlier form (a gloo
-``monitored_barrier`` before each all-reduce: "monitored"). DeepSeek-R1 has 58 MoE layers. Each
-rank is a spawned process in a gloo world over TCP on loopback, as vLLM's CPU groups are. Prints one
-JSON line per world size: the worst rank's median over ``--repeats`` interleaved runs, in ms.
+``dist.barrier`` round trips, and the agreement's earlier form (a gloo ``monitored_barrier`` before
+each all-reduce: "monitored"). DeepSeek-R1 has 58 MoE layers. Each rank is a spawned process in a
+gloo world over TCP on loopback, as vLLM's CPU groups are. Prints one JSON line per world size: the
+worst rank's median over ``--repeats`` interleaved runs, in ms.
 
     python -m benchmarks.agreement_scaling --ranks 2 4 8 [--layers 58] [--repeats 5]
 
@@ -41,7 +41,7 @@ def _rank(rank: int, world: int, port: int, layers: int, repeats: int, queue) ->
     import torch
     import torch.distributed as dist
 
-    from vllm_fp4_moe_plugin import scales
+    from vllm_fp4_moe_plugin import scale_agreement
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -54,7 +54,7 @@ def _rank(rank: int, world: int, port: int, layers: int, repeats: int, queue) ->
         dist.barrier(group=group)
         t0 = time.perf_counter()
         for i, a in enumerate(amax):
-            scales.agree_max(a, group, layer=f"model.layers.{i + 3}.mlp.experts")
+            scale_agreement.agree_max(a, group, layer=f"model.layers.{i + 3}.mlp.experts")
         runs["agree"].append(time.perf_counter() - t0)
         dist.barrier(group=group)
         t0 = time.perf_counter()

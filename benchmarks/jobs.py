@@ -18,7 +18,7 @@ import torch
 from benchmarks import seam
 from fp4_moe_lab.simulation import moe_layer
 from fp4_moe_lab.simulation.layouts import Scenario
-from vllm_fp4_moe_plugin import patches, scales
+from vllm_fp4_moe_plugin import patches, scale_agreement
 
 SCHEMES = ("stock", "plugin", "upstream")
 _index = iter(range(2000, 100000))
@@ -38,9 +38,9 @@ def _upstream_scales() -> Iterator[None]:
     from vllm_fp4_moe_plugin.patches.init_prepare_finalize.methods import ConsistentNvFp4MoEMixin
 
     def set_scales(self, layer):
-        g = scales.agree_min_scale(layer.w13_input_scale_quant, get_ep_group().cpu_group)
+        g = scale_agreement.agree_min_scale(layer.w13_input_scale_quant, get_ep_group().cpu_group)
         ws2 = layer.w13_weight_scale_2.detach().float().reshape(-1)
-        layer.fp4_moe_plugin_gemm1 = scales.Gemm1ActivationScales(
+        layer.fp4_moe_plugin_gemm1 = scale_agreement.Gemm1ActivationScales(
             a1_gscale=g.float().expand(ws2.numel()).contiguous(),
             g1_alphas=(ws2 / g).contiguous())
 
@@ -162,7 +162,7 @@ def load_time(ctx, num_layers: int, num_experts: int) -> dict:
 
     dist.barrier(group=group)
     t0 = time.perf_counter()
-    agreed = [scales.agree_min_scale(v, group) for v in gs]
+    agreed = [scale_agreement.agree_min_scale(v, group) for v in gs]
     t_agree = time.perf_counter() - t0
     dist.barrier(group=group)
     t0 = time.perf_counter()
@@ -174,7 +174,7 @@ def load_time(ctx, num_layers: int, num_experts: int) -> dict:
     t0 = time.perf_counter()
     configs = []
     for li in range(num_layers):
-        chosen = scales.shared_scalar_scales(agreed[li], ws2[li])
+        chosen = scale_agreement.shared_scalar_scales(agreed[li], ws2[li])
         configs.append(nvfp4_moe_quant_config(
             g1_alphas=chosen.g1_alphas, g2_alphas=ws2[li], a1_gscale=chosen.a1_gscale,
             a2_gscale=gs[li], w1_scale=dummy, w2_scale=dummy))

@@ -4,8 +4,8 @@
 Measured per rank in real gloo DP+EP groups (2 ranks: the ``dp_ep_allgather`` layout; 4 ranks:
 a DP=4+EP group), by ``benchmarks.jobs.load_time``:
 
-* the DP scale agreement, ``scales.agree_min_scale`` once per layer (a MIN all-reduce of one
-  float over the EP group's CPU group), against the same number of plain ``dist.barrier``
+* the DP scale agreement, ``scale_agreement.agree_min_scale`` once per layer (a MIN all-reduce
+  of one float over the EP group's CPU group), against the same number of plain ``dist.barrier``
   round trips -- the least any cross-rank agreement can cost;
 * the load-time check, ``consistency.run_check`` once per layer (E_local experts, DP path),
   against building the same layers' ``FusedMoEQuantConfig`` -- work vLLM itself does per layer

@@ -18,7 +18,7 @@ import torch
 from benchmarks import oracle_seam
 from fp4_moe_lab.simulation import moe_layer
 from fp4_moe_lab.simulation.layouts import describe_layer
-from vllm_fp4_moe_plugin import patches, scales
+from vllm_fp4_moe_plugin import patches, scale_agreement
 
 _index = iter(range(3000, 100000))  # unique layer names: vLLM refuses a duplicate prefix
 
@@ -73,7 +73,7 @@ def forward_work(ctx, scenario, token_counts, calls: int, count_tokens: int) -> 
     changes under DP+EP), device work no-ops: two stock and two plugin layers, so that each
     side has its own A/A pair (two layers of identical code differ by their memory, their
     place in the rotation...: that is the noise floor a plugin/stock ratio is read against)."""
-    from vllm.forward_context import set_forward_context
+    from vllm.forward_context import get_forward_context, set_forward_context
 
     experts = scenario.experts()
     patches.apply_all()
@@ -92,6 +92,7 @@ def forward_work(ctx, scenario, token_counts, calls: int, count_tokens: int) -> 
             logits = torch.randn(m, scenario.num_experts, generator=g).to(torch.bfloat16)
             with set_forward_context({}, ctx.vllm_config, num_tokens=m,
                                      num_tokens_across_dp=_across(ctx, m)):
+                moe_layer.moe_layers_by_name(get_forward_context())  # layers called one by one
                 for s, layer in layers.items():  # warm up
                     _switch(s.split("#")[0])
                     for _ in range(3):
@@ -136,9 +137,9 @@ def _timed_blocks(layers: dict, x, logits, calls: int):
 def load_cost(ctx, num_layers: int, num_experts: int, experts=None, pwal_layers: int = 0,
               top_k: int = 8, repeats: int = 3) -> dict:
     """What the plugin adds at load, per rank (median of ``repeats``): ``num_layers`` x
-    ``scales.agree_max`` (the wrapper's one MAX all-reduce of one float over the EP group's CPU
-    group, after a progress key in the rendezvous store), next to as many bare all-reduces and as
-    many plain ``dist.barrier`` round trips; and the layer's own
+    ``scale_agreement.agree_max`` (the wrapper's one MAX all-reduce of one float over the EP
+    group's CPU group, after a progress key in the rendezvous store), next to as many bare
+    all-reduces and as many plain ``dist.barrier`` round trips; and the layer's own
     ``process_weights_after_loading`` (compressed-tensors, ``experts``: all ``num_experts``)
     timed on ``pwal_layers`` real layers stock and with the plugin (which then runs the
     agreement inside it)."""
@@ -156,7 +157,7 @@ def load_cost(ctx, num_layers: int, num_experts: int, experts=None, pwal_layers:
         dist.barrier(group=group)
         t0 = time.perf_counter()
         for li, a in enumerate(amax):
-            scales.agree_max(a, group, layer=f"model.layers.{li + 3}.mlp.experts")
+            scale_agreement.agree_max(a, group, layer=f"model.layers.{li + 3}.mlp.experts")
         runs["agree"].append(time.perf_counter() - t0)
         dist.barrier(group=group)
         t0 = time.perf_counter()

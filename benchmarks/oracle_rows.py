@@ -60,7 +60,7 @@ def medians(samples: dict) -> tuple[float, float]:
 
 # group key of oracle_runs.run_all -> how the rows name it; what the plugin does at load there
 FORWARD_GROUPS = {"single": ("CT single", ()),
-                  "dp2": ("CT DP=2+EP", ("scales.agree_max",))}
+                  "dp2": ("CT DP=2+EP", ("scale_agreement.agree_max",))}
 
 
 def apply_rows(groups: dict, calls: int) -> list[Row]:

@@ -73,12 +73,12 @@ def helper_functions() -> dict:
     """name -> function for everything the plugin runs at load on this design, to be called
     while the plugin's patches are applied: its wrapper (one code object serves both oracle
     helpers, so it is one entry), the stock helpers it wraps, and the EP collective
-    (``scales.agree_max``)."""
-    from vllm_fp4_moe_plugin import scales
+    (``scale_agreement.agree_max``)."""
+    from vllm_fp4_moe_plugin import scale_agreement
     from vllm_fp4_moe_plugin import vllm_modules as vm
 
     oracle = importlib.import_module(vm.NVFP4_ORACLE)
-    out = {"scales.agree_max": scales.agree_max}
+    out = {"scale_agreement.agree_max": scale_agreement.agree_max}
     for name in vm.ORACLE_HELPERS:
         fn = getattr(oracle, name, None)
         if fn is None:

@@ -26,7 +26,7 @@ def kind(fmt: str, case: str) -> str:
     0 is a low amax; a compressed-tensors 0, 1 / 0 = inf, a high one; a missing tensor is what
     the memory held)."""
     from fp4_moe_lab.simulation.planted_scales import CASES, MISSING, MISSING_MEMORY
-    from vllm_fp4_moe_plugin.scale_check import uncalibrated
+    from vllm_fp4_moe_plugin.scale_rule import uncalibrated
 
     stored = CASES[case].stored(fmt)
     stored = MISSING_MEMORY if stored == MISSING else stored

@@ -3,13 +3,8 @@
 
 Subcommands return data from their own modules; printing and --json live here at the edge.
 :func:`run_command` is the exit-code contract, for this script and the lab's
-(``vllm-fp4-moe-lab``), documented in docs/OPERATING.md:
-
-  0   fine
-  1   a finding: audit found an affected layer, doctor says at risk (lab: a row not ok)
-  2   bad input or cannot tell: one line on stderr naming the input and the fix
-  70  internal error (a bug): one line; the traceback with --debug or VLLM_FP4_MOE_DEBUG=1
-"""
+(``vllm-fp4-moe-lab``): 0 fine; 1 a finding (audit: an affected layer, doctor: at risk); 2 bad
+input or cannot tell (one line naming the input and the fix); 70 a bug (docs/OPERATING.md)."""
 
 from __future__ import annotations
 
@@ -26,7 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
 from vllm_fp4_moe_plugin import envs, support
-from vllm_fp4_moe_plugin.scale_check import InvalidScaleError
+from vllm_fp4_moe_plugin.scale_rule import InvalidScaleError
 
 PROG = "vllm-fp4-moe"
 EXIT_OK, EXIT_FINDING, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 70

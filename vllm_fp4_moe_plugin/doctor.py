@@ -12,7 +12,8 @@ import logging
 import os
 from typing import Any, Optional
 
-from vllm_fp4_moe_plugin import compat, envs, patches, support
+from vllm_fp4_moe_plugin import envs, patches, support
+from vllm_fp4_moe_plugin.patches import fleet_rendezvous
 from vllm_fp4_moe_plugin.support import Design, Layout
 
 FINE, AT_RISK, CANNOT_TELL = 0, 1, 2
@@ -100,7 +101,7 @@ def deployment() -> dict:
     with contextlib.suppress(ValueError):
         out["timeout_s"] = envs.VLLM_FP4_MOE_PLUGIN_TIMEOUT_S
     with contextlib.suppress(Exception):  # no vLLM here: unknown
-        out["fleet_rendezvous"] = compat.probe_world_group_rendezvous()["world_group_rendezvous"]
+        out["fleet_rendezvous"] = fleet_rendezvous.probe()["world_group_rendezvous"]
     try:
         from vllm.ray import ray_env
     except Exception as exc:  # no vLLM, or one without the helper

@@ -74,7 +74,7 @@ def _at_risk_where(module) -> Optional[str]:
 
 def _on_oracle_parameter(module) -> None:
     """NVFP4_ORACLE: warn for a compressed-tensors layer where stock can mix the ranks' scales."""
-    from vllm_fp4_moe_plugin import compat
+    from vllm_fp4_moe_plugin.patches.nvfp4_oracle import probe as oracle_probe
 
     pc = getattr(getattr(module, "moe_config", None), "moe_parallel_config", None)
     if pc is None or not getattr(pc, "use_all2all_kernels", False):
@@ -86,7 +86,7 @@ def _on_oracle_parameter(module) -> None:
     if not support.oracle_design_hole(
             "compressed-tensors", dp=max(pc.dp_size, getattr(pc, "pcp_size", 1)), ep=pc.use_ep,
             all2all_backend=pc.all2all_backend, enable_eplb=getattr(pc, "enable_eplb", False),
-            eplb_agrees=compat.eplb_scale_allreduce(),
+            eplb_agrees=oracle_probe.eplb_scale_allreduce(),
             global_scale_backend=backend.startswith("FLASHINFER")):
         return None
     logger.warning(

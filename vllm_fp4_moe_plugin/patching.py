@@ -24,17 +24,20 @@ class PatchConflictError(RuntimeError):
     too): refused rather than overwrite their replacement."""
 
 
+Findings = Mapping[str, object]
+
+
 @dataclass(frozen=True)
 class ModulePatch:
-    """One replaced vLLM symbol, with its ledger entry. ``build`` turns the original into the
-    replacement (a subclass or wrapper of what is really installed); ``needed``, over the probe's
-    findings (``compat.FINDINGS[design]``), alone decides whether the entry is applied."""
+    """One replaced vLLM symbol, with its ledger entry. ``build`` names (``"module:function"``,
+    imported only when the patch is applied) what turns the original into the replacement (a
+    subclass or wrapper of what is really installed); ``needed``, over the findings its slice's
+    probe reports, alone decides whether the entry is applied."""
 
     module: str
     attr: str
-    build: Callable[[Any], Any]
-    design: Optional[Design]  # None: an entry for every design (patches.EVERY_DESIGN)
-    needed: Callable[[Mapping[str, object]], bool]
+    build: str
+    needed: Callable[[Findings], bool]
     why: str
     how: str
     upstream: str
@@ -57,7 +60,8 @@ class ModulePatch:
                 f"{self.target} was replaced by {current!r} after vllm-fp4-moe-plugin patched it; "
                 "another plugin is patching the same symbol."
             )
-        replacement = self.build(current)
+        builder, _, function = self.build.partition(":")
+        replacement = getattr(importlib.import_module(builder), function)(current)
         setattr(owner, name, replacement)
         _APPLIED[key] = (current, replacement)
         return True
@@ -74,6 +78,29 @@ class ModulePatch:
     def original(self) -> Any:
         """The object vLLM had before we patched (or the current one if not patched)."""
         return original_attr(self.module, self.attr)
+
+
+@dataclass(frozen=True)
+class Slice:
+    """One folder of ``patches/``: a design's records (None: every design's, which register()
+    applies), its probe (a design's: findings so far -> ``Observation``; else () -> findings)
+    and the findings it reports, and the plan's words (``describe``: (findings, needed) ->
+    (words, upstream computes right), where they depend on more than ``needed``)."""
+
+    design: Optional[Design]
+    patches: tuple[ModulePatch, ...]
+    findings: tuple[str, ...]
+    probe: Callable[..., Any]
+    active: str = ""
+    nothing_needed: str = ""
+    nothing_needed_is_fixed: bool = False
+    describe: Optional[Callable[[Findings, bool], tuple[str, bool]]] = None
+
+    def words(self, findings: Findings, needed: bool) -> tuple[str, bool]:
+        if self.describe is not None:
+            return self.describe(findings, needed)
+        return (self.active, False) if needed else (self.nothing_needed,
+                                                    self.nothing_needed_is_fixed)
 
 
 def original_attr(module: str, attr: str) -> Any:

@@ -1,14 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """Which experts' activation scales the checkpoint never provided.
 
-vLLM creates an NVFP4 MoE layer's activation-scale parameters with ``torch.empty`` and lets the
-weight loader overwrite the entries the checkpoint has (v0110 Q/modelopt.py:1186-1194, v0.34.0
-Q/modelopt.py:1041-1058; the compressed-tensors methods alike): an absent one (vllm#45212) keeps
-whatever the memory held, possibly a plausible number no value rule can tell from a calibrated
-one. So, with the plugin active, those parameters of a layer whose scales the plugin repairs are
-filled with a sentinel NaN when the layer registers them (before any weight is read); after
-loading, :func:`missing_rows` names the experts still holding it, and the repair treats them as
-uncalibrated. A checkpoint that provides every tensor loads bit-identical to stock.
+vLLM creates an NVFP4 MoE layer's activation-scale parameters with ``torch.empty`` (v0110
+Q/modelopt.py:1186-1194, v0.34.0 :1041-1058; compressed-tensors alike): an absent one (vllm#45212)
+keeps whatever the memory held. With the plugin active they are filled with a sentinel NaN when
+registered; after loading, :func:`missing_rows` names the experts still holding it, which the
+repair treats as uncalibrated. A checkpoint with every tensor loads bit-identical to stock.
 """
 
 from __future__ import annotations

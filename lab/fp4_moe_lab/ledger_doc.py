@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""docs/PATCHES.md, rendered from the patch ledger (``vllm_fp4_moe_plugin.patches.LEDGER``):
+"""docs/PATCHES.md, rendered from the patch ledger (``patches.registry.SLICES``):
 ``python -m fp4_moe_lab.ledger_doc > docs/PATCHES.md``; tests/ut/test_ledger.py keeps the
 file in sync. A development tool, so it lives in the lab, not in the serving wheel."""
 
@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import textwrap
 
-from vllm_fp4_moe_plugin.patches import LEDGER
+from vllm_fp4_moe_plugin.patches.registry import SLICES
 
 WIDTH = 100
-INTRO = ("Generated from the slices in `vllm_fp4_moe_plugin/patches/<design>/` by `python -m "
-         "fp4_moe_lab.ledger_doc`; a test keeps it in sync. Each entry is applied only when its "
-         "design is installed and its predicate over the probe's findings (`compat.FINDINGS`) "
-         "says the hole is there.")
+INTRO = ("Generated from the folders of `vllm_fp4_moe_plugin/patches/` (each: its records in "
+         "`__init__.py`, its probe, its replacements; `patches/registry.py` names them) by "
+         "`python -m fp4_moe_lab.ledger_doc`; a test keeps it in sync. Each entry is applied "
+         "only when its design is installed and its predicate over the findings of its folder's "
+         "probe says the hole is there.")
 
 
 def _item(label: str, text: str) -> list[str]:
@@ -24,10 +25,13 @@ def _item(label: str, text: str) -> list[str]:
 
 def render() -> str:
     lines = ["# Patch ledger", "", *textwrap.wrap(INTRO, WIDTH), ""]
-    for p in LEDGER:
-        design = p.design.label if p.design else "every design (applied by register())"
-        lines += [f"## `{p.target}`", ""]
-        for label, text in (("Design", design), ("Needed when", p.needed.__doc__),
+    for part, p in ((s, p) for s in SLICES for p in s.patches):
+        design = part.design.label if part.design else "every design (applied by register())"
+        lines += [f"## `{p.attr}`", ""]
+        built = p.build.removeprefix("vllm_fp4_moe_plugin.patches.")
+        for label, text in (("Module", f"`{p.module}`"), ("Design", design),
+                            ("Built by", f"`patches/{built}`"),
+                            ("Needed when", p.needed.__doc__),
                             ("Why", p.why), ("How", p.how), ("Upstream", p.upstream),
                             ("Remove when", p.remove_when)):
             lines += _item(label, text)

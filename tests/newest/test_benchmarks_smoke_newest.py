@@ -58,7 +58,7 @@ def test_nothing_runs_per_forward(world):
         # the counter does see the wrapper (and under DP+EP the collective) when they run
         assert r["extra"]["counter_saw_load_calls"], r
         want = 1 if "DP=2+EP" in r["name"] else 0  # the agreement: once per layer, DP+EP only
-        assert r["extra"]["at_load_plugin_layer"]["scales.agree_max"] == want, r
+        assert r["extra"]["at_load_plugin_layer"]["scale_agreement.agree_max"] == want, r
 
 
 def test_plugin_uses_modelopts_one_scale_and_beats_stock(world):

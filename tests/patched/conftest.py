@@ -17,7 +17,8 @@ from tests.design_gate import collect_ignore_for
 APPLIED = os.environ.get("VLLM_FP4_MOE_PATCHED", "")
 collect_ignore_glob = collect_ignore_for("nvfp4_oracle") if APPLIED else ["test_*.py"]
 
-# Each patch set, and the findings that must then see upstream's fix (compat.probe_upstream_fixes).
+# Each patch set, and the findings that must then see upstream's fix
+# (patches/nvfp4_oracle/probe.py: probe_upstream_fixes).
 FIXES = {"ep-scale": {"upstream_agrees_gemm1_scale"},
          "uncalibrated": {"upstream_repairs_uncalibrated"},
          "both": {"upstream_agrees_gemm1_scale", "upstream_repairs_uncalibrated"}}

@@ -22,25 +22,25 @@ def _rank(rank: int, world: int, port: int, absent: int, queue) -> None:
     import torch
     import torch.distributed as dist
 
-    from vllm_fp4_moe_plugin import scales
+    from vllm_fp4_moe_plugin import scale_agreement
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     try:
         # every rank agrees on layer 3 (min and max in one collective)...
-        lo, hi = scales.agree_min_max(torch.tensor([2.0, 1.0 + rank]), dist.group.WORLD,
+        lo, hi = scale_agreement.agree_min_max(torch.tensor([2.0, 1.0 + rank]), dist.group.WORLD,
                                       layer="model.layers.3.mlp.experts", timeout_s=30)
         if rank == absent:  # ...then one is stuck elsewhere (still loading, or diverged)
             time.sleep(8)
             queue.put((rank, "absent"))
             return
         try:
-            g = scales.agree_min_scale(torch.tensor([2.0, 1.0 + rank]), dist.group.WORLD,
+            g = scale_agreement.agree_min_scale(torch.tensor([2.0, 1.0 + rank]), dist.group.WORLD,
                                        layer="model.layers.7.mlp.experts", timeout_s=2)
-            m = scales.agree_max(torch.tensor([2.0, 1.0 + rank]), dist.group.WORLD,
+            m = scale_agreement.agree_max(torch.tensor([2.0, 1.0 + rank]), dist.group.WORLD,
                                  layer="model.layers.7.mlp.experts", timeout_s=2)
             queue.put((rank, f"agreed {float(g)} {float(m)} {float(lo)} {float(hi)}"))
-        except scales.ScaleAgreementTimeout as exc:
+        except scale_agreement.ScaleAgreementTimeout as exc:
             queue.put((rank, str(exc)))
     finally:
         dist.destroy_process_group()

@@ -2,15 +2,15 @@
 import pytest
 import torch
 
-from vllm_fp4_moe_plugin import scales
+from vllm_fp4_moe_plugin import layer_scales, scale_agreement
 
 
 @pytest.mark.parametrize("bad,kind", [(float("nan"), "NaN"), (float("inf"), "inf"),
                                       (0.0, "zero"), (-2.0, "negative")])
 def test_bad_scale_names_layer_tensor_and_expert(bad, kind):
     t = torch.tensor([[1.0, 1.0], [0.5, 0.5], [2.0, bad]])
-    with pytest.raises(scales.InvalidScaleError) as err:
-        scales.check_positive_finite(t, layer="model.layers.3.mlp.experts",
+    with pytest.raises(layer_scales.InvalidScaleError) as err:
+        layer_scales.check_positive_finite(t, layer="model.layers.3.mlp.experts",
                                      name="w13_input_scale")
     msg = str(err.value)
     assert "model.layers.3.mlp.experts" in msg and "'w13_input_scale'" in msg
@@ -18,15 +18,15 @@ def test_bad_scale_names_layer_tensor_and_expert(bad, kind):
 
 
 def test_good_scales_pass():
-    scales.check_positive_finite(torch.tensor([1e-8, 3.0, 448.0]), layer="l", name="n")
-    scales.check_positive_finite(torch.tensor(2.0), layer="l", name="n")
+    layer_scales.check_positive_finite(torch.tensor([1e-8, 3.0, 448.0]), layer="l", name="n")
+    layer_scales.check_positive_finite(torch.tensor(2.0), layer="l", name="n")
 
 
 def test_shared_scalar_rebuilds_alphas_exactly():
     gs = torch.tensor([100.0, 400.0, 250.0])
     ws2 = torch.tensor([0.01, 0.02, 0.03])
-    g = scales.agree_min_scale(gs)  # no group: this rank only
-    chosen = scales.shared_scalar_scales(g, ws2)
+    g = scale_agreement.agree_min_scale(gs)  # no group: this rank only
+    chosen = scale_agreement.shared_scalar_scales(g, ws2)
     assert chosen.shared and chosen.a1_gscale.dim() == 0
     assert float(chosen.a1_gscale) == 100.0
     # Reference check: alpha_e * g must reproduce each expert's weight scale.
@@ -36,7 +36,7 @@ def test_shared_scalar_rebuilds_alphas_exactly():
 def test_per_expert_keeps_vectors():
     gs = torch.tensor([100.0, 400.0])
     alphas = torch.tensor([1e-4, 5e-5])
-    chosen = scales.per_expert_scales(gs, alphas)
+    chosen = scale_agreement.per_expert_scales(gs, alphas)
     assert not chosen.shared
     assert torch.equal(chosen.a1_gscale, gs) and torch.equal(chosen.g1_alphas, alphas)
 
@@ -50,16 +50,16 @@ LLMCOMPRESSOR_DOWN = 0.0
 
 @pytest.fixture(autouse=True)
 def _fresh_warning_state():
-    scales._reset_for_tests()
+    layer_scales._reset_for_tests()
     yield
-    scales._reset_for_tests()
+    layer_scales._reset_for_tests()
 
 
 def test_margin_is_e4m3_normal_range():
-    from vllm_fp4_moe_plugin import scale_check
+    from vllm_fp4_moe_plugin import scale_rule
 
     # Reference check: 448 (E4M3 max) over 2**-6 (E4M3 min normal).
-    assert scale_check.UNCALIBRATED_MARGIN == 448.0 * 64
+    assert scale_rule.UNCALIBRATED_MARGIN == 448.0 * 64
 
 
 @pytest.mark.parametrize("amax,expected", [
@@ -80,13 +80,13 @@ def test_margin_is_e4m3_normal_range():
     ([(1.0, 1.1), (1.0, 1e-30), (1.2, 1.2)], [1]),    # gate and up judged each
 ])
 def test_uncalibrated_experts(amax, expected):
-    from vllm_fp4_moe_plugin.scale_check import uncalibrated_experts
+    from vllm_fp4_moe_plugin.scale_rule import uncalibrated_experts
 
     assert uncalibrated_experts(amax) == expected
 
 
 def test_uncalibrated_kinds_say_what_a_max_does_with_them():
-    from vllm_fp4_moe_plugin.scale_check import uncalibrated
+    from vllm_fp4_moe_plugin.scale_rule import uncalibrated
 
     # high: a max over experts takes it; low: a max ignores it.
     assert uncalibrated([1.0, float("inf"), float("nan"), 1e9, 0.0, -1.0, 1e-9]) == {
@@ -95,17 +95,18 @@ def test_uncalibrated_kinds_say_what_a_max_does_with_them():
 
 def test_activation_scales_only_get_their_dtype_checked():
     t = torch.tensor([[300.0, 300.0], [0.0, float("nan")], [-1.0, float("inf")]])
-    scales.check_positive_finite(t, layer="l", name="w13_input_global_scale", activation=True)
+    layer_scales.check_positive_finite(t, layer="l", name="w13_input_global_scale", activation=True)
     for bad in (0.0, float("nan"), float("inf"), -1.0):  # weight scales: corruption, refused
-        with pytest.raises(scales.InvalidScaleError):
-            scales.check_positive_finite(torch.tensor([300.0, bad]), layer="l",
+        with pytest.raises(layer_scales.InvalidScaleError):
+            layer_scales.check_positive_finite(torch.tensor([300.0, bad]), layer="l",
                                          name="w2_weight_global_scale")
 
 
 def test_float8_scale_refused_naming_dtype_and_allowed_ones():
     t = torch.tensor([300.0, 200.0]).to(torch.float8_e4m3fn)
-    with pytest.raises(scales.InvalidScaleError) as err:
-        scales.check_positive_finite(t, layer="l", name="w2_input_global_scale", activation=True)
+    with pytest.raises(layer_scales.InvalidScaleError) as err:
+        layer_scales.check_positive_finite(t, layer="l", name="w2_input_global_scale",
+                                           activation=True)
     assert "float8_e4m3fn" in str(err.value) and "float32" in str(err.value)
 
 
@@ -116,8 +117,9 @@ def test_repair_compressed_tensors_gives_calibrated_max_amax(dead, caplog_plugin
     gs = torch.tensor([[300.0, 310.0], [250.0, 250.0], [dead, dead], [400.0, 400.0]])
     before = gs.clone()
     with caplog_plugin.at_level("INFO", logger="vllm.fp4_moe_plugin"):
-        out = scales.repair_uncalibrated(gs, reciprocal=True, layer="model.layers.1.mlp.experts",
-                                         name="w13_input_global_scale")
+        out = layer_scales.repair_uncalibrated(gs, reciprocal=True,
+                                               layer="model.layers.1.mlp.experts",
+                                               name="w13_input_global_scale")
     # Reference check: the calibrated experts' max amax is 2688/250; nothing else moves.
     assert out[2].tolist() == [250.0, 250.0]
     assert torch.equal(out[[0, 1, 3]], gs[[0, 1, 3]])
@@ -132,24 +134,25 @@ def test_repair_compressed_tensors_gives_calibrated_max_amax(dead, caplog_plugin
 def test_repair_modelopt_and_amax_like():
     # ModelOpt's input_scale (and vLLM 0.14+'s a13_scale) is proportional to the amax.
     amax = torch.tensor([0.02, 0.0, 0.03, 0.025])
-    out = scales.repair_uncalibrated(amax, reciprocal=False, layer="l", name="a13_scale")
+    out = layer_scales.repair_uncalibrated(amax, reciprocal=False, layer="l", name="a13_scale")
     assert out.tolist() == pytest.approx([0.02, 0.03, 0.03, 0.025])
     a13 = torch.tensor([0.02, 2688 / LLMCOMPRESSOR_GATE_UP, 0.03])
-    assert scales.repair_uncalibrated(a13, reciprocal=False, layer="l",
+    assert layer_scales.repair_uncalibrated(a13, reciprocal=False, layer="l",
                                       name="a13_scale")[1] == pytest.approx(0.03)
 
 
 def test_calibrated_scales_are_returned_as_is():
     gs = torch.tensor([[300.0, 310.0], [250.0, 250.0], [30.0, 30.0]])  # 10x: a rare expert
-    assert scales.repair_uncalibrated(gs, reciprocal=True, layer="l", name="n") is gs
+    assert layer_scales.repair_uncalibrated(gs, reciprocal=True, layer="l", name="n") is gs
 
 
 def test_one_warning_per_process_later_layers_at_info(caplog_plugin):
     gs = torch.tensor([300.0, 0.0, 280.0])
     with caplog_plugin.at_level("INFO", logger="vllm.fp4_moe_plugin"):
         for i in range(3):
-            scales.repair_uncalibrated(gs, reciprocal=True, layer=f"model.layers.{i}.mlp.experts",
-                                       name="w2_input_global_scale")
+            layer_scales.repair_uncalibrated(gs, reciprocal=True,
+                                             layer=f"model.layers.{i}.mlp.experts",
+                                             name="w2_input_global_scale")
     levels = [r.levelname for r in caplog_plugin.records]
     assert levels == ["WARNING", "INFO", "INFO"]
     assert all(f"layers.{i}." in r.getMessage() for i, r in enumerate(caplog_plugin.records))
@@ -157,13 +160,13 @@ def test_one_warning_per_process_later_layers_at_info(caplog_plugin):
 
 def test_strict_refuses_uncalibrated_with_requantize_advice(monkeypatch):
     monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN_CHECK", "strict")
-    with pytest.raises(scales.UncalibratedScaleError) as err:
-        scales.repair_uncalibrated(torch.tensor([300.0, 0.0]), reciprocal=True, layer="l",
+    with pytest.raises(layer_scales.UncalibratedScaleError) as err:
+        layer_scales.repair_uncalibrated(torch.tensor([300.0, 0.0]), reciprocal=True, layer="l",
                                    name="w2_input_global_scale")
     assert "moe_calibrate_all_experts=True" in str(err.value)
 
 
 def test_no_calibrated_expert_is_an_error():
-    with pytest.raises(scales.InvalidScaleError, match="nothing to fall back on"):
-        scales.repair_uncalibrated(torch.tensor([0.0, 0.0]), reciprocal=True, layer="l",
+    with pytest.raises(layer_scales.InvalidScaleError, match="nothing to fall back on"):
+        layer_scales.repair_uncalibrated(torch.tensor([0.0, 0.0]), reciprocal=True, layer="l",
                                    name="w2_input_global_scale")

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from vllm_fp4_moe_plugin import scales, unloaded
+from vllm_fp4_moe_plugin import layer_scales, unloaded
 
 
 class Method:
@@ -42,7 +42,7 @@ def test_a_plausible_leftover_is_still_found_missing(watching):
         layer.w13_input_scale.data[e] = torch.tensor([gate, up])
     layer.w13_input_scale.data[2, 1] = 0.45  # only its up scale arrived: still missing
     assert unloaded.missing_rows(layer.w13_input_scale.data) == [2]
-    fixed = scales.repair_uncalibrated(
+    fixed = layer_scales.repair_uncalibrated(
         layer.w13_input_scale.data, reciprocal=False, layer="L", name="w13_input_scale",
         missing=tuple(unloaded.missing_rows(layer.w13_input_scale.data)))
     assert fixed[2].tolist() == [0.5, 0.5] and fixed[1].tolist() == [0.5, 0.5]
@@ -77,6 +77,6 @@ def test_a_layer_without_any_activation_scale_is_refused():
     """vllm#54189: a weight-only checkpoint has no input scale for any expert; there is no
     calibrated expert to fall back on, so the load stops with a message, not zeros."""
     stored = torch.full((4,), unloaded.SENTINEL)
-    with pytest.raises(scales.InvalidScaleError, match="no expert of this layer"):
-        scales.repair_uncalibrated(stored, reciprocal=False, layer="L", name="w2_input_scale",
+    with pytest.raises(layer_scales.InvalidScaleError, match="no expert of this layer"):
+        layer_scales.repair_uncalibrated(stored, reciprocal=False, layer="L", name="w2_input_scale",
                                    missing=tuple(unloaded.missing_rows(stored)))

@@ -13,6 +13,7 @@ import importlib
 import pytest
 
 from vllm_fp4_moe_plugin import compat, patches
+from vllm_fp4_moe_plugin.patches.modular_method import probe as mm_probe
 
 pytestmark = pytest.mark.compat
 
@@ -31,7 +32,7 @@ def _get(module, attr):
 
 def test_probe_sees_the_0_11_1_design_and_its_two_holes():
     result = patches.plan()
-    ct = compat.compressed_tensors_nvfp4_class_name()
+    ct = mm_probe.compressed_tensors_nvfp4_class_name()
     assert result.install and result.design == "modular_method", result.reason
     assert result.findings["tp_fix_present"] and result.findings["modelopt_dp_fix_present"]
     expected = {f"{_CT}.{ct}", f"{_MO}.ModelOptNvFp4FusedMoE",
@@ -44,7 +45,7 @@ def test_probe_sees_the_0_11_1_design_and_its_two_holes():
 
 def test_register_leaves_upstream_fixed_symbols_alone(fresh_plugin, monkeypatch, caplog_plugin):
     before = {t: _get(*t) for t in _UNTOUCHED}
-    ct_name = compat.compressed_tensors_nvfp4_class_name()
+    ct_name = mm_probe.compressed_tensors_nvfp4_class_name()
     ct_before = _get(_CT, ct_name)
     mo_before = _get(_MO, "ModelOptNvFp4FusedMoE")
     monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN", "1")
@@ -85,7 +86,7 @@ def test_no_0_11_0_patch_applies_on_this_design(fresh_plugin, monkeypatch):
 
 
 def test_all2allv_probe_flips_once_patched(fresh_plugin, monkeypatch):
-    assert compat.all2allv_tp_prequantizes()
+    assert mm_probe.all2allv_tp_prequantizes()
     monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN", "1")
     fresh_plugin.register()
     import torch
@@ -100,7 +101,7 @@ def test_all2allv_probe_flips_once_patched(fresh_plugin, monkeypatch):
                      cfg)
     assert out[0] is a1 and out[1] is None
     # The probe looks through our own patch: doctor still reports the upstream hole.
-    assert compat.all2allv_tp_prequantizes()
+    assert mm_probe.all2allv_tp_prequantizes()
 
 
 def test_compressed_tensors_without_backend_attribute_means_cutlass():
@@ -147,8 +148,8 @@ def test_compressed_tensors_dp_probe_sees_the_hole_and_would_see_a_fix(monkeypat
     that shares one scale, as an upstream fix would, flips the finding."""
     import torch
 
-    ct = compat.compressed_tensors_nvfp4_class_name()
-    assert compat.compressed_tensors_dp_scale_shared(ct) is False
+    ct = mm_probe.compressed_tensors_nvfp4_class_name()
+    assert mm_probe.compressed_tensors_dp_scale_shared(ct) is False
     cls = _get(_CT, ct)
     stock = cls.process_weights_after_loading
 
@@ -159,4 +160,4 @@ def test_compressed_tensors_dp_probe_sees_the_hole_and_would_see_a_fix(monkeypat
         stock(self, layer)
 
     monkeypatch.setattr(cls, "process_weights_after_loading", shared)
-    assert compat.compressed_tensors_dp_scale_shared(ct) is True
+    assert mm_probe.compressed_tensors_dp_scale_shared(ct) is True

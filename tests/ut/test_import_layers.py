@@ -137,10 +137,11 @@ def test_the_analysis_sees_a_planted_upward_import(tmp_path):
 
 
 VLLM_FREE_AT_IMPORT = [m for m in MODULES if layer_of(m) == 0] + [
-    f"{PKG}.patching", f"{PKG}.patches", f"{PKG}.patches.bf16_passthrough", f"{PKG}.fleet",
-    f"{PKG}.patches.fleet_rendezvous",
-    f"{PKG}.patches.init_prepare_finalize", f"{PKG}.patches.modular_method",
-    f"{PKG}.patches.nvfp4_oracle", f"{PKG}.patches.plugin_env"]
+    f"{PKG}.patching", f"{PKG}.probing", f"{PKG}.compat", f"{PKG}.patches",
+    f"{PKG}.patches.registry", f"{PKG}.patches.bf16_passthrough", f"{PKG}.fleet",
+    f"{PKG}.patches.fleet_rendezvous", f"{PKG}.patches.plugin_env"] + [
+    f"{PKG}.patches.{d}{probe}" for d in ("init_prepare_finalize", "modular_method",
+                                           "nvfp4_oracle") for probe in ("", ".probe")]
 
 
 @pytest.mark.parametrize("module", sorted(VLLM_FREE_AT_IMPORT))

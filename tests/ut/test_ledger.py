@@ -1,16 +1,20 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Every replaced symbol has a complete ledger entry whose predicate reads only findings the
-probe reports, and docs/PATCHES.md says the same as the code."""
+"""Every replaced symbol has a complete ledger entry in its folder, whose builder is there and
+whose predicate reads only findings the probe reports, and docs/PATCHES.md says the same as the
+code."""
 
+import ast
+import importlib.util
 import itertools
+import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
-from fp4_moe_lab.ledger_doc import render
+from fp4_moe_lab.ledger_doc import WIDTH, render
 from vllm_fp4_moe_plugin import compat, patches
-from vllm_fp4_moe_plugin.patches import LEDGER
+from vllm_fp4_moe_plugin.patches.registry import SLICES
 from vllm_fp4_moe_plugin.support import Design
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "PATCHES.md"
@@ -50,23 +54,49 @@ def _all_findings(design):
         yield StrictFindings(design, dict(zip(keys, combo)))
 
 
-@pytest.mark.parametrize("patch", LEDGER, ids=lambda p: f"{p.target}@{p.design}")
-def test_entry_is_complete(patch):
+ENTRIES = [(s.design, p) for s in SLICES for p in s.patches]
+
+
+def _id(entry):
+    return f"{entry[1].target}@{entry[0]}"
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=_id)
+def test_entry_is_complete(entry):
+    design, patch = entry
     for field in ("why", "how", "upstream", "remove_when"):
         assert len(getattr(patch, field).strip()) > 20, (patch.target, field)
-    assert patch.design is None or isinstance(patch.design, Design)  # None: every design
+    assert design is None or isinstance(design, Design)  # None: every design
     assert patch.needed.__doc__ and len(patch.needed.__doc__.strip()) > 20, patch.target
+    how = textwrap.wrap(f"- **How:** {' '.join(patch.how.split())}", WIDTH)
+    assert len(how) <= 3, f"{patch.target}: 'how' takes {len(how)} lines in docs/PATCHES.md"
 
 
-@pytest.mark.parametrize("patch", LEDGER, ids=lambda p: f"{p.target}@{p.design}")
-def test_predicate_reads_only_reported_findings(patch):
-    verdicts = {bool(patch.needed(f)) for f in _all_findings(patch.design)}
+@pytest.mark.parametrize("entry", ENTRIES, ids=_id)
+def test_builder_is_a_function_of_the_entrys_own_folder(entry):
+    """Read from the source (builders import vLLM): ``module:function`` is defined, in the
+    folder whose slice holds the entry (a patch lives in one place)."""
+    _, patch = entry
+    module, _, name = patch.build.partition(":")
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin, patch.build
+    tree = ast.parse(Path(spec.origin).read_text())
+    assert name in {f.name for f in tree.body if isinstance(f, ast.FunctionDef)}, patch.build
+    part = next(s for s in SLICES if patch in s.patches)
+    folder = module.split(".")[2]  # vllm_fp4_moe_plugin.patches.<folder>[.module]
+    assert importlib.import_module(f"vllm_fp4_moe_plugin.patches.{folder}").SLICE is part
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=_id)
+def test_predicate_reads_only_reported_findings(entry):
+    design, patch = entry
+    verdicts = {bool(patch.needed(f)) for f in _all_findings(design)}
     # A predicate that can never be true (or never false) decides nothing.
     assert verdicts == {False, True}, patch.target
 
 
 def test_every_design_has_a_slice_and_each_target_is_unique_within_it():
-    assert {p.design for p in LEDGER} == set(Design) | {None}
+    assert {s.design for s in SLICES} == set(Design) | {None}
     for design in [*Design, None]:
         targets = [p.target for p in patches.entries_for_design(design)]
         assert len(targets) == len(set(targets)), design

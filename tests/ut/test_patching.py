@@ -7,21 +7,21 @@ import types
 import pytest
 
 from vllm_fp4_moe_plugin.patching import ModulePatch, PatchConflictError, same_named_subclass
-from vllm_fp4_moe_plugin.support import Design
 
 
 @pytest.fixture
 def target_module():
     mod = types.ModuleType("fp4_moe_throwaway_target")
     mod.Thing = type("Thing", (), {"x": 1})
+    mod.build = lambda orig: type(orig.__name__, (orig,), {"x": 2})  # the builder, by name
     sys.modules[mod.__name__] = mod
     yield mod
     del sys.modules[mod.__name__]
 
 
-def _patch(build=lambda orig: type(orig.__name__, (orig,), {"x": 2})):
-    return ModulePatch(module="fp4_moe_throwaway_target", attr="Thing", build=build,
-                       design=Design.INIT_PREPARE_FINALIZE, needed=lambda findings: True,
+def _patch():
+    return ModulePatch(module="fp4_moe_throwaway_target", attr="Thing",
+                       build="fp4_moe_throwaway_target:build", needed=lambda findings: True,
                        why="w", how="h", upstream="u", remove_when="r")
 
 

@@ -2,7 +2,7 @@
 """The audit of real NVFP4 MoE checkpoints (the ``audit`` and ``doctor`` commands).
 
 :mod:`.audit` (``audit_checkpoint``) judges what :mod:`.detect`, :mod:`.config_lint` and
-:mod:`.scalars` read; :mod:`.render` tabulates it; :mod:`.tensor_index` maps tensor names to
+:mod:`.scale_values` read; :mod:`.render` tabulates it; :mod:`.tensor_index` maps tensor names to
 shards. Writing test checkpoints is the lab's (``fp4_moe_lab.checkpoint``); loading one through
 vLLM's model class is test-only (``tests/checkpoint/vllm_load.py``).
 """

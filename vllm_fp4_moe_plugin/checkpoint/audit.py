@@ -3,9 +3,9 @@
 
 Stock vLLM quantizes an MoE layer's input with one GEMM1 input scale (0.11.0: expert 0's, or the
 quantizing rank's first local expert's; 0.14.0+: the sender's local max) and dequantizes with the
-owning expert's (docs/ROOT-CAUSE.md §5, §12), so the scalars (:mod:`.scalars`) decide, per layout
-and EP size, by ``support``'s model of the design. An uncalibrated expert is a per-layer finding;
-the layer's other figures are of what the plugin loads."""
+owning expert's (docs/ROOT-CAUSE.md §5, §12), so the scale values (:mod:`.scale_values`)
+decide, per layout and EP size, by ``support``'s model of the design. An uncalibrated expert is
+a per-layer finding; the layer's other figures are of what the plugin loads."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ import math
 from typing import Iterator, Optional
 
 from vllm_fp4_moe_plugin import support
-from vllm_fp4_moe_plugin.scale_check import uncalibrated
+from vllm_fp4_moe_plugin.scale_rule import uncalibrated
 from vllm_fp4_moe_plugin.support import Design
 
 from .config_lint import compressed_tensors_011_refuses, transformers4_misreads
 from .detect import detect_format
-from .scalars import INPUT_SCALE, read_expert_scales
+from .scale_values import INPUT_SCALE, read_expert_scales
 from .tensor_index import CheckpointAuditError, CheckpointError, checkpoint_dir, read_json
 
 LAYOUTS = ("single", "pp", "tp", "tp_ep", "dp_ep_allgather", "dp_ep_all2allv", "dp")

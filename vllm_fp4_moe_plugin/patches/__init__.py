@@ -1,11 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The patch ledger: every vLLM symbol this plugin replaces, and why, one folder per design.
-
-Each design (``support.Design``) has its slice in ``patches/<design>/__init__.py``: entries in
-the vllm-ascend ledger format (why, how, upstream, when to delete), each with a
-``needed(findings)`` predicate over what ``compat.probe()`` observed, which alone decides what
-is applied (:func:`plan`). Dropping a design is deleting its folder and its line in ``_SLICES``.
-``docs/PATCHES.md`` is generated from the ledger (``python -m fp4_moe_lab.ledger_doc``).
+"""The patch ledger: every vLLM symbol this plugin replaces, and why. A folder holds a whole
+patch: its records (why, how, upstream, when to delete; vllm-ascend's ledger format) with a
+``needed(findings)`` predicate over what the folder's probe reports, which alone decides what is
+applied (:func:`plan`); the probe; the replacements. ``registry.SLICES`` names the folders.
 """
 
 from __future__ import annotations
@@ -13,22 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from vllm_fp4_moe_plugin.patches import (
-    fleet_rendezvous,
-    init_prepare_finalize,
-    modular_method,
-    nvfp4_oracle,
-    plugin_env,
-)
+from vllm_fp4_moe_plugin.patches import fleet_rendezvous, plugin_env
+from vllm_fp4_moe_plugin.patches.registry import DESIGNS, SLICES
 from vllm_fp4_moe_plugin.patching import ModulePatch, applied_targets
 from vllm_fp4_moe_plugin.support import Design
 
-_SLICES = {s.DESIGN: s for s in (init_prepare_finalize, modular_method, nvfp4_oracle)}
 # Entries for every design (design None), applied by register() itself: plugin_env (switch
 # on), fleet_rendezvous (on, off or unset).
-EVERY_DESIGN = plugin_env.LEDGER + fleet_rendezvous.LEDGER
-LEDGER: tuple[ModulePatch, ...] = tuple(p for s in _SLICES.values() for p in s.LEDGER) + \
-    EVERY_DESIGN
+EVERY_DESIGN = tuple(p for s in SLICES if s.design is None for p in s.patches)
+LEDGER: tuple[ModulePatch, ...] = tuple(p for s in SLICES for p in s.patches)
 
 
 @dataclass(frozen=True)
@@ -49,27 +39,23 @@ def entries_for_design(design: Optional[Design]) -> tuple[ModulePatch, ...]:
     """The ledger entries of ``design``; None: those for every design."""
     if design is None:
         return EVERY_DESIGN
-    return _SLICES[design].LEDGER if design in _SLICES else ()
+    return DESIGNS[design].patches if design in DESIGNS else ()
 
 
 def list_plugin_env() -> list[str]:
     """Apply the every-design entries the probe asks for (register(), switch on): returns the
     targets newly replaced. Raises :class:`PatchInstallError` naming the target on failure,
     with nothing of them left applied; the MoE fix does not depend on them."""
-    from vllm_fp4_moe_plugin import compat
-
-    findings = compat.probe_plugin_env()
-    wanted = [p.target for p in plugin_env.LEDGER if p.needed(findings)]
+    findings = plugin_env.probe()
+    wanted = [p.target for p in plugin_env.SLICE.patches if p.needed(findings)]
     return apply_targets(None, wanted) if wanted else []
 
 
 def install_fleet_rendezvous() -> bool:
     """Apply the fleet check's trigger where the probe finds vLLM's world rendezvous (every
     switch state); False where it does not (the caller says so)."""
-    from vllm_fp4_moe_plugin import compat
-
-    findings = compat.probe_world_group_rendezvous()
-    entries = [p for p in fleet_rendezvous.LEDGER if p.needed(findings)]
+    findings = fleet_rendezvous.probe()
+    entries = [p for p in fleet_rendezvous.SLICE.patches if p.needed(findings)]
     for p in entries:
         p.apply()
     return bool(entries)
@@ -85,12 +71,7 @@ def plan(observation=None) -> Plan:
     if obs.design is None or not obs.patchable:
         return Plan(False, obs.reason, obs.design, dict(obs.findings))
     needed = tuple(p.target for p in entries_for_design(obs.design) if p.needed(obs.findings))
-    part = _SLICES[obs.design]
-    if hasattr(part, "describe"):  # a slice whose holes upstream may fix one by one
-        words, fixed = part.describe(obs.findings, bool(needed))
-    else:
-        words = part.ACTIVE if needed else part.NOTHING_NEEDED
-        fixed = not needed and part.NOTHING_NEEDED_IS_FIXED
+    words, fixed = DESIGNS[obs.design].words(obs.findings, bool(needed))
     return Plan(bool(needed), f"{obs.design.label}: {words}", obs.design, dict(obs.findings),
                 needed, upstream_fixed=fixed)
 

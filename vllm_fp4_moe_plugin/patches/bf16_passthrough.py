@@ -1,12 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """The bf16-passthrough prepare, shared by the designs that need it. vLLM-free.
 
-Without DP dispatch there is no reason to quantize NVFP4 activations before the FlashInfer
-CUTLASS kernel: handed bf16, the kernel quantizes every token with the scale of the expert it is
-routed to, the same scale ``g1_alphas`` fold in. Upstream's all-gather prepare does this since
-vLLM 0.11.1 (v0111 PF:184-185, #27223); vLLM 0.11.0's prepares and the 0.11.1-era all-to-all one
-(v0120 PF:104-114) quantize with element 0 of the per-expert scale instead.
-"""
+Without DP dispatch, FlashInfer CUTLASS handed bf16 quantizes every token with its expert's scale,
+the one ``g1_alphas`` fold in, as upstream's all-gather prepare does since 0.11.1 (v0111
+PF:184-185, #27223); 0.11.0's prepares and 0.11.1-0.13.0's all-to-all one (v0120 PF:104-114) use
+element 0 of the per-expert scale instead."""
 
 from __future__ import annotations
 

@@ -66,7 +66,7 @@ def experts_from_tensors(tensors, fmt: str, prefix: str, num_experts: int) -> Qu
     (``tensors[name]`` -> torch tensor), e.g. what llmcompressor wrote. Gate and up must share
     the weight global scale (both exporters write them so); GEMM1's activation scale per expert
     is the larger amax of gate and up, as vLLM keeps it. Values are taken as stored: an
-    uncalibrated expert's 0 or 1e-29 stays (``scale_check.uncalibrated_experts`` judges it)."""
+    uncalibrated expert's 0 or 1e-29 stays (``scale_rule.uncalibrated_experts`` judges it)."""
     _check_format(fmt)
     ct = fmt == "compressed-tensors"
     names = (("weight_packed", "weight_scale", "weight_global_scale", "input_global_scale") if ct

@@ -4,7 +4,7 @@
 What a quantizer really wrote -- llmcompressor's uncalibrated experts included -- goes through
 the same real vLLM layers and references as the synthetic fixtures. The layer is loaded with the
 file's own tensors; the references use the layer a correct loader computes with: uncalibrated
-experts (``scale_check.uncalibrated_experts``) at the calibrated experts' max amax, every other
+experts (``scale_rule.uncalibrated_experts``) at the calibrated experts' max amax, every other
 value as stored.
 """
 
@@ -19,7 +19,7 @@ import torch
 from fp4_moe_lab.checkpoint.expert_tensors import INPUT_SCALE_SUFFIX, experts_from_tensors
 from fp4_moe_lab.nvfp4 import QuantizedExperts
 from vllm_fp4_moe_plugin.checkpoint.tensor_index import tensor_files
-from vllm_fp4_moe_plugin.scale_check import uncalibrated_experts
+from vllm_fp4_moe_plugin.scale_rule import uncalibrated_experts
 
 PREFIX = "model.layers.{layer}.mlp.experts"
 

@@ -46,7 +46,7 @@ def planted_outputs(ctx: RankContext, scenarios: tuple, formats: tuple) -> list:
     """Job (inside each rank): stock and plugin outputs per planted scenario and format, with
     the plugin's WARNING lines about uncalibrated experts in ``info["<fmt>/warnings"]`` (the
     once-per-process warning state is reset before each layer, so each may warn)."""
-    from vllm_fp4_moe_plugin import scales
+    from vllm_fp4_moe_plugin import layer_scales
 
     lines: list[str] = []
 
@@ -56,7 +56,7 @@ def planted_outputs(ctx: RankContext, scenarios: tuple, formats: tuple) -> list:
                 lines.append(record.getMessage())
 
     handler = Collect()
-    logger = logging.getLogger("vllm.fp4_moe_plugin.scales")
+    logger = logging.getLogger("vllm.fp4_moe_plugin.layer_scales")
     logger.addHandler(handler)
     out = []
     index = 0
@@ -64,7 +64,7 @@ def planted_outputs(ctx: RankContext, scenarios: tuple, formats: tuple) -> list:
         for scenario in scenarios:
             merged = None
             for fmt in formats:
-                scales._reset_for_tests()
+                layer_scales._reset_for_tests()
                 del lines[:]
                 result = stock_and_plugin_outputs(ctx, scenario, (fmt,), ("stock", "plugin"),
                                                   first_index=index)

@@ -1,24 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The INIT_PREPARE_FINALIZE design's slice of the ledger (vLLM 0.11.0). vLLM-free.
-
-Every FlashInfer NVFP4 MoE layout pre-quantizes with expert 0's GEMM1 scale while GEMM1 is
-dequantized per expert (docs/ROOT-CAUSE.md §1-§6). Its three entries go together: they are
-needed while the installed code has neither upstream fix (#27223, #26135) and would fight a
-backport of either.
+"""The INIT_PREPARE_FINALIZE design's slice of the ledger (vLLM 0.11.0): every FlashInfer NVFP4
+MoE layout quantizes with expert 0's GEMM1 scale (docs/ROOT-CAUSE.md §1-§6). Three entries that go
+together, needed while the code has neither upstream fix (#27223, #26135). The folder: these
+records, ``probe.py``, the methods (``methods.py``), the direct call (``flashinfer_cutlass.py``).
 """
 
 from __future__ import annotations
 
 from vllm_fp4_moe_plugin import vllm_modules as vm
-from vllm_fp4_moe_plugin.patching import ModulePatch
+from vllm_fp4_moe_plugin.patches.init_prepare_finalize import probe
+from vllm_fp4_moe_plugin.patching import ModulePatch, Slice
 from vllm_fp4_moe_plugin.support import Design
-
-DESIGN = Design.INIT_PREPARE_FINALIZE
-ACTIVE = "every FlashInfer prepare quantizes with expert 0's GEMM1 scale"
-NOTHING_NEEDED = ("vLLM already carries part of the upstream fix (#27223/#26135); these "
-                  "patches would fight it")
-# NOTHING_NEEDED is not a fix: a partial backport the plugin cannot help; stock may be wrong.
-NOTHING_NEEDED_IS_FIXED = False
 
 
 def _unfixed(findings) -> bool:
@@ -26,33 +18,14 @@ def _unfixed(findings) -> bool:
     return not findings["tp_fix_present"] and not findings["modelopt_dp_fix_present"]
 
 
-def _build_modelopt(original):
-    from vllm_fp4_moe_plugin.patches.init_prepare_finalize.methods import build_modelopt_method
-    return build_modelopt_method(original)
+_REMOVE_WHEN = ("with vLLM 0.11.0's support (delete the folder); it stands down where finding "
+                "'tp_fix_present' or 'modelopt_dp_fix_present' is true.")
 
-
-def _build_compressed_tensors(original):
-    from vllm_fp4_moe_plugin.patches.init_prepare_finalize.methods import (
-        build_compressed_tensors_method,
-    )
-    return build_compressed_tensors_method(original)
-
-
-def _build_direct_call(original):
-    from vllm_fp4_moe_plugin.patches.init_prepare_finalize.flashinfer_cutlass import (
-        flashinfer_cutlass_moe_fp4,
-    )
-    return flashinfer_cutlass_moe_fp4
-
-
-_REMOVE_WHEN = ("The installed vLLM has either upstream fix (compat findings 'tp_fix_present' "
-                "or 'modelopt_dp_fix_present'; the entry's predicate is then false) or another "
-                "design; delete this folder when vLLM 0.11.0 is no longer supported.")
-
-LEDGER: tuple[ModulePatch, ...] = (
+_HERE = __name__
+PATCHES = (
     ModulePatch(
-        module=vm.MODELOPT, attr="ModelOptNvFp4FusedMoE", build=_build_modelopt,
-        design=DESIGN, needed=_unfixed,
+        module=vm.MODELOPT, attr="ModelOptNvFp4FusedMoE",
+        build=f"{_HERE}.methods:build_modelopt_method", needed=_unfixed,
         why=("Its quant config gives the FlashInfer CUTLASS prepare step a per-expert GEMM1 "
              "activation-scale vector, of which fp4_quantize reads only element 0, while GEMM1 "
              "is dequantized per expert: wrong results whenever experts' input scales differ "
@@ -67,7 +40,7 @@ LEDGER: tuple[ModulePatch, ...] = (
     ),
     ModulePatch(
         module=vm.COMPRESSED_TENSORS_MOE, attr="CompressedTensorsW4A4MoeMethod",
-        build=_build_compressed_tensors, design=DESIGN, needed=_unfixed,
+        build=f"{_HERE}.methods:build_compressed_tensors_method", needed=_unfixed,
         why=("Same defect as ModelOpt: per-expert w13_input_scale_quant pre-quantized with "
              "element 0 in every FlashInfer CUTLASS layout."),
         how=("Subclass with the same name, rebound where CompressedTensorsMoEMethod."
@@ -79,7 +52,7 @@ LEDGER: tuple[ModulePatch, ...] = (
     ),
     ModulePatch(
         module=vm.FLASHINFER_CUTLASS_MOE, attr="flashinfer_cutlass_moe_fp4",
-        build=_build_direct_call, design=DESIGN, needed=_unfixed,
+        build=f"{_HERE}.flashinfer_cutlass:build_direct_call", needed=_unfixed,
         why=("The direct path (single GPU, PP with TP=1: EP group of one, so no modular kernel "
              "is built) pre-quantizes with element 0 too, and its FlashInferExperts sizes the "
              "output (M, 2H) for bf16 input."),
@@ -90,3 +63,8 @@ LEDGER: tuple[ModulePatch, ...] = (
         remove_when=_REMOVE_WHEN,
     ),
 )
+# Nothing needed is not a fix: a partial backport the plugin cannot help; stock may be wrong.
+SLICE = Slice(Design.INIT_PREPARE_FINALIZE, PATCHES, probe.FINDINGS, probe.observe,
+              active="every FlashInfer prepare quantizes with expert 0's GEMM1 scale",
+              nothing_needed=("vLLM already carries part of the upstream fix (#27223/#26135); "
+                              "these patches would fight it"))

@@ -13,9 +13,8 @@ from typing import Any
 import torch
 from torch.nn import Parameter
 
-from vllm_fp4_moe_plugin import compat, consistency, scales
+from vllm_fp4_moe_plugin import compat, consistency, layer_scales, scale_agreement
 from vllm_fp4_moe_plugin.log import get_logger, layer_label
-from vllm_fp4_moe_plugin.patches import checkpoint_scales
 from vllm_fp4_moe_plugin.patches.init_prepare_finalize import flashinfer_cutlass
 from vllm_fp4_moe_plugin.patching import same_named_subclass
 
@@ -90,10 +89,10 @@ class ConsistentNvFp4MoEMixin:
     def _fp4_validate_checkpoint_scales(self, layer) -> None:
         """Refuse corrupt global scales; give uncalibrated experts the calibrated max amax
         (before vLLM inverts them, and before the DP agreement could carry them)."""
-        checkpoint_scales.check_weight_scales(layer, self._fp4_moe_format)
+        layer_scales.check_weight_scales(layer, self._fp4_moe_format)
         if self.use_marlin:  # Marlin never reads activation scales
             return
-        checkpoint_scales.repair_activation_scales(layer, self._fp4_moe_format,
+        layer_scales.repair_activation_scales(layer, self._fp4_moe_format,
                                                    _STOCK_UNCALIBRATED)
 
     def process_weights_after_loading(self, layer) -> None:
@@ -117,13 +116,13 @@ class ConsistentNvFp4MoEMixin:
         if self.moe.moe_parallel_config.dp_size > 1:
             from vllm.distributed import get_ep_group
 
-            g_star = scales.agree_min_scale(layer.w13_input_scale_quant,
+            g_star = scale_agreement.agree_min_scale(layer.w13_input_scale_quant,
                                             get_ep_group().cpu_group, layer=layer_label(layer))
-            chosen = scales.shared_scalar_scales(g_star, layer.w13_weight_scale_2)
+            chosen = scale_agreement.shared_scalar_scales(g_star, layer.w13_weight_scale_2)
             logger.debug("%s: DP dispatch, one GEMM1 activation scale %.6g for all experts",
                          layer_label(layer), float(g_star))
         else:
-            chosen = scales.per_expert_scales(layer.w13_input_scale_quant, layer.g1_alphas)
+            chosen = scale_agreement.per_expert_scales(layer.w13_input_scale_quant, layer.g1_alphas)
         layer.fp4_moe_plugin_gemm1 = chosen
 
     def _fp4_set_trtllm_scales(self, layer) -> None:

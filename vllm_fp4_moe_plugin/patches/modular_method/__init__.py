@@ -2,42 +2,17 @@
 """The MODULAR_METHOD design's slice of the ledger (vLLM 0.11.1-0.13.0). vLLM-free.
 
 Upstream fixed TP (#27223) and ModelOpt DP (#26135); each entry below is a hole left, needed only
-while its probe still sees it.
+while its probe (``probe.py``) still sees it; each replacement is a module of this folder.
 """
 
 from __future__ import annotations
 
 from vllm_fp4_moe_plugin import vllm_modules as vm
-from vllm_fp4_moe_plugin.patching import ModulePatch
+from vllm_fp4_moe_plugin.patches.modular_method import probe
+from vllm_fp4_moe_plugin.patching import ModulePatch, Slice
 from vllm_fp4_moe_plugin.support import Design
 
-DESIGN = Design.MODULAR_METHOD
-ACTIVE = ("compressed-tensors DP dispatch (and TP with flashinfer_all2allv) still quantize "
-          "with expert 0's scale")
-NOTHING_NEEDED = "no hole left that this plugin fixes"
-# NOTHING_NEEDED means upstream computes right: every hole of this design is fixed upstream.
-NOTHING_NEEDED_IS_FIXED = True
-
-
-def _build_compressed_tensors_dp(original):
-    from vllm_fp4_moe_plugin.patches.modular_method.compressed_tensors_dp import (
-        build_compressed_tensors_dp_method,
-    )
-    return build_compressed_tensors_dp_method(original)
-
-
-def _build_all2allv(original):
-    from vllm_fp4_moe_plugin.patches.modular_method.all2allv_passthrough import (
-        build_all2allv_prepare,
-    )
-    return build_all2allv_prepare(original)
-
-
-def _build_modelopt(original):
-    from vllm_fp4_moe_plugin.patches.modular_method.modelopt_uncalibrated import (
-        build_modelopt_method,
-    )
-    return build_modelopt_method(original)
+_HERE = __name__
 
 
 def _modelopt_needed(findings) -> bool:
@@ -46,7 +21,7 @@ def _modelopt_needed(findings) -> bool:
     return bool(findings["modelopt_nvfp4_moe_method"])
 
 
-def _modelopt_method_as_installed(_original):
+def modelopt_method_as_installed(_original):
     """The ModelOpt method class in its module now: the ModelOpt entry's subclass."""
     import importlib
 
@@ -80,10 +55,11 @@ _CT_DP_HOW = ("Same-named subclass rebound where get_moe_method looks it up: unc
               "missing input scales repaired; with DP + FlashInfer CUTLASS, w13_input_scale_quant "
               "becomes the EP group's min and g1_alphas are rebuilt (compressed_tensors_dp.py).")
 
-LEDGER: tuple[ModulePatch, ...] = (
+PATCHES = (
     *(ModulePatch(
-        module=vm.COMPRESSED_TENSORS_MOE, attr=name, build=_build_compressed_tensors_dp,
-        design=DESIGN, needed=_ct_dp_needed(name),
+        module=vm.COMPRESSED_TENSORS_MOE, attr=name,
+        build=f"{_HERE}.compressed_tensors_dp:build_compressed_tensors_dp_method",
+        needed=_ct_dp_needed(name),
         why=f"{_CT_DP_WHY} Name used by vLLM {releases}.",
         how=_CT_DP_HOW,
         upstream=("None in the modular_method design (0.11.1-0.13.0); 0.14.0 changed the "
@@ -94,14 +70,12 @@ LEDGER: tuple[ModulePatch, ...] = (
                                 ("0.11.1 and 0.11.2",
                                  "0.12.0 and 0.13.0 (renamed there, v0120 CT:195)"))),
     ModulePatch(
-        module=vm.MODELOPT, attr="ModelOptNvFp4FusedMoE", build=_build_modelopt, design=DESIGN,
-        needed=_modelopt_needed,
+        module=vm.MODELOPT, attr="ModelOptNvFp4FusedMoE", needed=_modelopt_needed,
+        build=f"{_HERE}.modelopt_uncalibrated:build_modelopt_method",
         why=("ModelOpt exports can omit the input_scale of experts no calibration token reached "
-             "(vllm#45212); vLLM then reads what torch.empty left in the parameter, and with a "
-             "FlashInfer backend collapses every expert to the max (v0120 Q/modelopt.py:"
-             "1348-1357): one absurd or leftover value becomes every token's scale (an all-zero "
-             "layer, measured). NaN, inf, 0 and denormal input_scale values do the same or "
-             "produce NaN."),
+             "(vllm#45212), or store NaN, inf, 0 or a denormal; with FlashInfer vLLM collapses "
+             "every expert to the max (v0120 Q/modelopt.py:1348-1357): one such value becomes "
+             "every token's scale (an all-zero or NaN layer, measured)."),
         how=("Same-named subclass rebound where ModelOptConfig.get_quant_method looks it up: "
              "before upstream's process_weights_after_loading, weight scales checked and "
              "uncalibrated or missing input scales repaired (modelopt_uncalibrated.py)."),
@@ -112,7 +86,7 @@ LEDGER: tuple[ModulePatch, ...] = (
     ),
     ModulePatch(
         module=vm.MODELOPT, attr="ModelOptNvFp4Config.FusedMoEMethodCls",
-        build=_modelopt_method_as_installed, design=DESIGN, needed=_modelopt_method_cls_needed,
+        build=f"{_HERE}:modelopt_method_as_installed", needed=_modelopt_method_cls_needed,
         why=("ModelOptNvFp4Config.get_quant_method instantiates self.FusedMoEMethodCls, a class "
              "attribute bound to ModelOptNvFp4FusedMoE when the module is imported (v0120 "
              "Q/modelopt.py:181, :1636): rebinding the module attribute alone leaves vLLM "
@@ -125,7 +99,8 @@ LEDGER: tuple[ModulePatch, ...] = (
     ),
     ModulePatch(
         module=vm.FLASHINFER_CUTLASS_PREPARE_FINALIZE,
-        attr="FlashInferAllToAllMoEPrepareAndFinalize", build=_build_all2allv, design=DESIGN,
+        attr="FlashInferAllToAllMoEPrepareAndFinalize",
+        build=f"{_HERE}.all2allv_passthrough:build_all2allv_prepare",
         needed=_all2allv_needed,
         why=("With --all2all-backend flashinfer_all2allv and DP=1, the all-to-all prepare still "
              "quantizes with element 0 of the per-expert scale (v0120 PF:104-114), while "
@@ -141,3 +116,8 @@ LEDGER: tuple[ModulePatch, ...] = (
                      "sees prepare return bf16 input unchanged)."),
     ),
 )
+# Nothing needed means upstream computes right: every hole of this design is fixed upstream.
+SLICE = Slice(Design.MODULAR_METHOD, PATCHES, probe.FINDINGS, probe.observe,
+              active=("compressed-tensors DP dispatch (and TP with flashinfer_all2allv) still "
+                      "quantize with expert 0's scale"),
+              nothing_needed="no hole left that this plugin fixes", nothing_needed_is_fixed=True)

@@ -10,14 +10,13 @@ from __future__ import annotations
 import torch
 from torch.nn import Parameter
 
-from vllm_fp4_moe_plugin import compat, consistency, scales
+from vllm_fp4_moe_plugin import compat, consistency, layer_scales, scale_agreement
 from vllm_fp4_moe_plugin.log import get_logger, layer_label
-from vllm_fp4_moe_plugin.patches import checkpoint_scales
 from vllm_fp4_moe_plugin.patching import same_named_subclass
 
 logger = get_logger("compressed_tensors_dp")
 
-_RAW = checkpoint_scales.RAW_SCALES["compressed-tensors"]
+_RAW = layer_scales.RAW_SCALES["compressed-tensors"]
 
 
 class SharedGemm1ScaleForDpMixin:
@@ -45,7 +44,7 @@ class SharedGemm1ScaleForDpMixin:
         dp = self._fp4_dp_dispatch()
         if dp:  # validate what we are about to reduce over, before upstream inverts it
             for attr in _RAW["input"] + _RAW["weight"]:
-                scales.check_positive_finite(getattr(layer, attr), layer=layer_label(layer),
+                layer_scales.check_positive_finite(getattr(layer, attr), layer=layer_label(layer),
                                              name=attr, activation=attr in _RAW["input"])
         if not getattr(self, "use_marlin", False):  # every path that reads activation scales
             self._fp4_repair_uncalibrated(layer)
@@ -56,19 +55,19 @@ class SharedGemm1ScaleForDpMixin:
     def _fp4_repair_uncalibrated(self, layer) -> None:
         """Before stock inverts a 0 to inf per expert, and before the DP agreement could carry
         an uncalibrated scale to every rank."""
-        checkpoint_scales.repair_activation_scales(layer, "compressed-tensors")
+        layer_scales.repair_activation_scales(layer, "compressed-tensors")
 
     def _fp4_share_gemm1_scale(self, layer) -> None:
         from vllm.distributed import get_ep_group
 
         group = get_ep_group().cpu_group
         vec = layer.w13_input_scale_quant.data
-        g_min, g_max = scales.agree_min_max(vec, group, layer=layer_label(layer))
+        g_min, g_max = scale_agreement.agree_min_max(vec, group, layer=layer_label(layer))
         if torch.equal(g_min, g_max):  # already one value on every rank: nothing to fix
             logger.debug("%s: GEMM1 activation scales already shared (%.6g)", layer_label(layer),
                          float(g_min))
             return
-        chosen = scales.shared_scalar_scales(g_min, layer.w13_weight_scale_2.data)
+        chosen = scale_agreement.shared_scalar_scales(g_min, layer.w13_weight_scale_2.data)
         layer.w13_input_scale_quant = Parameter(
             chosen.a1_gscale.to(vec.dtype).expand(vec.shape).contiguous(), requires_grad=False)
         layer.g1_alphas = Parameter(chosen.g1_alphas.to(layer.g1_alphas.dtype),

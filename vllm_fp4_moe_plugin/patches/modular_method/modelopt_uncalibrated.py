@@ -1,11 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """MODULAR_METHOD design (vLLM 0.11.1-0.13.0): ModelOpt NVFP4 MoE with its dead or missing expert
 scales repaired before upstream's ``process_weights_after_loading``, as in every other design
-(``checkpoint_scales``). Why and how: its ledger entry (``patches/modular_method``)."""
+(``layer_scales``). Why and how: its ledger entry (``patches/modular_method``)."""
 
 from __future__ import annotations
 
-from vllm_fp4_moe_plugin.patches import checkpoint_scales
+from vllm_fp4_moe_plugin import layer_scales
 from vllm_fp4_moe_plugin.patching import same_named_subclass
 
 _STOCK_UNCALIBRATED = ("Stock vLLM collapses the layer's activation scales to their max with the "
@@ -20,9 +20,9 @@ class RepairedModelOptMixin:
     fp4_moe_repairs_activation_scales = True
 
     def process_weights_after_loading(self, layer) -> None:
-        checkpoint_scales.check_weight_scales(layer, "modelopt")
+        layer_scales.check_weight_scales(layer, "modelopt")
         if not getattr(self, "use_marlin", False):
-            checkpoint_scales.repair_activation_scales(layer, "modelopt", _STOCK_UNCALIBRATED)
+            layer_scales.repair_activation_scales(layer, "modelopt", _STOCK_UNCALIBRATED)
         super().process_weights_after_loading(layer)
 
 

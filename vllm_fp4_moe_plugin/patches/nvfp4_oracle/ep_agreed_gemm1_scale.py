@@ -16,11 +16,12 @@ import inspect
 
 import torch
 
-from vllm_fp4_moe_plugin import compat, scales, support, unloaded
+from vllm_fp4_moe_plugin import layer_scales, scale_agreement, support, unloaded
 from vllm_fp4_moe_plugin import vllm_modules as vm
+from vllm_fp4_moe_plugin.layer_scales import RAW_SCALES
 from vllm_fp4_moe_plugin.log import get_logger, layer_label
 from vllm_fp4_moe_plugin.nvfp4_constants import E4M3_MAX, FP4_MAX
-from vllm_fp4_moe_plugin.patches.checkpoint_scales import RAW_SCALES
+from vllm_fp4_moe_plugin.patches.nvfp4_oracle import duties, probe
 
 logger = get_logger("oracle")
 
@@ -48,7 +49,7 @@ def validate_checkpoint_scales(layer, a13_scale: torch.Tensor) -> None:
         if per_token and "input" in name:
             continue
         tensor = getattr(layer, name)
-        scales.check_positive_finite(tensor, layer=layer_label(layer), name=name,
+        layer_scales.check_positive_finite(tensor, layer=layer_label(layer), name=name,
                                      index_note=_index_note(layer, fmt, name),
                                      activation="input" in name)
 
@@ -78,7 +79,7 @@ def repaired_activation_scale(layer, scale: torch.Tensor,
     raw = getattr(layer, source, None)  # the checkpoint's tensor, as the loader left it
     missing = (unloaded.missing_rows(raw) if isinstance(raw, torch.Tensor) and scale.dim()
                and raw.shape[:1] == scale.shape[:1] else [])
-    return scales.repair_uncalibrated(
+    return layer_scales.repair_uncalibrated(
         scale, reciprocal=False, layer=layer_label(layer),
         name=f"{source} (vLLM's {name} = {how}{source})",
         index_note=_index_note(layer, fmt, "input"), stock_effect=STOCK_UNCALIBRATED,
@@ -95,7 +96,7 @@ def quantized_inputs_cross_ranks(layer, backend) -> bool:
     if backend is not None and not importlib.import_module(
             vm.NVFP4_ORACLE).is_global_sf_supported_for_nvfp4_backend(backend):
         return False  # per-expert scales (vLLM CUTLASS): quantized on the owning rank
-    if getattr(pc, "enable_eplb", False) and compat.eplb_scale_allreduce():
+    if getattr(pc, "enable_eplb", False) and probe.eplb_scale_allreduce():
         return False  # 0.28.0+: upstream all-reduces the collapsed scale when EPLB is on
     import vllm.envs as envs
 
@@ -111,7 +112,7 @@ def agreed_a13_scale(layer, a13_scale: torch.Tensor) -> torch.Tensor:
 
     global _first_change_logged
     label = layer_label(layer)
-    agreed = scales.agree_max(a13_scale, get_ep_group().cpu_group, layer=label)
+    agreed = scale_agreement.agree_max(a13_scale, get_ep_group().cpu_group, layer=label)
     local = a13_scale.detach().float().max().cpu()
     # a13 is the scale's ModelOpt form, amax / (448 * 6); the log speaks in the checkpoint's amax
     to_amax = E4M3_MAX * FP4_MAX
@@ -153,6 +154,11 @@ def build_agreed_prepare(original, *, agree: bool = True, repair: bool = True):
     functools.update_wrapper(prepare, original)
     prepare.__module__ = __name__
     return prepare
+
+
+def build(original):
+    """The ledger's builder: the wrapper with the duties this vLLM still needs."""
+    return build_agreed_prepare(original, **duties(probe.probe_upstream_fixes()))
 
 
 def _reset_for_tests() -> None:

@@ -11,9 +11,7 @@ import os
 
 from vllm_fp4_moe_plugin import envs
 from vllm_fp4_moe_plugin import vllm_modules as vm
-from vllm_fp4_moe_plugin.patching import ModulePatch
-
-DESIGN = None  # every MoE design: this is about how vLLM starts processes, not about MoE
+from vllm_fp4_moe_plugin.patching import ModulePatch, Slice, original_attr
 
 
 def _reader(name: str):
@@ -22,32 +20,38 @@ def _reader(name: str):
     return read
 
 
-def _build_registry(original: dict) -> dict:
+def build_registry(original: dict) -> dict:
     return {**original, **{n: _reader(n) for n in envs.environment_variables
                             if n not in original}}
 
 
+def probe() -> dict[str, object]:
+    """Does vLLM's registry of environment variables (``vllm.envs.environment_variables``, what
+    its Ray env copy and its unknown-variable check read) list every variable of the plugin?
+    Reads the registry as it is, through our own patch if applied."""
+    registry = original_attr(vm.VLLM_ENVS, "environment_variables")
+    return {"plugin_env_listed": all(n in registry for n in envs.environment_variables)}
+
+
 def _unlisted(findings) -> bool:
     """vLLM's registry of environment variables does not list the plugin's (every release so
-    far: compat.plugin_env_listed)."""
+    far)."""
     return not findings["plugin_env_listed"]
 
 
-LEDGER: tuple[ModulePatch, ...] = (ModulePatch(
-    module=vm.VLLM_ENVS, attr="environment_variables", build=_build_registry, design=DESIGN,
+# every MoE design: this is about how vLLM starts processes, not about MoE
+SLICE = Slice(None, (ModulePatch(
+    module=vm.VLLM_ENVS, attr="environment_variables", build=f"{__name__}:build_registry",
     needed=_unlisted,
-    why=("vLLM copies to Ray workers and Ray data-parallel engine cores only the variables its "
-         "registry lists up to 0.13.x (v0110 vllm/ray/ray_env.py:52-58; 0.14.0+ also copies "
-         "every VLLM_-prefixed one): with the Ray executor the driver logs the plugin active "
-         "while workers on other nodes run stock vLLM. vLLM 0.2x+ logs 'Unknown vLLM "
-         "environment variable detected' for each unlisted VLLM_ variable, and refuses to "
-         "start with --fail-on-environ-validation (v0.32.0 vllm/platforms/interface.py:"
-         "1446-1459)."),
+    why=("Up to 0.13.x vLLM copies to Ray workers only the variables its registry lists (v0110 "
+         "vllm/ray/ray_env.py:52-58): workers on other nodes would run stock vLLM. 0.2x+ warns "
+         "of each unlisted VLLM_ variable and refuses to start with "
+         "--fail-on-environ-validation (v0.32.0 vllm/platforms/interface.py:1446-1459)."),
     how=("Rebinds vllm.envs.environment_variables to a copy that also lists the plugin's "
          "variables (read raw, as vLLM reads its own); get_env_vars_to_copy and validate_environ "
          "read the registry at call time, so every worker started after register() sees it."),
     upstream=("None: vLLM has no way for a plugin to declare its environment variables; "
               "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY (0.14.0+) does it by hand for Ray."),
     remove_when=("vLLM lets plugins declare environment variables (then declare them there), "
-                 "or compat finding 'plugin_env_listed' is true on every supported release."),
-),)
+                 "or finding 'plugin_env_listed' is true on every supported release."),
+),), ("plugin_env_listed",), probe)

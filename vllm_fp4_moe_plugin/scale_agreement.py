@@ -1,14 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""What the plugin does with a layer's activation scales at load: check them, repair uncalibrated
-experts (logs; refuses in strict mode), the 0.11.0 policy below (pure), and the agreement over the
-EP group (one collective on a CPU group; progress noted in the world's store for its timeout).
-
-In vLLM 0.11.0 the quant config must describe what prepare/finalize does (docs/ROOT-CAUSE.md §9).
-TP-like layouts pass bf16 and the kernel quantizes each row with its expert's scale: ``gs_e`` and
-``g1_alphas[e] = ws2_e / gs_e`` stay. DP layouts quantize once on the sender, before the expert is
-known, so one scalar serves every expert: ``g* = min_e gs_e`` over the EP group (the largest
-calibrated amax: no expert saturates more than calibrated), ``g1_alphas[e] = ws2_e / g*`` rebuilt.
-No vLLM import: the collective takes its process group as an argument."""
+"""The EP group agreeing on one GEMM1 activation scale at load: the collective (one MIN
+all-reduce on the CPU group it is handed, no barrier, a timeout naming the ranks behind from
+progress noted in the world's store), and the quant-config values built from its result: DP
+layouts quantize once on the sender, so one scalar ``g* = min_e gs_e`` over the EP group serves
+every expert with ``g1_alphas[e] = ws2_e / g*`` (docs/ROOT-CAUSE.md §9). No vLLM import."""
 
 from __future__ import annotations
 
@@ -18,10 +13,6 @@ from datetime import timedelta
 import torch
 
 from vllm_fp4_moe_plugin import envs
-from vllm_fp4_moe_plugin.log import get_logger
-from vllm_fp4_moe_plugin.scale_check import InvalidScaleError, check_scale, uncalibrated
-
-logger = get_logger("scales")
 
 
 @dataclass(frozen=True)
@@ -34,89 +25,6 @@ class Gemm1ActivationScales:
     @property
     def shared(self) -> bool:
         return self.a1_gscale.dim() == 0
-
-
-def check_positive_finite(tensor: torch.Tensor, *, layer: str, name: str,
-                          index_note: str = "", activation: bool = False) -> None:
-    """Raise by ``scale_check``'s rule, naming the layer, tensor and first bad expert (qualified by
-    ``index_note``). ``activation``: dtype only (:func:`repair_uncalibrated` judges values)."""
-    t = tensor.detach()
-    if not t.is_floating_point() or t.dtype.itemsize == 1:  # float8 scales are refused too
-        check_scale([], where=layer, name=name, dtype=str(t.dtype))
-    if activation:
-        return
-    t = t.float()
-    bad = ~torch.isfinite(t) | (t <= 0)
-    if not bool(bad.any()):  # the common case stays one vectorized pass
-        return
-    per_expert = max(1, t[0].numel()) if t.dim() else 0
-    check_scale(t.reshape(-1).tolist(), where=layer, name=name, per_expert=per_expert,
-                index_note=index_note)
-
-
-class UncalibratedScaleError(InvalidScaleError):
-    """``VLLM_FP4_MOE_PLUGIN_CHECK=strict`` and a layer has experts without calibrated scales."""
-
-
-_uncalibrated_warned = False
-
-
-def repair_uncalibrated(stored: torch.Tensor, *, reciprocal: bool, layer: str, name: str,
-                        index_note: str = "", stock_effect: str = "",
-                        missing: tuple[int, ...] | list[int] = ()) -> torch.Tensor:
-    """``stored`` (one layer's activation scales, ``[E]`` or ``[E, k]``) unchanged, or a copy
-    whose uncalibrated experts carry the value of the calibrated expert with the largest amax, as
-    ModelOpt's exporter does. ``reciprocal``: inverse to the amax (``input_global_scale``). Logs a
-    WARNING at the first such layer per process, then INFO; strict mode raises."""
-    values = stored.detach().float().reshape(stored.shape[0] if stored.dim() else 1, -1)
-    with torch.no_grad():
-        amax = (1.0 / values) if reciprocal else values  # a stored 0 becomes inf
-    flagged = uncalibrated([tuple(row) for row in amax.tolist()])
-    flagged.update({e: "missing" for e in missing if 0 <= e < values.shape[0]})
-    if not flagged:
-        return stored
-    bad = sorted(flagged)
-    good = [e for e in range(values.shape[0]) if e not in flagged]
-    shown = ", ".join(f"{e} (missing from the checkpoint)" if flagged[e] == "missing" else
-                      f"{e} ({flagged[e]}: {_values(values[e])})" for e in bad[:8]) + (
-        ", ..." if len(bad) > 8 else "")
-    where = f"{layer}: {name}: expert(s) {shown}{index_note}"
-    if not good:
-        raise InvalidScaleError(
-            f"{where}: no expert of this layer{index_note and ' on this rank'} has a calibrated "
-            "activation scale, so there is nothing to fall back on; re-quantize the checkpoint "
-            "with calibration data that reaches every expert (llmcompressor: "
-            "moe_calibrate_all_experts=True)")
-    kept = values[good]
-    fallback = kept.min() if reciprocal else kept.max()
-    if envs.VLLM_FP4_MOE_PLUGIN_CHECK == "strict":
-        raise UncalibratedScaleError(
-            f"{where}: uncalibrated activation scale (the expert saw no calibration token, or "
-            f"the checkpoint has no such tensor). {stock_effect}Re-quantize with calibration that "
-            "reaches every expert (llmcompressor: moe_calibrate_all_experts=True, its default), "
-            "or set VLLM_FP4_MOE_PLUGIN_CHECK=warn to serve with the calibrated experts' max amax "
-            "for them.")
-    global _uncalibrated_warned
-    log = logger.info if _uncalibrated_warned else logger.warning
-    _uncalibrated_warned = True
-    log("vllm-fp4-moe-plugin: %s: uncalibrated activation scale (no calibration token reached "
-        "the expert, or the checkpoint has no such tensor); loading the calibrated experts' "
-        "max amax instead (value %.6g), as ModelOpt's exporter does. %sRe-quantize with "
-        "all-experts calibration to remove this.", where, float(fallback), stock_effect)
-    out = stored.detach().clone()
-    rows = torch.tensor(bad, dtype=torch.long, device=stored.device)
-    out.reshape(values.shape)[rows] = fallback.to(out.dtype).to(out.device)
-    return out
-
-
-def _values(row: torch.Tensor) -> str:
-    return "/".join(f"{float(v):.3g}" for v in row)
-
-
-def _reset_for_tests() -> None:
-    global _uncalibrated_warned
-    _uncalibrated_warned = False
-    _progress.count = 0
 
 
 def per_expert_scales(gs: torch.Tensor, g1_alphas: torch.Tensor) -> Gemm1ActivationScales:
@@ -233,3 +141,7 @@ class _Progress:
 
 
 _progress = _Progress()
+
+
+def _reset_for_tests() -> None:
+    _progress.count = 0

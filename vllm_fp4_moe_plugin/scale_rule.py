@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The one rule every NVFP4 global scale of a checkpoint must satisfy, in one place.
 
-Shared by the plugin at load (:func:`vllm_fp4_moe_plugin.scales.check_positive_finite`) and
+Shared by the plugin at load (:func:`vllm_fp4_moe_plugin.layer_scales.check_positive_finite`) and
 ``audit`` / ``doctor``, so a file the plugin refuses is a bad checkpoint in the CLI too, in the same
 words; pure Python, so ``audit`` stays fast. A global scale is bad when not floating point (vLLM's
 loader converts int32 or bool silently), of the wrong size, or NaN, inf, zero or negative: each

@@ -2,7 +2,7 @@
 """The per-expert scale scalars of a checkpoint, and nothing else: shards are opened lazily
 (``safe_open``) and only input and weight global scales are read (the plugin refuses a bad one of
 either), never weights or block scales, so a DeepSeek-R1-sized index audits in seconds. Each is
-judged by the plugin's rule (``scale_check``): a bad one is a bad checkpoint (an audit error)."""
+judged by the plugin's rule (``scale_rule``): a bad one is a bad checkpoint (an audit error)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-from vllm_fp4_moe_plugin.scale_check import InvalidScaleError, check_scale
+from vllm_fp4_moe_plugin.scale_rule import InvalidScaleError, check_scale
 
 from .tensor_index import CheckpointAuditError, open_safetensors, tensor_files
 
@@ -62,7 +62,7 @@ def _style(layer: str, projs: set[str]) -> dict[str, str]:
 
 def _read_scalars(names: dict[str, Path]) -> dict[str, float]:
     """``get_tensor`` on exactly these names, one lazy ``safe_open`` per shard; each judged by
-    :func:`scale_check.check_scale` (float, one element; a weight scale also finite and > 0)."""
+    :func:`scale_rule.check_scale` (float, one element; a weight scale also finite and > 0)."""
     by_file: dict[Path, list[str]] = defaultdict(list)
     for name, f in names.items():
         by_file[f].append(name)

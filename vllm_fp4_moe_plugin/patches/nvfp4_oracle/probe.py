@@ -1,0 +1,153 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The NVFP4_ORACLE design's probe (vLLM 0.14.0+): is the code the wrapper is written against
+there, and has upstream fixed either hole itself? vLLM-free at import."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import logging
+
+from vllm_fp4_moe_plugin import vllm_modules as vm
+from vllm_fp4_moe_plugin.patching import original_attr
+from vllm_fp4_moe_plugin.probing import Observation, has, on_cpu, same
+from vllm_fp4_moe_plugin.support import Design
+
+FINDINGS = ("oracle_helpers", "oracle_helpers_take_layer_and_a13_scale",
+            "global_sf_backend_probe", "moe_parallel_config_all2all", "eplb_scale_allreduce",
+            "upstream_agrees_gemm1_scale", "upstream_repairs_uncalibrated")
+
+
+def eplb_scale_allreduce() -> bool:
+    """0.28.0+ (#48355): ``amax_for_moe_activation_quant`` all-reduces the collapsed scale over
+    the EP group under EPLB (v0.34.0 Q/utils/quant_utils.py:77-97); 0.14.0-0.27.x lack it."""
+    return has(vm.FLASHINFER_FP4_MOE, "amax_for_moe_activation_quant")
+
+
+def _probe_layer(a13_scale, a2_scale) -> dict:
+    """The arguments of an oracle helper for a two-expert gated CPU layer at DP=2 x EP=2 (the
+    all-to-all kernels in use), EPLB off."""
+    import types
+
+    import torch
+
+    ns, (e, n, k) = types.SimpleNamespace, (2, 64, 128)
+    parallel = ns(dp_size=2, ep_size=2, use_ep=True, enable_eplb=False, use_all2all_kernels=True,
+                  all2all_backend="allgather_reducescatter")
+    fp8 = torch.float8_e4m3fn
+    return dict(layer=ns(layer_name="fp4_moe_probe", activation=ns(is_gated=True),
+                         moe_config=ns(moe_parallel_config=parallel)), is_act_and_mul=True,
+                w13=torch.zeros(e, 2 * n, k // 2, dtype=torch.uint8),
+                w13_scale=torch.ones(e, 2 * n, k // 16).to(fp8), w13_scale_2=torch.ones(e),
+                w2=torch.zeros(e, k, n // 2, dtype=torch.uint8),
+                w2_scale=torch.ones(e, k, n // 16).to(fp8), w2_scale_2=torch.ones(e),
+                a13_scale=a13_scale, a2_scale=a2_scale)
+
+
+@functools.cache  # asked by the probe and by the entries' builder; vLLM does not change
+def probe_upstream_fixes() -> dict[str, bool]:
+    """The oracle design's two holes, each fixed in vLLM or not (upstream/0001, 0002). A probe
+    that cannot run says not fixed: the plugin's duty is a no-op where vLLM computes right."""
+    out = {}
+    for fn in (upstream_agrees_gemm1_scale, upstream_repairs_uncalibrated):
+        try:
+            out[fn.__name__] = bool(fn())
+        except Exception:
+            out[fn.__name__] = False
+    return out
+def upstream_agrees_gemm1_scale() -> bool:
+    """Behavioural: at DP+EP without EPLB, does the oracle's FlashInfer helper ask
+    ``amax_for_moe_activation_quant`` to reduce GEMM1's collapsed scale (3.0 here; GEMM2's is
+    5.0) over the EP group? False before 0.28.0 (no such helper) and on stock 0.28.0-0.34.0."""
+    import torch
+
+    oracle, asked = importlib.import_module(vm.NVFP4_ORACLE), {}
+
+    def amax(a_scale, reduce_over_ep, *args, **kwargs):
+        asked[float(a_scale.max())] = bool(reduce_over_ep)
+        return a_scale.max().to(torch.float32)
+
+    helper = on_cpu(original_attr(vm.FLASHINFER_FP4_MOE, vm.ORACLE_HELPERS[0]),
+                     amax_for_moe_activation_quant=amax, swizzle_blockscale=same)
+    try:
+        helper(backend=oracle.NvFp4MoeBackend.FLASHINFER_CUTLASS,
+               **_probe_layer(torch.full((2, 2), 3.0), torch.full((2,), 5.0)))
+    except Exception:
+        pass  # read what was asked before the failure
+    return asked.get(3.0, False)
+
+
+def upstream_repairs_uncalibrated() -> bool:
+    """Behavioural for the values: does ``convert_to_nvfp4_moe_kernel_format`` hand FlashInfer
+    CUTLASS's helper (a recorder) finite scales for an expert whose are NaN? Read for missing
+    ones: do both formats' ``create_weights`` initialise the input scales with NaN?"""
+    import torch
+
+    oracle, seen, nan = importlib.import_module(vm.NVFP4_ORACLE), {}, float("nan")
+    convert = on_cpu(original_attr(vm.NVFP4_ORACLE, "convert_to_nvfp4_moe_kernel_format"),
+                      **{vm.ORACLE_HELPERS[0]: lambda **kw: seen.update(kw) or 1 / 0})
+    quiet = logging.getLogger(vm.NVFP4_ORACLE)  # the probe layer's repair is no news
+    was, quiet.disabled = quiet.disabled, True
+    try:
+        convert(nvfp4_backend=oracle.NvFp4MoeBackend.FLASHINFER_CUTLASS, **_probe_layer(
+            torch.tensor([[1.0, 1.0], [nan, nan]]), torch.tensor([1.0, nan])))
+    except Exception:
+        pass  # the recorder's ZeroDivisionError, or vLLM refusing: read what reached it
+    finally:
+        quiet.disabled = was
+    return (all(isinstance(seen.get(k), torch.Tensor) and bool(torch.isfinite(seen[k]).all())
+                for k in ("a13_scale", "a2_scale"))
+            and _initialises_nan("modelopt.py", ("ModelOptNvFp4FusedMoE",))
+            and _initialises_nan(vm.CT_NVFP4_MOE_FILE, vm.CT_NVFP4_CLASS_NAMES))
+
+
+def _initialises_nan(path: str, cls_names) -> bool:
+    """Does ``create_weights`` of one of ``cls_names``, in the quantization package's file
+    ``path``, name NaN? Read from the source: vLLM may still be importing that module."""
+    import ast
+    import os
+
+    root = importlib.import_module(vm.QUANTIZATION).__path__[0]
+    with open(os.path.join(root, path), encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    return any(isinstance(fn, ast.FunctionDef) and fn.name == "create_weights"
+               and any("nan" in (getattr(n, "attr", None), getattr(n, "id", None),
+                                 getattr(n, "value", None)) for n in ast.walk(fn))
+               for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name in cls_names
+               for fn in c.body)
+
+
+def observe(findings: dict) -> Observation:
+    """Patchable when the oracle still calls the scale-collapsing helpers by module-global name
+    with the layer and ``a13_scale``, has ``is_global_sf_supported_for_nvfp4_backend``, and the
+    MoE parallel config tells whether the all-to-all kernels are in use (v0.34.0
+    FM/oracle/nvfp4.py:60-83, :312-420, FM/config.py:1066-1069; same in 0.14.0, 0.20.0, 0.28.0)."""
+    d = Design.NVFP4_ORACLE
+    try:
+        oracle = importlib.import_module(vm.NVFP4_ORACLE)
+    except ImportError as exc:
+        return Observation(d, False, f"vLLM has the NVFP4 backend oracle ({vm.NVFP4_ORACLE}) but "
+                           f"it does not import ({exc!r}); see docs/SUPPORT.md", findings)
+    helpers = [n for n in vm.ORACLE_HELPERS if callable(getattr(oracle, n, None))]
+    findings["oracle_helpers"] = tuple(helpers)
+    findings["oracle_helpers_take_layer_and_a13_scale"] = bool(helpers) and all(
+        all(p in inspect.signature(original_attr(vm.NVFP4_ORACLE, n)).parameters
+            for p in vm.ORACLE_HELPER_PARAMS) for n in helpers)
+    findings["global_sf_backend_probe"] = callable(
+        getattr(oracle, "is_global_sf_supported_for_nvfp4_backend", None))
+    parallel_config = getattr(importlib.import_module(vm.FUSED_MOE_CONFIG),
+                              "FusedMoEParallelConfig", None)
+    fields = getattr(parallel_config, "__dataclass_fields__", {})  # all2all_backend is a field
+    findings["moe_parallel_config_all2all"] = (hasattr(parallel_config, "use_all2all_kernels")
+                                               and "all2all_backend" in fields)
+    findings["eplb_scale_allreduce"] = eplb_scale_allreduce()
+    findings.update(probe_upstream_fixes())  # a copy: the cache's dict stays as computed
+    required = ("oracle_helpers_take_layer_and_a13_scale", "global_sf_backend_probe",
+                "moe_parallel_config_all2all")
+    missing = [k for k in required if not findings[k]]
+    if vm.ORACLE_HELPERS[0] not in helpers or missing:
+        return Observation(d, False, "vLLM has the NVFP4 backend oracle but not the code this "
+                           "plugin patches there (" + ", ".join(missing or [vm.ORACLE_HELPERS[0]])
+                           + " missing); see docs/SUPPORT.md for the workaround", findings)
+    return Observation(d, True, "vLLM NVFP4 backend-oracle MoE design (0.14.0+)", findings)

@@ -158,6 +158,7 @@ def summary(rows: list, exit_code: int) -> dict:
     error (relative, against the ideal NVFP4 layer) and the rows that are not ok."""
     finite = [r["plugin_rel_err"] for r in rows if isinstance(r.get("plugin_rel_err"), float)]
     return {"exit": exit_code, "rows": len(rows), "ok": bool(rows) and all(r["ok"] for r in rows),
+            "vllm_refuses": sum(bool(r.get("vllm_refuses")) for r in rows),
             "stock_holes": sorted({"/".join(str(r.get(k)) for k in
                                             ("format", "layout", "backend", "case") if r.get(k))
                                    for r in rows if r.get("stock_affected")}),
@@ -175,7 +176,9 @@ def render(table: dict) -> str:
         m, u = row.get("matrix") or {}, row.get("uncalibrated") or {}
 
         def ok(part):
-            return (f"{'yes' if part.get('ok') else '**no**'} ({part.get('rows', 0)})"
+            n = part.get("vllm_refuses")
+            refused = f", {n} refused by vLLM" if n else ""
+            return (f"{'yes' if part.get('ok') else '**no**'} ({part.get('rows', 0)}{refused})"
                     if part else "-")
         worst = m.get("worst_plugin_rel_err")
         lines.append(" | ".join([

@@ -64,3 +64,35 @@ def test_a_layer_that_cannot_run_is_a_row_with_its_error():
     row = _row(_rank(None, IDEAL, error="RuntimeError: shape"))
     assert row.stock_error == "RuntimeError: shape" and row.stock_rel_err == float("inf")
     assert row.stock_affected and row.ok and not row.bit_identical
+
+
+def _both_fail(stock_error, plugin_error):
+    r = RankOutput(rank=0, dp_rank=0, info={"modelopt/plugin": INFO},
+                   errors={"modelopt/stock": stock_error, "modelopt/plugin": plugin_error})
+    return _row(r)
+
+
+def test_vllm_refusing_the_backend_alike_is_a_row_not_a_hole():
+    """vLLM's backend selection refusing the layout (0.15.0: FlashInfer CUTLASS at DP=2 without
+    EP) with and without the plugin: ok, no hole; any other shared failure, or a refusal only
+    with the plugin, is not ok."""
+    said = judge.REFUSED + "NvFp4 MoE backend 'FLASHINFER_CUTLASS' does not support ..."
+    refused = _both_fail(said, said)
+    assert refused.ok and refused.vllm_refuses and not refused.stock_affected
+    both_crash = _both_fail("RuntimeError: shape", "RuntimeError: shape")
+    assert not both_crash.ok and not both_crash.vllm_refuses
+    plugin_only = _both_fail(said, judge.REFUSED + "another reason")
+    assert not plugin_only.ok and not plugin_only.vllm_refuses
+
+
+def test_only_vllms_backend_selection_counts_as_a_refusal():
+    from fp4_moe_lab.simulation.layouts import refusal
+
+    def select_nvfp4_moe_backend():  # named as vLLM's oracle function
+        raise ValueError("kernel does not support parallel config")
+
+    with pytest.raises(ValueError) as err:
+        select_nvfp4_moe_backend()
+    assert refusal(err.value).startswith(judge.REFUSED)
+    with pytest.raises(ValueError, match="elsewhere"):
+        refusal(ValueError("elsewhere"))  # a harness gap is re-raised

@@ -28,6 +28,8 @@ FP32_FACTOR = 1.1
 # Stock counts as "affected" when it is this many times further from ideal than the bound.
 AFFECTED_FACTOR = 10.0
 MODES = ("stock", "plugin")
+# How a rank records that vLLM's backend selection refused to build the layer (layouts.refusal).
+REFUSED = "vLLM refuses at load: "
 
 
 @dataclass
@@ -52,6 +54,7 @@ class Row:
     plugin_prepare_finalize: str
     plugin_a1_gscale_shape: Optional[list]
     plugin_check: list  # the load-time check's verdict per rank
+    vllm_refuses: bool = False  # vLLM's backend selection refuses the layout, stock and plugin
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -98,18 +101,22 @@ def judge(fmt: str, layout: str, backend: str, ranks, references: Callable, *, s
     correct = plugin <= PLUGIN_BOUND and plugin_fp32 <= FP32_FACTOR * floor
     info = ranks[0].info[f"{fmt}/plugin"]
     version, design = release
+    # vLLM refuses this backend in this layout, with the plugin exactly as without it
+    refuses = bool(failures["stock"]) and failures["stock"] == failures["plugin"] and \
+        failures["stock"].startswith(REFUSED)
     return Row(
         format=fmt, layout=layout, backend=backend,
         stock_rel_err=stock, plugin_rel_err=plugin, bound=PLUGIN_BOUND, noise_floor=floor,
         plugin_fp32_err=plugin_fp32, stock_fp32_err=max(fp32_errs["stock"]),
-        stock_affected=affected, bit_identical=identical, reference_scheme=scheme,
+        stock_affected=affected and not refuses, bit_identical=identical,
+        reference_scheme=scheme,
         vllm_version=version, design=design,
         stock_error=failures["stock"], plugin_error=failures["plugin"],
-        ok=correct and (affected or identical or (
+        ok=refuses or correct and (affected or identical or (
             equally_accurate_ok and max(fp32_errs["stock"]) <= FP32_FACTOR * floor)),
         plugin_prepare_finalize=info["prepare_finalize"],
         plugin_a1_gscale_shape=info["a1_gscale_shape"],
-        plugin_check=[check(r) if check else None for r in ranks])
+        plugin_check=[check(r) if check else None for r in ranks], vllm_refuses=refuses)
 
 
 def installed_release() -> tuple[str, Optional[Design]]:

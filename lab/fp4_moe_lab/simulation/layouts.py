@@ -313,12 +313,18 @@ def stock_and_plugin_outputs(ctx: RankContext, scenario: Scenario, formats: tupl
                     unloaded.remove()
                 overrides = scenario.checkpoint_overrides(fmt, moe_layer.experts_prefix(index),
                                                           mode)
-                built = moe_layer.build_layer(experts, fmt, top_k=scenario.top_k, index=index,
-                                              overrides=overrides or None,
-                                              **dict(layer_kwargs or {}))
+                key = f"{fmt}/{mode}"
+                try:
+                    built = moe_layer.build_layer(experts, fmt, top_k=scenario.top_k,
+                                                  index=index, overrides=overrides or None,
+                                                  **dict(layer_kwargs or {}))
+                except Exception as exc:  # vLLM refusing the backend here is a row; else a bug
+                    result.errors[key] = refusal(exc)
+                    result.info[key] = {"prepare_finalize": None, "a1_gscale_shape": None}
+                    index += 1
+                    continue
                 index += 1
                 moe_layer.prepare_modular_kernel(built.layer)
-                key = f"{fmt}/{mode}"
                 try:
                     out = moe_layer.forward(built.layer, x, logits, vllm_config=ctx.vllm_config,
                                             num_tokens_across_dp=across_dp)
@@ -337,6 +343,19 @@ def stock_and_plugin_outputs(ctx: RankContext, scenario: Scenario, formats: tupl
         patches.revert_all()
         unloaded.remove()
     return result
+
+
+def refusal(exc: Exception) -> str:
+    """The row's error when vLLM's own NVFP4 backend selection refused the requested backend in
+    this layout (e.g. 0.15.0's FlashInfer CUTLASS without EP at DP=2, ``is_supported_config``:
+    a real deployment is refused the same way, or auto-selects another kernel); anything else
+    raised while building the layer is re-raised (a harness gap must stay loud)."""
+    frames = {f.name for f in traceback.extract_tb(exc.__traceback__)}
+    if isinstance(exc, ValueError) and "select_nvfp4_moe_backend" in frames:
+        from fp4_moe_lab.simulation.judge import REFUSED
+
+        return REFUSED + str(exc)
+    raise exc
 
 
 def describe_layer(layer) -> dict[str, Any]:

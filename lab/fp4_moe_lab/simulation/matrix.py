@@ -261,12 +261,15 @@ def run_matrix(layouts: Optional[Iterable[str]] = None, scenario: Optional[Scena
     return rows
 
 
+def _err(row: Row, error, rel_err: float) -> str:
+    return "vLLM refuses" if row.vllm_refuses else "fails" if error else f"{rel_err:.3g}"
+
+
 def format_table(rows: list[Row]) -> str:
     head = ("format", "layout", "backend", "stock err", "plugin err", "bound", "noise floor",
             "plugin vs fp32", "hole", "plugin == stock", "ok")
     body = [(r.format, r.layout, r.backend,
-             "fails" if r.stock_error else f"{r.stock_rel_err:.3g}",
-             "fails" if r.plugin_error else f"{r.plugin_rel_err:.3g}",
+             _err(r, r.stock_error, r.stock_rel_err), _err(r, r.plugin_error, r.plugin_rel_err),
              f"{r.bound:.0e}", f"{r.noise_floor:.3g}", f"{r.plugin_fp32_err:.3g}",
              "yes" if r.stock_affected else "no", "bit-identical" if r.bit_identical else "no",
              "yes" if r.ok else "NO") for r in rows]

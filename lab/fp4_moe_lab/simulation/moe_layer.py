@@ -157,15 +157,28 @@ def prepare_modular_kernel(layer: torch.nn.Module) -> None:
     prepare_communication_buffer_for_model(layer)
 
 
+def moe_layers_by_name(ctx) -> None:
+    """Make vLLM's ``moe_forward`` op find the layer it is called on by name in forward context
+    ``ctx``. vLLM 0.15.0 (forward_context.py:277-280, ``remaining_moe_layers``) and 0.15.1-0.16.0
+    with ``fast_moe_cold_start`` (``all_moe_layers`` + ``moe_layer_index``) resolve the i-th MoE
+    call of a forward to the i-th FusedMoE built in the process, as a model's forward calls them;
+    the harness calls its layers one at a time, so every layer after the first would run layer 0.
+    None is what vLLM itself sets without that mode."""
+    for attr in ("remaining_moe_layers", "all_moe_layers"):
+        if getattr(ctx, attr, None) is not None:
+            setattr(ctx, attr, None)
+
+
 def forward(layer: torch.nn.Module, hidden_states: torch.Tensor, router_logits: torch.Tensor,
             *, vllm_config, num_tokens_across_dp: Optional[torch.Tensor] = None) -> torch.Tensor:
     """One MoE forward through ``FusedMoE.forward_native``: vLLM's ``moe_forward`` custom op
     (which looks the layer up by name in the forward context and runs ``forward_impl``) and the
     TP/EP all-reduce, which 0.11.0 does inside ``forward_impl`` and 0.11.1+ after the op."""
-    from vllm.forward_context import set_forward_context
+    from vllm.forward_context import get_forward_context, set_forward_context
 
     with set_forward_context({}, vllm_config, num_tokens=hidden_states.shape[0],
                              num_tokens_across_dp=num_tokens_across_dp):
+        moe_layers_by_name(get_forward_context())
         if hasattr(layer, "forward_native"):
             out = layer.forward_native(hidden_states, router_logits)
         else:  # oracle design: MoERunner.forward (0.28.0+), FusedMoE.forward (0.20.0)

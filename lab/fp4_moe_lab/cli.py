@@ -80,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "TRT-LLM where the installed vLLM has that path)")
     m.add_argument("--capability", type=_capability, action="append",
                    help="the Blackwell GPU reported to vLLM (repeatable; other than "
-                   f"{DEFAULT_CAPABILITY} from vLLM 0.20.0 on): "
+                   f"{DEFAULT_CAPABILITY}: vLLMs whose experts ask their own device probe, "
+                   "read on 0.34.0): "
                    f"{', '.join(f'{c} {g}' for c, g in GPUS.items())} "
                    f"(default {DEFAULT_CAPABILITY}); vLLM's own checks then decide what it builds")
     m.add_argument("--seed", type=int_in(0, 2 ** 31 - 1), default=0)

@@ -40,9 +40,9 @@ def _check_capability(capability: str) -> None:
     from fp4_moe_lab.simulation import blackwell_oracle
 
     if not blackwell_oracle.simulates_capability(capability):
-        raise UsageError(f"--capability {capability}: not simulated on this vLLM (the oracle "
-                         "seam models other GPUs than 10.0 from vLLM 0.20.0's FlashInfer "
-                         "probes on); drop --capability")
+        raise UsageError(f"--capability {capability}: not simulated on this vLLM (GPUs other "
+                         "than 10.0 need FlashInferExperts' own device probe, as in vLLM "
+                         "0.34.0); drop --capability")
 
 
 def _gpus_line(capabilities: Sequence[str]) -> str:

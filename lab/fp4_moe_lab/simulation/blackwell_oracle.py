@@ -87,7 +87,9 @@ same NVFP4 operands whatever arch its JIT module was built for, and the GEMM1 sc
 happens in vLLM's Python before the kernel, with no capability question
 (Q/utils/flashinfer_fp4_moe.py:496-504, FM/oracle/nvfp4.py:78-83). Arch-specific kernel numerics
 (SM120 CUTLASS tiles) are not emulated. Non-default capabilities need the experts' own
-``_supports_current_device`` (0.20.0+); on v0.14.0's module-level probes only 10.0 is modelled.
+``_supports_current_device``, found by feature; their family rules were read on v0.34.0 only
+(where 0.20.0 and 0.28.0 take this branch, the seam answers with 0.34.0's rule, unread and
+unmeasured per family there). On v0.14.0's module-level probes only 10.0 is modelled.
 
 What changed against the 0.11.x seam: activations are quantized by vLLM's own op
 (``ops.scaled_fp4_quant``), not ``flashinfer.fp4_quantize``; against 0.3.1, ``cutlass_fused_moe``

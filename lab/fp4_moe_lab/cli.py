@@ -12,6 +12,7 @@ import math
 import sys
 from typing import Optional, Sequence
 
+from fp4_moe_lab.simulation.gpus import DEFAULT_CAPABILITY, GPUS
 from vllm_fp4_moe_plugin.cli import FORMATS, CliParser, add_common_flags, int_in, run_command
 from vllm_fp4_moe_plugin.nvfp4_constants import MAX_INPUT_SCALE_SPREAD
 
@@ -44,6 +45,17 @@ def _spread(text: str) -> float:
     return value
 
 
+def _capability(text: str) -> str:
+    """``matrix --capability``: one of the GPUs the oracle seam simulates (simulation/gpus.py)."""
+    from fp4_moe_lab.simulation.gpus import parse_capability
+
+    try:
+        parse_capability(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def _run(args: argparse.Namespace) -> int:
     from fp4_moe_lab import commands
 
@@ -66,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
                    choices=("flashinfer_cutlass", "flashinfer_trtllm"),
                    help="only this FlashInfer MoE backend (repeatable; default: both, "
                    "TRT-LLM where the installed vLLM has that path)")
+    m.add_argument("--capability", type=_capability, action="append",
+                   help="the Blackwell GPU reported to vLLM (repeatable; other than "
+                   f"{DEFAULT_CAPABILITY}: vLLMs whose experts ask their own device probe, "
+                   "read on 0.34.0): "
+                   f"{', '.join(f'{c} {g}' for c, g in GPUS.items())} "
+                   f"(default {DEFAULT_CAPABILITY}); vLLM's own checks then decide what it builds")
     m.add_argument("--seed", type=int_in(0, 2 ** 31 - 1), default=0)
     m.add_argument("--spread", type=_spread, default=4.0,
                    help="max/min of the per-expert input scales (default 4; 1 to 229376)")

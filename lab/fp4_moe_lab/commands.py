@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+from fp4_moe_lab.simulation.gpus import DEFAULT_CAPABILITY, GPUS
 from vllm_fp4_moe_plugin.cli import EXIT_FINDING, EXIT_OK, FORMATS, UsageError, progress
 
 
@@ -34,6 +35,21 @@ def _check_output_file(path: Optional[str], flag: str) -> None:
         raise UsageError(f"{flag} {path}: not writable; choose a writable path")
 
 
+def _check_capability(capability: str) -> None:
+    """A GPU other than 10.0 needs a vLLM whose probes the seam models per family."""
+    from fp4_moe_lab.simulation import blackwell_oracle
+
+    if not blackwell_oracle.simulates_capability(capability):
+        raise UsageError(f"--capability {capability}: not simulated on this vLLM (GPUs other "
+                         "than 10.0 need FlashInferExperts' own device probe, as in vLLM "
+                         "0.34.0); drop --capability")
+
+
+def _gpus_line(capabilities: Sequence[str]) -> str:
+    """``SM120 (RTX PRO 6000/RTX 5090)``, joined with ``and`` for several."""
+    return " and ".join(f"SM{c.replace('.', '')} ({GPUS[c]})" for c in capabilities)
+
+
 def _cmd_matrix(args: argparse.Namespace) -> int:
     from fp4_moe_lab.simulation.layouts import Scenario, default_layouts
 
@@ -45,23 +61,32 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
                          f"{', '.join(known)}")
     _check_output_file(args.save_json, "--save-json")
     formats = tuple(dict.fromkeys(args.format or FORMATS))
+    capabilities = list(dict.fromkeys(args.capability or [DEFAULT_CAPABILITY]))
     if args.uncalibrated:
+        if capabilities != [DEFAULT_CAPABILITY]:
+            raise UsageError(f"--capability {capabilities[-1]}: the --uncalibrated table is "
+                             f"simulated on {DEFAULT_CAPABILITY} only; drop one of the two")
         return _uncalibrated_table(args, args.layout, formats)
     scenario = Scenario(seed=args.seed, input_scale_spread=args.spread, tokens=args.tokens)
+    for capability in capabilities:
+        _check_capability(capability)
 
     from fp4_moe_lab.simulation.matrix import format_table, run_matrix
 
     rows = []
     start = time.monotonic()
-    for i, name in enumerate(layouts, 1):
-        progress(f"matrix: [{i}/{len(layouts)}] {name} ...")
+    jobs = [(c, name) for c in capabilities for name in layouts]
+    for i, (capability, name) in enumerate(jobs, 1):
+        at = f"{name} at {capability}" if len(capabilities) > 1 else name
+        progress(f"matrix: [{i}/{len(jobs)}] {at} ...")
         t = time.monotonic()
         # every backend of that layout (or those asked for with --backend)
-        layout_rows = run_matrix([name], scenario, formats, backends=args.backend)
+        layout_rows = run_matrix([name], scenario, formats, backends=args.backend,
+                                 capability=capability)
         rows.extend(layout_rows)
         oks = ", ".join(f"{r.format}/{r.backend} {'ok' if r.ok else 'NOT ok'}"
                         for r in layout_rows)
-        progress(f"matrix: [{i}/{len(layouts)}] {name} done in {time.monotonic() - t:.0f} s "
+        progress(f"matrix: [{i}/{len(jobs)}] {at} done in {time.monotonic() - t:.0f} s "
                   f"({oks})")
     progress(f"matrix: {len(rows)} rows in {time.monotonic() - start:.0f} s")
     if args.save_json:
@@ -79,18 +104,19 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         version, design = installed_release()
         print(f"NVFP4 MoE consistency matrix: real vLLM {version} code on CPU ("
               f"{design.label if design else 'a design the plugin does not know: inactive'}), "
-              "SM100 simulated, FlashInfer's NVFP4 MoE contract "
+              f"{_gpus_line(capabilities)} simulated, FlashInfer's NVFP4 MoE contract "
               "emulated.")
         print(f"Fixture: E={scenario.num_experts} H={scenario.hidden} I={scenario.intermediate} "
               f"top-{scenario.top_k}, {scenario.tokens} tokens/rank, per-expert input scales "
               f"spread {scenario.input_scale_spread:g}x, seed {scenario.seed}.")
         print("Errors are ||out - ref|| / ||ref|| against the ideal NVFP4 reference of the "
               "layout; 'noise floor' is that reference against fp32.\n")
-        print(format_table(rows))
+        print(format_table(rows, with_capability=len(capabilities) > 1))
         for r in rows:
             for mode, err in (("stock", r.stock_error), ("plugin", r.plugin_error)):
                 if err:
-                    print(f"{mode} {r.format}/{r.layout} cannot run: {err}")
+                    at = f" at {r.capability}" if len(capabilities) > 1 else ""
+                    print(f"{mode} {r.format}/{r.layout}/{r.backend}{at} cannot run: {err}")
     return EXIT_OK if all(r.ok for r in rows) else EXIT_FINDING
 
 

@@ -19,13 +19,17 @@ so its NVFP4 ``cutlass_fused_moe`` contract is taken from 0.6.18 and from how vL
 =====================================================  ===========================================
 vLLM 0.34.0 symbol replaced                            why it has to be replaced on CPU
 =====================================================  ===========================================
-``type(current_platform).get_device_capability``       capability probe: reports SM100 (10, 0), so
-                                                       ``_supports_quant_scheme`` (v0.34.0
-                                                       FM/experts/flashinfer_cutlass_moe.py:153-
-                                                       189) sees NVFP4 support; ``is_cuda()`` stays
-                                                       False everywhere else
-``FlashInferExperts._supports_current_device``        capability probe (:135-146): keeps the SM100
-                                                       and FlashInfer checks, drops ``is_cuda()``
+``type(current_platform).get_device_capability``       capability probe: reports the simulated
+                                                       GPU (``capability``, default 10.0, see
+                                                       :data:`.gpus.CAPABILITIES`), so every
+                                                       ``has_``/``is_device_capability[_family]``
+                                                       of vLLM
+                                                       answers as on that GPU (platforms/
+                                                       interface.py:541-598 read only this);
+                                                       ``is_cuda()`` stays False everywhere else
+``FlashInferExperts._supports_current_device``        capability probe (:134-146): keeps its
+                                                       family checks (9.0, 10.x, 12.x) and the
+                                                       FlashInfer check, drops ``is_cuda()``
 ``flashinfer_cutlass_moe.has_flashinfer_cutlass_``     FlashInfer is not installed (0.7.3 is not on
 ``fused_moe``                                          the index); its kernel is emulated below
 ``flashinfer_cutlass_moe.flashinfer_cutlass_fused_``   FlashInfer kernel -> :func:`nvfp4.cutlass_
@@ -69,6 +73,23 @@ FlashInfer NVLink two-sided / one-sided managers       MNNVL needs NVLink: the m
 ``torch.accelerator.current_device_index``,            the two-sided manager asks for a device;
 ``torch.accelerator.empty_cache``                      0.28.0's workspace manager frees its cache
 =====================================================  ===========================================
+
+GPU families (``capability``, :data:`.gpus.CAPABILITIES`): the seam reports 10.0 (B200), 10.3
+(B300), 12.0 (RTX PRO 6000) or 12.1 (GB10) and changes nothing else per family. vLLM's own code
+then decides, as on that GPU: an explicit ``--moe-backend`` goes to ``oracle.return_or_raise``
+(FM/oracle/nvfp4.py:298, FM/oracle/base.py:218-238), which asks the experts'
+``is_supported_config`` and with it ``_supports_current_device`` (FM/modular_kernel.py:650) and
+``_supports_quant_scheme``; a refusal is a ``ValueError`` the matrix records as ``vllm_refuses``
+(``layouts.refusal``). So TRT-LLM (10.x only) is refused on 12.x, and FlashInfer CUTLASS (9.0,
+10.x, 12.x; NVFP4 from ``has_device_capability(100)``, :184-189) is built on all four. The emulated
+CUTLASS kernel is the same on every family: FlashInfer's Python ``cutlass_fused_moe`` takes the
+same NVFP4 operands whatever arch its JIT module was built for, and the GEMM1 scale collapse
+happens in vLLM's Python before the kernel, with no capability question
+(Q/utils/flashinfer_fp4_moe.py:496-504, FM/oracle/nvfp4.py:78-83). Arch-specific kernel numerics
+(SM120 CUTLASS tiles) are not emulated. Non-default capabilities need the experts' own
+``_supports_current_device``, found by feature; their family rules were read on v0.34.0 only
+(where 0.20.0 and 0.28.0 take this branch, the seam answers with 0.34.0's rule, unread and
+unmeasured per family there). On v0.14.0's module-level probes only 10.0 is modelled.
 
 What changed against the 0.11.x seam: activations are quantized by vLLM's own op
 (``ops.scaled_fp4_quant``), not ``flashinfer.fp4_quantize``; against 0.3.1, ``cutlass_fused_moe``
@@ -122,8 +143,9 @@ oracle/nvfp4.py:238-247) the seam also replaces, for its duration:
 vLLM 0.34.0 / FlashInfer symbol replaced               why it has to be replaced on CPU
 =====================================================  ===========================================
 ``TrtLlmNvFp4ExpertsBase._supports_current_device``    capability probe (FM/experts/trtllm_nvfp4_
-                                                       moe.py:226-234): keeps SM100, drops
-                                                       ``is_cuda()`` and the FlashInfer probe
+                                                       moe.py:226-234): keeps the 10.x family
+                                                       check, drops ``is_cuda()`` and the
+                                                       FlashInfer probe (so 12.x is refused)
 ``flashinfer.fused_moe.trtllm_fp4_block_scale_moe``    SM100 kernels (monolithic :601-634, modular
 ``flashinfer.fused_moe.trtllm_fp4_block_scale_``       :388-423) -> ``nvfp4.trtllm_emulator``'s
 ``routed_moe``                                         0.7 contract (``..._moe_0_7``,
@@ -159,6 +181,7 @@ import torch
 from fp4_moe_lab import nvfp4
 from fp4_moe_lab.simulation import oracle_comm, oracle_flashinfer, oracle_trtllm
 from fp4_moe_lab.simulation.blackwell import _Patcher, cpu_swizzle_blockscale
+from fp4_moe_lab.simulation.gpus import DEFAULT_CAPABILITY, parse_capability
 
 _FM = "vllm.model_executor.layers.fused_moe"
 _FX = f"{_FM}.experts.flashinfer_cutlass_moe"
@@ -230,10 +253,31 @@ def _probes_0_14(p: _Patcher) -> None:
               _fi_fp4_cutlass_moe_available_0_14, only_if_present=True)
 
 
-def _sm100():
+def _reported_capability(major: int, minor: int):
+    """What ``get_device_capability`` answers: NVML's compute capability of GPU 0 on a real
+    machine (v0.34.0 platforms/cuda.py:803-813), here the simulated GPU's."""
     from vllm.platforms.interface import DeviceCapability
 
-    return classmethod(lambda cls, device_id=0: DeviceCapability(10, 0))
+    return classmethod(lambda cls, device_id=0: DeviceCapability(major, minor))
+
+
+def simulates_capability(capability: str) -> bool:
+    """Can the installed vLLM be run as GPU ``capability``? 10.0 always (both seams); the other
+    families on an oracle release whose FlashInfer CUTLASS asks its own
+    ``_supports_current_device`` (v0.34.0 FM/experts/flashinfer_cutlass_moe.py:134-146), whose
+    family checks the seam keeps. v0.14.0's module-level probes (:func:`_probes_0_14`) and the
+    0.11.x seam are modelled for SM100 only."""
+    parse_capability(capability)
+    if capability == DEFAULT_CAPABILITY:
+        return True
+    return applies() and hasattr(_experts_module().FlashInferExperts, "_supports_current_device")
+
+
+def _require_default_capability(capability: str) -> None:
+    """v0.14.0's probes are modelled for SM100 only (their 12.x answers were not read)."""
+    if capability != DEFAULT_CAPABILITY:
+        raise NotImplementedError(f"capability {capability}: this vLLM's NVFP4 MoE probes "
+                                  f"are simulated for {DEFAULT_CAPABILITY} only")
 
 
 class _ClassPatcher(_Patcher):
@@ -257,8 +301,8 @@ class _ClassPatcher(_Patcher):
 
 
 @contextlib.contextmanager
-def simulated_blackwell(*, backend: str = "throughput",
-                        kernel: str = "emulator") -> Iterator[None]:
+def simulated_blackwell(*, backend: str = "throughput", kernel: str = "emulator",
+                        capability: str = DEFAULT_CAPABILITY) -> Iterator[None]:
     """Run vLLM's oracle-design NVFP4 MoE code on CPU with the emulator as FlashInfer.
 
     The backend is chosen the way a user does it, ``--moe-backend flashinfer_cutlass``
@@ -267,12 +311,15 @@ def simulated_blackwell(*, backend: str = "throughput",
     probe, see :func:`.oracle_trtllm.flashinfer_trtllm_stub`). ``kernel="reference"``
     (CUTLASS only): the ideal-NVFP4 loop of :mod:`.reference_kernel` instead of the emulator,
     for end-to-end references (run them with the plugin on:
-    :func:`.reference_kernel.reference_cutlass_fused_moe_prequantized` says why)."""
+    :func:`.reference_kernel.reference_cutlass_fused_moe_prequantized` says why).
+    ``capability``: the GPU reported to vLLM, one of :data:`.gpus.CAPABILITIES` (module
+    docstring, GPU families)."""
     if backend not in MOE_BACKENDS or kernel not in ("emulator", "reference"):
         raise NotImplementedError("the oracle seam simulates FlashInfer CUTLASS and TRT-LLM "
                                   "with the emulator, and CUTLASS with the reference kernel")
     if kernel == "reference" and backend != "throughput":
         raise NotImplementedError("the reference kernel stands in for FlashInfer CUTLASS only")
+    major, minor = parse_capability(capability)
     import vllm._custom_ops as ops
     from vllm.platforms import current_platform
 
@@ -290,7 +337,7 @@ def simulated_blackwell(*, backend: str = "throughput",
             sys.modules[name] = mod
 
     try:
-        p.set_cls(platform_cls, "get_device_capability", _sm100())
+        p.set_cls(platform_cls, "get_device_capability", _reported_capability(major, minor))
         p.set_cls(platform_cls, "get_device_communicator_cls",
                   classmethod(lambda cls: communicator))
         fx = _experts_module()
@@ -298,6 +345,7 @@ def simulated_blackwell(*, backend: str = "throughput",
             p.set_cls(fx.FlashInferExperts, "_supports_current_device",
                       staticmethod(oracle_flashinfer.fi_cutlass_supports_current_device))
         else:  # v0.14.0: the oracle's module-level probes, see _probes_0_14
+            _require_default_capability(capability)
             _probes_0_14(p)
         p.set(fx, "has_flashinfer_cutlass_fused_moe", lambda: True)
         # v0.14.0 FM/config.py:1103-1111 (FusedMoEConfig.use_flashinfer_cutlass_kernels, which

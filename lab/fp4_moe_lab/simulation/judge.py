@@ -55,6 +55,7 @@ class Row:
     plugin_a1_gscale_shape: Optional[list]
     plugin_check: list  # the load-time check's verdict per rank
     vllm_refuses: bool = False  # vLLM's backend selection refuses the layout, stock and plugin
+    capability: str = "10.0"  # the GPU the seam reported to vLLM (blackwell_oracle.CAPABILITIES)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -72,10 +73,11 @@ def _nan_as_inf(err: float) -> float:
 
 def judge(fmt: str, layout: str, backend: str, ranks, references: Callable, *, scheme: str,
           release: tuple, check: Optional[Callable] = None,
-          equally_accurate_ok: bool = False) -> Row:
+          equally_accurate_ok: bool = False, capability: str = "10.0") -> Row:
     """One row from every rank's stock and plugin outputs (``ranks``: ``layouts.RankOutput``)
     for ``fmt``. ``references(rank)`` gives that rank's (ideal, fp32) references; ``release``:
-    ``(vLLM version, design)``; ``check(rank)``: the plugin's load-time verdict there."""
+    ``(vLLM version, design)``; ``check(rank)``: the plugin's load-time verdict there;
+    ``capability``: the simulated GPU the ranks ran on, recorded in the row."""
     errs = {m: [] for m in MODES}
     fp32_errs = {m: [] for m in MODES}
     failures: dict[str, Optional[str]] = dict.fromkeys(MODES)
@@ -116,7 +118,8 @@ def judge(fmt: str, layout: str, backend: str, ranks, references: Callable, *, s
             equally_accurate_ok and max(fp32_errs["stock"]) <= FP32_FACTOR * floor)),
         plugin_prepare_finalize=info["prepare_finalize"],
         plugin_a1_gscale_shape=info["a1_gscale_shape"],
-        plugin_check=[check(r) if check else None for r in ranks], vllm_refuses=refuses)
+        plugin_check=[check(r) if check else None for r in ranks], vllm_refuses=refuses,
+        capability=capability)
 
 
 def installed_release() -> tuple[str, Optional[Design]]:

@@ -134,7 +134,8 @@ class RankContext:
 
 
 def _worker(rank: int, layout: Layout, job: str, args: tuple, ports: list[int], queue,
-            log_path: Optional[str], backend: str = "throughput") -> None:
+            log_path: Optional[str], backend: str = "throughput",
+            capability: str = "10.0") -> None:
     if log_path:  # vLLM and gloo print a lot per rank; keep it out of the caller's output
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(fd, 1)
@@ -142,7 +143,7 @@ def _worker(rank: int, layout: Layout, job: str, args: tuple, ports: list[int], 
     try:
         # Bytes, not tensors: torch would share storage by fd, which dies with this process.
         buf = io.BytesIO()
-        torch.save(_run_job(rank, layout, job, args, ports, backend), buf)
+        torch.save(_run_job(rank, layout, job, args, ports, backend, capability), buf)
         queue.put((rank, buf.getvalue()))
     except BaseException:  # report, never hang the parent
         queue.put(RuntimeError(f"rank {rank} of layout {layout.name} failed in {job}:\n"
@@ -150,7 +151,7 @@ def _worker(rank: int, layout: Layout, job: str, args: tuple, ports: list[int], 
 
 
 def _run_job(rank: int, layout: Layout, job: str, args: tuple, ports: list[int],
-             backend: str = "throughput"):
+             backend: str = "throughput", capability: str = "10.0"):
     os.environ["VLLM_ALL2ALL_BACKEND"] = layout.all2all
     torch.set_num_threads(1)
     from vllm.config import DeviceConfig, ParallelConfig, VllmConfig, set_current_vllm_config
@@ -187,9 +188,11 @@ def _run_job(rank: int, layout: Layout, job: str, args: tuple, ports: list[int],
         else:  # 0.14.x: the FlashInfer variables (v0.14.0 FM/oracle/nvfp4.py:80-101)
             os.environ["VLLM_USE_FLASHINFER_MOE_FP4"] = "1"
             os.environ["VLLM_FLASHINFER_MOE_BACKEND"] = backend
-        seam["backend"] = backend
+        seam.update(backend=backend, capability=capability)
     elif backend != "throughput":
         raise NotImplementedError("spawn(backend=...) selects the oracle design's backend")
+    elif capability != "10.0":  # the 0.11.x seam (blackwell.py) reports SM100 only
+        raise NotImplementedError("spawn(capability=...) is simulated on the oracle design")
     cfg = VllmConfig(device_config=DeviceConfig(device="cpu"), parallel_config=parallel, **extra)
     if oracle and getattr(cfg.compilation_config, "max_cudagraph_capture_size", 0) is None:
         # A GPU engine always has one; v0.20.0's FlashInferExperts passes it to FlashInfer as
@@ -236,13 +239,14 @@ def _release_groups() -> None:
 
 
 def spawn(layout: Layout, job: str, *args, timeout_s: float = 600.0,
-          quiet: bool = True, backend: str = "throughput") -> list:
+          quiet: bool = True, backend: str = "throughput", capability: str = "10.0") -> list:
     """Run ``job`` ("module:function", called as ``f(RankContext, *args)``) in every rank of
     ``layout``, each a fresh spawned process in real gloo groups; results ordered by rank.
 
     With ``quiet`` each rank's output goes to a log file, whose tail is attached to the error
     if a rank fails. ``backend`` (oracle design only): the seam backend every rank runs,
-    ``"throughput"`` (FlashInfer CUTLASS) or ``"latency"`` (TRT-LLM), as ``--moe-backend``."""
+    ``"throughput"`` (FlashInfer CUTLASS) or ``"latency"`` (TRT-LLM), as ``--moe-backend``;
+    ``capability``: the GPU the oracle seam reports (``blackwell_oracle.CAPABILITIES``)."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     ports = [_free_port() for _ in range(4)]
@@ -250,7 +254,8 @@ def spawn(layout: Layout, job: str, *args, timeout_s: float = 600.0,
     logs = [os.path.join(log_dir, f"rank{r}.log") if log_dir else None
             for r in range(layout.world)]
     procs = [ctx.Process(target=_worker,
-                         args=(r, layout, job, args, ports, queue, logs[r], backend))
+                         args=(r, layout, job, args, ports, queue, logs[r], backend,
+                               capability))
              for r in range(layout.world)]
     for p in procs:
         p.start()
@@ -411,8 +416,10 @@ def _describe_runner(runner) -> dict[str, Any]:
 
 def run_layout(layout: Layout, scenario: Scenario, formats=("modelopt", "compressed-tensors"),
                modes=("stock", "plugin"), backend: str = "throughput",
-               layer_kwargs: Optional[dict] = None) -> list[RankOutput]:
+               layer_kwargs: Optional[dict] = None,
+               capability: str = "10.0") -> list[RankOutput]:
     """Stock and plugin outputs of every rank of ``layout`` on the scenario's tokens
-    (``backend``: see :func:`spawn`; ``layer_kwargs``: see :func:`stock_and_plugin_outputs`)."""
+    (``backend``, ``capability``: see :func:`spawn`; ``layer_kwargs``: see
+    :func:`stock_and_plugin_outputs`)."""
     return spawn(layout, f"{__name__}:stock_and_plugin_outputs", scenario, tuple(formats),
-                 tuple(modes), layer_kwargs, backend=backend)
+                 tuple(modes), layer_kwargs, backend=backend, capability=capability)

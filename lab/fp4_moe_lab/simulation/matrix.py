@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """The consistency matrix: every format x layout x backend, stock vs plugin, on the same inputs.
 
-Each row compares the real vLLM layer output of the installed release (SM100 simulated,
-FlashInfer emulated) with two plain loop-over-experts references computed here from the same
-seeds:
+Each row compares the real vLLM layer output of the installed release (a Blackwell GPU simulated,
+SM100 unless a ``capability`` is asked for; FlashInfer emulated) with two plain loop-over-experts
+references computed here from the same seeds:
 
 * the fp32 reference: dequantized weights, unquantized activations;
 * the ideal NVFP4 reference *for that layout and release*: activations quantized per expert
@@ -20,7 +20,7 @@ from typing import Iterable, Optional
 
 import torch
 
-from fp4_moe_lab.simulation import trtllm_rows
+from fp4_moe_lab.simulation import gpus, trtllm_rows
 from fp4_moe_lab.simulation.judge import Row, installed_release, judge
 from fp4_moe_lab.simulation.layouts import LAYOUTS, Scenario, run_layout
 from vllm_fp4_moe_plugin.support import Design
@@ -171,7 +171,7 @@ ORACLE_SEAM_BACKENDS = {BACKEND: "throughput", "flashinfer_trtllm": "latency"}
 
 def rows_for_layout(layout_name: str, scenario: Scenario,
                     formats=("modelopt", "compressed-tensors"), backend: str = BACKEND,
-                    ranks=None) -> list[Row]:
+                    ranks=None, capability: str = gpus.DEFAULT_CAPABILITY) -> list[Row]:
     """One row per format. ``backend`` ``"flashinfer_trtllm"`` (oracle design only): vLLM's
     oracle picks FLASHINFER_TRTLLM (``--moe-backend flashinfer_trtllm``): the monolithic,
     self-routing kernel on a DeepSeek-V3-style layer where vLLM takes it, the modular experts
@@ -179,14 +179,18 @@ def rows_for_layout(layout_name: str, scenario: Scenario,
     scales are collapsed exactly as for
     CUTLASS (both are global-sf backends, oracle/nvfp4.py:69-83), so the reference scheme is
     the same, without CUTLASS's bf16 rounding of GEMM1's output. ``ranks``: outputs of
-    :func:`~.layouts.run_layout` for this layout and backend already in hand."""
+    :func:`~.layouts.run_layout` for this layout and backend already in hand; ``capability``:
+    the GPU the seam reports (``gpus.CAPABILITIES``). The references do not depend
+    on it: the scale collapse is vLLM's Python, the same on every family (module docstring of
+    :mod:`.blackwell_oracle`, GPU families); a backend vLLM refuses there is a refused row."""
     layout = LAYOUTS[layout_name]
     version, design = installed_release()
     kernel_routing = trtllm_routes_itself(backend, layout)
     if ranks is None:
         ranks = run_layout(layout, scenario, formats=formats,
                            backend=ORACLE_SEAM_BACKENDS[backend],
-                           layer_kwargs=trtllm_layer_kwargs(scenario) if kernel_routing else None)
+                           layer_kwargs=trtllm_layer_kwargs(scenario) if kernel_routing else None,
+                           capability=capability)
     inter_dtype = torch.bfloat16 if backend == BACKEND else None
     refs: dict = {}
 
@@ -204,7 +208,7 @@ def rows_for_layout(layout_name: str, scenario: Scenario,
     for fmt in formats:
         scheme = reference_scheme(design, fmt, layout)
         rows.append(judge(fmt, layout_name, backend, ranks, refs_for(scheme), scheme=scheme,
-                          release=(version, design),
+                          release=(version, design), capability=capability,
                           check=lambda r, fmt=fmt: (r.info[f"{fmt}/plugin"].get("check")
                                                     or (None,))[0]))
     return rows
@@ -235,9 +239,11 @@ def default_backends() -> tuple[str, ...]:
 
 def run_matrix(layouts: Optional[Iterable[str]] = None, scenario: Optional[Scenario] = None,
                formats=("modelopt", "compressed-tensors"),
-               backends: Optional[Iterable[str]] = None) -> list[Row]:
+               backends: Optional[Iterable[str]] = None,
+               capability: str = gpus.DEFAULT_CAPABILITY) -> list[Row]:
     """``layouts`` default: :func:`~.layouts.default_layouts` of the installed vLLM;
-    ``backends`` default: :func:`default_backends`."""
+    ``backends`` default: :func:`default_backends`; ``capability``: the simulated GPU
+    (oracle design only; 0.11.x's seam and TRT-LLM rows are SM100's)."""
     from fp4_moe_lab.simulation import blackwell_oracle
     from fp4_moe_lab.simulation.layouts import default_layouts
 
@@ -246,16 +252,19 @@ def run_matrix(layouts: Optional[Iterable[str]] = None, scenario: Optional[Scena
     backends = tuple(default_backends() if backends is None else backends)
     scenario = scenario or Scenario()
     design = installed_release()[1]
+    if not blackwell_oracle.simulates_capability(capability):  # before any rank starts
+        raise NotImplementedError(f"capability {capability} is not simulated on this vLLM "
+                                  "(blackwell_oracle.simulates_capability)")
     rows: list[Row] = []
     for name in layouts:
         if BACKEND in backends:
-            rows.extend(rows_for_layout(name, scenario, formats))
+            rows.extend(rows_for_layout(name, scenario, formats, capability=capability))
         if trtllm_rows.BACKEND not in backends:
             continue
         if oracle:  # vLLM 0.14.0+: the oracle picks FLASHINFER_TRTLLM
             if name in ORACLE_TRTLLM_LAYOUTS:
                 rows.extend(rows_for_layout(name, scenario, formats,
-                                            backend=trtllm_rows.BACKEND))
+                                            backend=trtllm_rows.BACKEND, capability=capability))
         elif trtllm_rows.applies(name, formats, design):
             rows.extend(trtllm_rows.rows_for_layout(name, scenario))  # vLLM 0.11.0's TRT-LLM
     return rows
@@ -265,7 +274,9 @@ def _err(row: Row, error, rel_err: float) -> str:
     return "vLLM refuses" if row.vllm_refuses else "fails" if error else f"{rel_err:.3g}"
 
 
-def format_table(rows: list[Row]) -> str:
+def format_table(rows: list[Row], with_capability: bool = False) -> str:
+    """The matrix as text; ``with_capability``: a first column naming each row's GPU (rows of
+    several ``--capability`` in one table)."""
     head = ("format", "layout", "backend", "stock err", "plugin err", "bound", "noise floor",
             "plugin vs fp32", "hole", "plugin == stock", "ok")
     body = [(r.format, r.layout, r.backend,
@@ -273,6 +284,9 @@ def format_table(rows: list[Row]) -> str:
              f"{r.bound:.0e}", f"{r.noise_floor:.3g}", f"{r.plugin_fp32_err:.3g}",
              "yes" if r.stock_affected else "no", "bit-identical" if r.bit_identical else "no",
              "yes" if r.ok else "NO") for r in rows]
+    if with_capability:
+        head = ("GPU",) + head
+        body = [(r.capability,) + b for r, b in zip(rows, body)]
     widths = [max(len(str(c)) for c in col) for col in zip(head, *body)]
     fmt = " | ".join(f"{{:<{w}}}" for w in widths)
     lines = [fmt.format(*head), "-+-".join("-" * w for w in widths)]

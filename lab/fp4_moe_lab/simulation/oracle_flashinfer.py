@@ -123,7 +123,11 @@ def flashinfer_enum_stub() -> dict:
 
 
 def fi_cutlass_supports_current_device() -> bool:
-    """v0.34.0 FM/experts/flashinfer_cutlass_moe.py:135-146 without ``is_cuda()``."""
+    """v0.34.0 FM/experts/flashinfer_cutlass_moe.py:134-146 without ``is_cuda()`` (and with the
+    kernel present, the emulator): exactly 9.0, or the 10.x or 12.x family; 11.x is excluded
+    there (flashinfer-ai/flashinfer#3134). NVFP4 itself is ``_supports_quant_scheme``'s
+    question (:184-189), left to vLLM."""
     from vllm.platforms import current_platform as p
 
-    return p.is_device_capability_family(100)
+    return (p.is_device_capability(90) or p.is_device_capability_family(100)
+            or p.is_device_capability_family(120))

@@ -95,7 +95,8 @@ def flashinfer_trtllm_stub():
 
 def trtllm_supports_current_device() -> bool:
     """v0.34.0 FM/experts/trtllm_nvfp4_moe.py:226-234 without ``is_cuda()`` and the FlashInfer
-    probe (its kernels are the emulator's)."""
+    probe (its kernels are the emulator's): the 10.x family only, so on a simulated 12.x GPU
+    vLLM refuses ``--moe-backend flashinfer_trtllm`` as it would there."""
     from vllm.platforms import current_platform as p
 
     return p.is_device_capability_family(100)

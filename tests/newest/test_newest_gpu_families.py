@@ -1,0 +1,106 @@
+# SPDX-License-Identifier: Apache-2.0
+"""NVFP4 MoE on the 12.x Blackwell family (RTX PRO 6000 = 12.0), real vLLM code on CPU.
+
+The oracle seam reports the chosen GPU (``simulated_blackwell(capability=...)``) and keeps
+vLLM's own device probes, so what vLLM builds there is its decision: FlashInfer CUTLASS takes
+9.0, 10.x and 12.x (v0.34.0 FM/experts/flashinfer_cutlass_moe.py:134-146), TRT-LLM the 10.x
+family only (FM/experts/trtllm_nvfp4_moe.py:226-234). CUTLASS's GEMM1 scale collapse is vLLM's
+Python, asked no capability (Q/utils/flashinfer_fp4_moe.py:496-504), so compressed-tensors under
+DP+EP has the same hole on 12.0 as on 10.0, and the plugin must close it there too.
+"""
+
+import pytest
+
+from fp4_moe_lab.simulation import blackwell_oracle
+from fp4_moe_lab.simulation.judge import REFUSED
+from fp4_moe_lab.simulation.layouts import LAYOUTS, Scenario, run_layout
+from fp4_moe_lab.simulation.matrix import rows_for_layout, trtllm_layer_kwargs
+from tests.pass_marks import AFFECTED_FACTOR, FP32_FACTOR, PLUGIN_BOUND
+
+RTX_PRO_6000 = "12.0"
+
+
+def _skip_unless_families() -> None:
+    if not blackwell_oracle.simulates_capability(RTX_PRO_6000):
+        pytest.skip("this vLLM has no FlashInferExperts._supports_current_device (v0.14.0's "
+                    "module-level NVFP4 probes): the seam models 10.0 only there")
+
+
+def test_an_unknown_capability_is_refused_by_name(capsys):
+    from fp4_moe_lab.cli import main
+
+    with pytest.raises(SystemExit) as exited:  # argparse's usage error, before any rank
+        main(["matrix", "--capability", "11.0", "--layout", "single"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "--capability" in err and "11.0" in err
+    for accepted in ("10.0", "10.3", "12.0", "12.1"):
+        assert accepted in err, err
+
+
+def test_the_seam_answers_vllms_probes_as_on_the_gpu():
+    """Every capability question reads the reported GPU; the two experts' device probes keep
+    vLLM's own family rules (CUTLASS on 12.x, TRT-LLM not)."""
+    _skip_unless_families()
+    from vllm.model_executor.layers.fused_moe.experts.flashinfer_cutlass_moe import (
+        FlashInferExperts,
+    )
+    from vllm.model_executor.layers.fused_moe.experts.trtllm_nvfp4_moe import (
+        TrtLlmNvFp4ExpertsBase,
+    )
+    from vllm.platforms import current_platform as p
+
+    with blackwell_oracle.simulated_blackwell(backend="latency", capability=RTX_PRO_6000):
+        assert tuple(p.get_device_capability()) == (12, 0)
+        assert p.is_device_capability_family(120) and p.has_device_capability(100)
+        assert not p.is_device_capability_family(100)
+        assert FlashInferExperts._supports_current_device()
+        assert not TrtLlmNvFp4ExpertsBase._supports_current_device()
+    with blackwell_oracle.simulated_blackwell(backend="latency", capability="10.3"):
+        assert TrtLlmNvFp4ExpertsBase._supports_current_device()
+    assert p.get_device_capability() is None  # the CPU platform again, once the seam is left
+
+
+@pytest.mark.multiproc
+def test_compressed_tensors_dp_ep_cutlass_hole_on_12_0_and_the_plugin_fix():
+    """dp_ep_allgather, FlashInfer CUTLASS, at 12.0: stock far from the ideal NVFP4 answer
+    (each rank collapses GEMM1's scale over its own experts), the plugin at it."""
+    _skip_unless_families()
+    scenario = Scenario()
+    fmts = ("compressed-tensors",)
+    ranks = run_layout(LAYOUTS["dp_ep_allgather"], scenario, formats=fmts,
+                       capability=RTX_PRO_6000)
+    for r in ranks:
+        for mode in ("stock", "plugin"):
+            info = r.info[f"compressed-tensors/{mode}"]
+            assert info["backend"] == "FLASHINFER_CUTLASS", info  # vLLM's choice at 12.0
+            assert info["experts"] == "FlashInferExperts", info
+    (row,) = rows_for_layout("dp_ep_allgather", scenario, fmts, ranks=ranks,
+                             capability=RTX_PRO_6000)
+    assert row.capability == RTX_PRO_6000 and not row.vllm_refuses
+    assert row.stock_error is None and row.plugin_error is None, row
+    assert row.stock_rel_err >= AFFECTED_FACTOR * PLUGIN_BOUND, row
+    assert row.stock_fp32_err > FP32_FACTOR * row.noise_floor, row
+    assert row.plugin_rel_err <= PLUGIN_BOUND, row
+    assert row.plugin_fp32_err <= FP32_FACTOR * row.noise_floor, row
+    assert row.ok and row.stock_affected and not row.bit_identical
+
+
+@pytest.mark.multiproc
+def test_vllm_refuses_trtllm_on_12_0_with_and_without_the_plugin():
+    """``--moe-backend flashinfer_trtllm`` on 12.0: vLLM's oracle raises at load (the experts'
+    device probe says no), stock and plugin alike; the matrix row says so and is ok."""
+    _skip_unless_families()
+    if not blackwell_oracle.simulates_trtllm():
+        pytest.skip("the seam does not simulate this vLLM's TRT-LLM experts")
+    scenario = Scenario()
+    ranks = run_layout(LAYOUTS["single"], scenario, backend="latency",
+                       layer_kwargs=trtllm_layer_kwargs(scenario), capability=RTX_PRO_6000)
+    for key, err in ranks[0].errors.items():
+        assert err.startswith(REFUSED) and "FLASHINFER_TRTLLM" in err, (key, err)
+    assert set(ranks[0].errors) == {f"{f}/{m}" for f in ("modelopt", "compressed-tensors")
+                                    for m in ("stock", "plugin")}
+    assert not ranks[0].outputs
+    rows = rows_for_layout("single", scenario, backend="flashinfer_trtllm", ranks=ranks,
+                           capability=RTX_PRO_6000)
+    assert all(r.vllm_refuses and r.ok and r.capability == RTX_PRO_6000 for r in rows), rows

@@ -33,6 +33,11 @@ FIRST = (0, 11, 0)
 TABLE = ROOT / "docs" / "releases.json"
 WORLDS = ROOT / ".sweep"
 NEED_GIB = 16  # a world: ~10 GiB installed, pip's temporary files besides
+# A release pinning a torch the index has as +cpu (0.28.0: 2.13.0) gets these from PyPI built for
+# CUDA torch: they fail at import ("torchvision::nms does not exist", torchcodec's and
+# torchaudio's libraries), and transformers and vLLM's multimodal code import them when present
+# (an OSError vLLM does not catch). Its MoE code needs none: one that cannot import is removed.
+CUDA_ONLY_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
 PROBE = """
 import json, importlib
 from vllm_fp4_moe_plugin import compat, patches, vllm_modules as vm
@@ -90,11 +95,9 @@ def _install(release: str, venv: Path, log) -> Optional[str]:
     r = _run(cmd, log, 3600, env={**os.environ, "PIP_NO_CACHE_DIR": "1"})
     if r.returncode:
         return "pip install vllm: " + (r.stderr.strip().splitlines() or ["?"])[-1][:300]
-    if _run([py, "-c", "import torchvision"], log, 600).returncode:
-        # A release pinning the torch the index has as +cpu (0.28.0: 2.13.0) gets PyPI's
-        # torchvision, built for CUDA torch: it fails at import ("torchvision::nms does not
-        # exist"), and transformers imports it when present. vLLM's MoE code does not need it.
-        _run([py, "-m", "pip", "uninstall", "-y", "-q", "torchvision"], log, 600)
+    for extra in CUDA_ONLY_EXTRAS:
+        if _run([py, "-c", f"import {extra}"], log, 600).returncode:
+            _run([py, "-m", "pip", "uninstall", "-y", "-q", extra], log, 600)
     r = _run([py, "-m", "pip", "install", "-q", "--no-deps", "-e", ".", "-e", "./lab"], log, 600)
     return None if r.returncode == 0 else "pip install plugin: " + r.stderr.strip()[-300:]
 

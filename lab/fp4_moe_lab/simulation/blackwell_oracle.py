@@ -136,6 +136,35 @@ vLLM 0.14.0 symbol replaced                            why it has to be replaced
 Its FlashInfer TRT-LLM path and the one-sided dispatcher are not simulated (see
 :func:`.oracle_trtllm.simulates_trtllm` and :func:`simulates_one_sided`).
 
+vLLM 0.16.0 has dropped v0.14.0's ``flashinfer_cutlass_prepare_finalize.py`` but has no
+``prepare_finalize/`` package yet: the DP P/Fs are the plain module ``fused_moe/
+prepare_finalize.py`` (naive all-gather/reduce-scatter, for ``dp`` and ``dp_ep_allgather``) and
+``fused_moe/flashinfer_a2a_prepare_finalize.py`` (``flashinfer_all2allv``), each calling
+FlashInfer through vLLM's lazy wrappers (utils/flashinfer.py:68-104, which raise "FlashInfer
+backend is not available" when it is absent). Found by feature (the module exists and holds the
+symbol), the seam also replaces there (paths under ``vllm/`` of v0.16.0):
+
+=====================================================  ===========================================
+vLLM 0.16.0 symbol replaced                            why it has to be replaced on CPU
+=====================================================  ===========================================
+``prepare_finalize.nvfp4_block_scale_interleave``      FlashInfer SF interleave after the gather
+                                                       (FM/prepare_finalize.py:14, 100-104;
+                                                       wrapper utils/flashinfer.py:131-133) ->
+                                                       emulator
+``flashinfer_a2a_prepare_finalize.flashinfer_``        ``flashinfer.comm.trtllm_alltoall.MnnvlMoe``
+``alltoall_dispatch`` / ``_combine``                   (FM/flashinfer_a2a_prepare_finalize.py:
+                                                       118-226; MNNVL, and the seam's stub
+                                                       ``flashinfer`` is no package) -> the gloo
+                                                       twin of the 0.14.0/0.20.0 two-sided
+                                                       contract (an all-gather over the EP
+                                                       group's gloo ``cpu_group``, a sum-all-
+                                                       reduce for combine); the interleave at
+                                                       :188-192 happens inside it
+=====================================================  ===========================================
+
+Its ``FlashInferAllToAllManager`` is v0.14.0's (distributed/device_communicators/all2all.py:
+502-604) and is twinned the same way.
+
 With ``backend="latency"`` (``--moe-backend flashinfer_trtllm``, vLLM's first choice on SM100,
 oracle/nvfp4.py:238-247) the seam also replaces, for its duration:
 
@@ -370,19 +399,21 @@ def simulated_blackwell(*, backend: str = "throughput", kernel: str = "emulator"
         # (FM/utils.py:27, 115-122: ``flashinfer_fp4_quantize``); 0.34.0 has no such name
         p.set(f"{_FM}.utils", "flashinfer_fp4_quantize", nvfp4.fp4_quantize,
               only_if_present=True)
-        # the P/Fs' SF interleave: the prepare_finalize/ package (0.20.0+), or v0.14.0's one
-        # module for FlashInfer's P/Fs (FM/flashinfer_cutlass_prepare_finalize.py:20, 227, 314)
+        # the P/Fs' SF interleave: the prepare_finalize/ package (0.20.0+), v0.14.0's one
+        # module for FlashInfer's P/Fs (FM/flashinfer_cutlass_prepare_finalize.py:20, 227, 314),
+        # or v0.16.0's plain prepare_finalize.py (:14, 104: MoEPrepareAndFinalizeNaiveEP)
         for name in (f"{_FM}.prepare_finalize.naive_dp_ep",
                      f"{_FM}.prepare_finalize.flashinfer_nvlink_two_sided",
                      f"{_FM}.prepare_finalize.flashinfer_nvlink_one_sided",
-                     f"{_FM}.flashinfer_cutlass_prepare_finalize"):
+                     f"{_FM}.flashinfer_cutlass_prepare_finalize",
+                     f"{_FM}.prepare_finalize"):
             mod = oracle_comm.present_module(name)
             if mod is not None:
                 p.set(mod, "nvfp4_block_scale_interleave", nvfp4.block_scale_interleave,
                       only_if_present=True)
         p.set("vllm.model_executor.layers.quantization.utils.flashinfer_fp4_moe",
               "swizzle_blockscale", cpu_swizzle_blockscale)
-        if oracle_comm.two_sided_is_mnnvl():  # 0.14.0, 0.20.0, 0.28.0
+        if oracle_comm.two_sided_is_mnnvl():  # 0.14.0, 0.16.0, 0.20.0, 0.28.0
             two = oracle_comm.two_sided_module()
             p.set(two, "flashinfer_alltoall_dispatch", oracle_comm.mnnvl_alltoall_dispatch)
             p.set(two, "flashinfer_alltoall_combine", oracle_comm.mnnvl_alltoall_combine)

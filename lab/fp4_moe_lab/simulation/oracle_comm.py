@@ -82,7 +82,8 @@ def mnnvl_alltoall_dispatch(all2all_manager, global_num_tokens_cpu, x, gs, topk_
                              defer_input_quant: bool = False,
                              use_deepseek_fp8_block_scale: bool = False):
     """The older two-sided contract (v0.28.0 prepare_finalize/flashinfer_nvlink_two_sided.py:
-    125-215, same in v0.20.0: FlashInfer's ``MnnvlMoe`` alltoallv; in v0.14.0
+    125-215, same in v0.20.0 and in v0.16.0 model_executor/layers/fused_moe/
+    flashinfer_a2a_prepare_finalize.py:118-203: FlashInfer's ``MnnvlMoe`` alltoallv; in v0.14.0
     model_executor/layers/fused_moe/flashinfer_cutlass_prepare_finalize.py:249-325, which
     takes ``use_deepseek_fp8_block_scale`` instead of ``defer_input_quant``), MNNVL swapped for
     a gloo all-gather: the sender quantizes with ``gs`` in linear SF layout (:166-178; v0.14.0
@@ -137,9 +138,13 @@ def two_sided_module():
     ``prepare_finalize/flashinfer_nvlink_two_sided.py`` (0.20.0+) or, before the
     ``prepare_finalize`` package, ``fused_moe/flashinfer_cutlass_prepare_finalize.py``
     (v0.14.0 model_executor/layers/fused_moe/flashinfer_cutlass_prepare_finalize.py:76-162,
-    249-348: ``FlashInferAllToAllMoEPrepareAndFinalize`` and the module functions it calls)."""
+    249-348: ``FlashInferAllToAllMoEPrepareAndFinalize`` and the module functions it calls)
+    or ``fused_moe/flashinfer_a2a_prepare_finalize.py`` (v0.16.0 :21-115
+    ``FlashInferA2APrepareAndFinalize``, :118-226 the same module functions, same MNNVL
+    contract as v0.14.0's, with ``defer_input_quant``)."""
     for name in (f"{_FM}.prepare_finalize.flashinfer_nvlink_two_sided",
-                 f"{_FM}.flashinfer_cutlass_prepare_finalize"):
+                 f"{_FM}.flashinfer_cutlass_prepare_finalize",
+                 f"{_FM}.flashinfer_a2a_prepare_finalize"):
         mod = present_module(name)
         if mod is not None and hasattr(mod, "flashinfer_alltoall_dispatch"):
             return mod

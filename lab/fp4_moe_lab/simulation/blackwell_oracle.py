@@ -187,6 +187,9 @@ vLLM 0.34.0 / FlashInfer symbol replaced               why it has to be replaced
 ``with_cache``                                         fused_moe/core.py:417-483) -> the same
                                                        indices from ``nvfp4.trtllm_layout``
 ``flashinfer.fused_moe.core.ActivationType``           ``oracle_flashinfer.ActivationType`` twin
+``trtllm_nvfp4_moe.trtllm_moe_pack_topk_ids_weights``  v0.28.0's Triton kernel packing expert id
+                                                       and bf16 weight into one int32 (FM/utils.
+                                                       py:391-459) -> the same in torch
 =====================================================  ===========================================
 
 FlashInfer is not installed in that virtualenv, so these are a stand-in module tree
@@ -432,6 +435,10 @@ def simulated_blackwell(*, backend: str = "throughput", kernel: str = "emulator"
             trt = importlib.import_module(oracle_trtllm._TRT)
             p.set_cls(trt.TrtLlmNvFp4ExpertsBase, "_supports_current_device",
                       staticmethod(oracle_trtllm.trtllm_supports_current_device))
+            # v0.28.0's modular TRT-LLM experts pack routing with a Triton kernel (FM/utils.py:
+            # 391-459, FM/experts/trtllm_nvfp4_moe.py:24, 371); no Triton on CPU
+            p.set(trt, "trtllm_moe_pack_topk_ids_weights",
+                  oracle_trtllm.pack_topk_ids_weights, only_if_present=True)
             # On v0.20.0 this replaces the enum stub above: its ``core`` holds the same
             # ``ActivationType`` twin, which both FlashInfer paths import
             stub(oracle_trtllm.flashinfer_trtllm_stub())

@@ -100,3 +100,14 @@ def trtllm_supports_current_device() -> bool:
     from vllm.platforms import current_platform as p
 
     return p.is_device_capability_family(100)
+
+
+def pack_topk_ids_weights(topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                          block_size: int = 1024) -> torch.Tensor:
+    """What v0.28.0's ``_pack_topk_ids_weights_kernel`` computes (FM/utils.py:391-417), in torch:
+    ``expert_id << 16 | bits(bf16(weight))``, one int32 per (token, k), as TRT-LLM's routed
+    kernel reads it."""
+    ids = topk_ids.to(torch.int32) << 16
+    weights = topk_weights.to(torch.bfloat16).view(torch.int16).to(torch.int32) & 0xFFFF
+    return ids | weights
+

@@ -2,9 +2,9 @@
 """vllm-fp4-moe: the operator's console script, one subcommand per job (audit, doctor).
 
 Subcommands return data from their own modules; printing and --json live here at the edge.
-:func:`run_command` is the exit-code contract, for this script and the lab's
-(``vllm-fp4-moe-lab``): 0 fine; 1 a finding (audit: an affected layer, doctor: at risk); 2 bad
-input or cannot tell (one line naming the input and the fix); 70 a bug (docs/OPERATING.md)."""
+:func:`run_command` is the exit-code contract, for this script and any console script built on
+it: 0 fine; 1 a finding (audit: an affected layer, doctor: at risk); 2 bad input or cannot tell
+(one line naming the input and the fix); 70 a bug (docs/OPERATING.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """NVFP4 format constants (docs/NVFP4-FORMAT.md §3.1-3.2), torch-free, in one place: the serving
-code, the CLI and the lab (``fp4_moe_lab.nvfp4``) agree on the same table and limits.
+code, the CLI and anything built on them agree on the same table and limits.
 """
 
 from __future__ import annotations

@@ -3,6 +3,6 @@
 
 :mod:`.audit` (``audit_checkpoint``) judges what :mod:`.detect`, :mod:`.config_lint` and
 :mod:`.scale_values` read; :mod:`.render` tabulates it; :mod:`.tensor_index` maps tensor names to
-shards. Writing test checkpoints is the lab's (``fp4_moe_lab.checkpoint``); loading one through
-vLLM's model class is test-only (``tests/checkpoint/vllm_load.py``).
+shards. Writing test checkpoints, or loading one through vLLM's model class, is not serving work
+and lives outside this package.
 """

@@ -187,3 +187,10 @@ def test_the_analysis_sees_a_planted_lab_import(tmp_path):
     planted.write_text("from fp4_moe_lab.nvfp4 import quantize\n\ndef f():\n"
                        "    from fp4_moe_lab import commands\n")
     assert _lab_imports(f"{PKG}.scales", planted) == [("<module>", 1), ("f", 4)]
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_the_serving_package_does_not_name_the_lab(module):
+    """Not even in a docstring: a reader of the wheel meets no tool it does not ship."""
+    text = MODULES[module].read_text()
+    assert LAB not in text and "vllm-fp4-moe-lab" not in text, module

@@ -14,9 +14,9 @@ def one_sided_reason() -> str:
     FlashInfer's ``MoeAlltoAll`` payload lists instead (v0.20.0 distributed/device_communicators/
     all2all.py:556-670, prepare_finalize/flashinfer_nvlink_one_sided.py:111-116), a transport the
     simulation does not twin (blackwell_oracle.simulates_one_sided)."""
-    return ("this vLLM's FlashInferNVLinkOneSidedManager has no get_communication: v0.20.0 "
-            "lacks the moe_ep one-sided contract (its manager drives FlashInfer's MoeAlltoAll "
-            "payload lists, v0.20.0 distributed/device_communicators/all2all.py:556-670), "
+    return ("this vLLM's FlashInferNVLinkOneSidedManager has no get_communication: it lacks "
+            "the moe_ep one-sided contract (its manager drives FlashInfer's MoeAlltoAll payload "
+            "lists, as v0.20.0 distributed/device_communicators/all2all.py:556-670 does), "
             "which the seam does not twin, so the matrix has no dp_ep_one_sided rows")
 
 

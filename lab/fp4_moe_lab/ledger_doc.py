@@ -28,9 +28,10 @@ def render() -> str:
     for part, p in ((s, p) for s in SLICES for p in s.patches):
         design = part.design.label if part.design else "every design (applied by register())"
         lines += [f"## `{p.attr}`", ""]
-        built = p.build.removeprefix("vllm_fp4_moe_plugin.patches.")
-        for label, text in (("Module", f"`{p.module}`"), ("Design", design),
-                            ("Built by", f"`patches/{built}`"),
+        module, _, builder = p.build.removeprefix("vllm_fp4_moe_plugin.patches.").partition(":")
+        folder, _, file = module.partition(".")
+        built = f"`{builder}` in `patches/{folder}/{file or '__init__'}.py`"
+        for label, text in (("Module", f"`{p.module}`"), ("Design", design), ("Built by", built),
                             ("Needed when", p.needed.__doc__),
                             ("Why", p.why), ("How", p.how), ("Upstream", p.upstream),
                             ("Remove when", p.remove_when)):

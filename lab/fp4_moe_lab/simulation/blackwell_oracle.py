@@ -424,9 +424,12 @@ def simulated_blackwell(*, backend: str = "throughput", kernel: str = "emulator"
               oracle_flashinfer.one_sided_dispatch_layout, only_if_present=True)  # not in 0.28.0
         p.set(torch.accelerator, "current_device_index", lambda: 0)
         fused_moe_cls = getattr(importlib.import_module(f"{_FM}.layer"), "FusedMoE", None)
-        if hasattr(fused_moe_cls, "ensure_dp_chunking_init"):  # no FusedMoE class in 0.34.0
-            # v0.14.0 FM/layer.py:1527-1551 allocates the DP-chunking staging buffers on
-            # ``torch.cuda.current_device()``; there is no CUDA device here
+        runner = oracle_comm.present_module(f"{_FM}.runner.default_moe_runner")
+        if hasattr(fused_moe_cls, "ensure_dp_chunking_init") or hasattr(  # none in 0.34.0
+                getattr(runner, "DefaultMoERunner", None), "ensure_dp_chunking_init"):
+            # v0.14.0 FM/layer.py:1527-1551 (v0.17.0 FM/runner/default_moe_runner.py:282-299)
+            # allocates the DP-chunking staging buffers on ``torch.cuda.current_device()``;
+            # there is no CUDA device here
             p.set(torch.cuda, "current_device", lambda: torch.device("cpu"))
         if backend == "latency":
             if not flashinfer_absent:

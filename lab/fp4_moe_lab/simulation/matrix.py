@@ -16,6 +16,7 @@ How a row is judged against them (the bound, the noise floor, the ``ok`` rule) i
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Iterable, Optional
 
 import torch
@@ -186,6 +187,10 @@ def rows_for_layout(layout_name: str, scenario: Scenario,
     layout = LAYOUTS[layout_name]
     version, design = installed_release()
     kernel_routing = trtllm_routes_itself(backend, layout)
+    if backend == trtllm_rows.BACKEND:
+        from fp4_moe_lab.simulation.oracle_trtllm import accepted_hidden
+
+        scenario = dataclasses.replace(scenario, hidden=accepted_hidden(scenario.hidden))
     if ranks is None:
         ranks = run_layout(layout, scenario, formats=formats,
                            backend=ORACLE_SEAM_BACKENDS[backend],

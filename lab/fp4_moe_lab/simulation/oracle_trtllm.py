@@ -102,6 +102,30 @@ def trtllm_supports_current_device() -> bool:
     return p.is_device_capability_family(100)
 
 
+def accepted_hidden(hidden: int) -> int:
+    """``hidden``, or the next multiple of 512 where this vLLM's TRT-LLM experts accept only those
+    (v0.17.0 FM/experts/trtllm_nvfp4_moe.py:91-94, ``_supports_shape``, asked by
+    ``is_supported_config`` FM/modular_kernel.py:561-564): the TRT-LLM rows then measure the
+    kernel on a layer it takes, not vLLM refusing the simulation's width. vLLM's own predicate,
+    read from the module's source: importing it needs FlashInfer, which only the ranks stub."""
+    import ast
+
+    spec = importlib.util.find_spec(_TRT)
+    tree = ast.parse(open(spec.origin, encoding="utf-8").read()) if spec and spec.origin else None
+    found = [f for c in (tree.body if tree else ()) if isinstance(c, ast.ClassDef)
+             and c.name == "TrtLlmNvFp4ExpertsBase" for f in c.body
+             if isinstance(f, ast.FunctionDef) and f.name == "_supports_shape"]
+    if not found:
+        return hidden
+    found[0].decorator_list = []  # the staticmethod, as a plain function
+    space: dict = {}
+    exec(compile(ast.Module(body=found, type_ignores=[]), spec.origin, "exec"), space)
+    try:
+        return next(h for h in range(hidden, 16 * 1024 + 1) if space["_supports_shape"](h))
+    except Exception:  # a predicate that needs its module's names: ask nothing of it
+        return hidden
+
+
 def pack_topk_ids_weights(topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                           block_size: int = 1024) -> torch.Tensor:
     """What v0.28.0's ``_pack_topk_ids_weights_kernel`` computes (FM/utils.py:391-417), in torch:

@@ -18,6 +18,7 @@ from typing import Callable, Optional
 
 import torch
 
+from fp4_moe_lab.simulation.gpus import DEFAULT_CAPABILITY
 from vllm_fp4_moe_plugin.support import Design
 
 # Plugin vs the ideal NVFP4 reference. Both quantize identically; what is left is bf16
@@ -55,7 +56,7 @@ class Row:
     plugin_a1_gscale_shape: Optional[list]
     plugin_check: list  # the load-time check's verdict per rank
     vllm_refuses: bool = False  # vLLM's backend selection refuses the layout, stock and plugin
-    capability: str = "10.0"  # the GPU the seam reported to vLLM (blackwell_oracle.CAPABILITIES)
+    capability: str = DEFAULT_CAPABILITY  # the GPU the seam reported to vLLM (gpus.CAPABILITIES)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -73,7 +74,7 @@ def _nan_as_inf(err: float) -> float:
 
 def judge(fmt: str, layout: str, backend: str, ranks, references: Callable, *, scheme: str,
           release: tuple, check: Optional[Callable] = None,
-          equally_accurate_ok: bool = False, capability: str = "10.0") -> Row:
+          equally_accurate_ok: bool = False, capability: str = DEFAULT_CAPABILITY) -> Row:
     """One row from every rank's stock and plugin outputs (``ranks``: ``layouts.RankOutput``)
     for ``fmt``. ``references(rank)`` gives that rank's (ideal, fp32) references; ``release``:
     ``(vLLM version, design)``; ``check(rank)``: the plugin's load-time verdict there;

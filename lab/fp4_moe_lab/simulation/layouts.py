@@ -22,6 +22,7 @@ from typing import Any, Optional
 
 import torch
 
+from fp4_moe_lab.simulation.gpus import DEFAULT_CAPABILITY
 from vllm_fp4_moe_plugin.support import LAYOUTS, Design, Layout
 
 # One vocabulary of layouts, in the vLLM-free support model (support.LAYOUTS).
@@ -135,7 +136,7 @@ class RankContext:
 
 def _worker(rank: int, layout: Layout, job: str, args: tuple, ports: list[int], queue,
             log_path: Optional[str], backend: str = "throughput",
-            capability: str = "10.0") -> None:
+            capability: str = DEFAULT_CAPABILITY) -> None:
     if log_path:  # vLLM and gloo print a lot per rank; keep it out of the caller's output
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(fd, 1)
@@ -151,7 +152,7 @@ def _worker(rank: int, layout: Layout, job: str, args: tuple, ports: list[int], 
 
 
 def _run_job(rank: int, layout: Layout, job: str, args: tuple, ports: list[int],
-             backend: str = "throughput", capability: str = "10.0"):
+             backend: str = "throughput", capability: str = DEFAULT_CAPABILITY):
     os.environ["VLLM_ALL2ALL_BACKEND"] = layout.all2all
     torch.set_num_threads(1)
     from vllm.config import DeviceConfig, ParallelConfig, VllmConfig, set_current_vllm_config
@@ -191,7 +192,7 @@ def _run_job(rank: int, layout: Layout, job: str, args: tuple, ports: list[int],
         seam.update(backend=backend, capability=capability)
     elif backend != "throughput":
         raise NotImplementedError("spawn(backend=...) selects the oracle design's backend")
-    elif capability != "10.0":  # the 0.11.x seam (blackwell.py) reports SM100 only
+    elif capability != DEFAULT_CAPABILITY:  # the 0.11.x seam (blackwell.py) reports SM100 only
         raise NotImplementedError("spawn(capability=...) is simulated on the oracle design")
     cfg = VllmConfig(device_config=DeviceConfig(device="cpu"), parallel_config=parallel, **extra)
     if oracle and getattr(cfg.compilation_config, "max_cudagraph_capture_size", 0) is None:
@@ -239,7 +240,8 @@ def _release_groups() -> None:
 
 
 def spawn(layout: Layout, job: str, *args, timeout_s: float = 600.0,
-          quiet: bool = True, backend: str = "throughput", capability: str = "10.0") -> list:
+          quiet: bool = True, backend: str = "throughput",
+          capability: str = DEFAULT_CAPABILITY) -> list:
     """Run ``job`` ("module:function", called as ``f(RankContext, *args)``) in every rank of
     ``layout``, each a fresh spawned process in real gloo groups; results ordered by rank.
 
@@ -417,7 +419,7 @@ def _describe_runner(runner) -> dict[str, Any]:
 def run_layout(layout: Layout, scenario: Scenario, formats=("modelopt", "compressed-tensors"),
                modes=("stock", "plugin"), backend: str = "throughput",
                layer_kwargs: Optional[dict] = None,
-               capability: str = "10.0") -> list[RankOutput]:
+               capability: str = DEFAULT_CAPABILITY) -> list[RankOutput]:
     """Stock and plugin outputs of every rank of ``layout`` on the scenario's tokens
     (``backend``, ``capability``: see :func:`spawn`; ``layer_kwargs``: see
     :func:`stock_and_plugin_outputs`)."""

@@ -248,7 +248,7 @@ def spawn(layout: Layout, job: str, *args, timeout_s: float = 600.0,
     With ``quiet`` each rank's output goes to a log file, whose tail is attached to the error
     if a rank fails. ``backend`` (oracle design only): the seam backend every rank runs,
     ``"throughput"`` (FlashInfer CUTLASS) or ``"latency"`` (TRT-LLM), as ``--moe-backend``;
-    ``capability``: the GPU the oracle seam reports (``blackwell_oracle.CAPABILITIES``)."""
+    ``capability``: the GPU the oracle seam reports (``gpus.CAPABILITIES``)."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     ports = [_free_port() for _ in range(4)]

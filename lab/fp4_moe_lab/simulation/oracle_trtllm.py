@@ -7,6 +7,7 @@ its docstring lists every symbol replaced and why)."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 
 import torch
@@ -102,6 +103,7 @@ def trtllm_supports_current_device() -> bool:
     return p.is_device_capability_family(100)
 
 
+@functools.cache  # vLLM's source does not change under a run: read it once
 def accepted_hidden(hidden: int) -> int:
     """``hidden``, or the next multiple of 512 where this vLLM's TRT-LLM experts accept only those
     (v0.17.0 FM/experts/trtllm_nvfp4_moe.py:91-94, ``_supports_shape``, asked by

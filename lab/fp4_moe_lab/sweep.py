@@ -3,7 +3,8 @@
 
 For each release: a fresh virtualenv (``.sweep/vllm-X``) with ``pip install vllm==X`` and its own
 requirements (``constraints/vllm-X.txt`` pins where they do not resolve), this plugin and the lab
-``--no-deps``; the probe (design, patchable, the patches it plans, the upstream fixes it sees);
+``--no-deps`` from a snapshot of the commit (``.sweep/src-<commit>``, ``git archive HEAD``: the
+checkout may be edited while a sweep runs for hours, and each row names the commit it measured); the probe (design, patchable, the patches it plans, the upstream fixes it sees);
 FlashInfer uninstalled on the oracle design (the seam stands in for it only where it is absent);
 the layer matrix (``matrix --json``: both formats, every layout and backend the release has) and
 the uncalibrated rows (``matrix --uncalibrated --json``); one row in ``docs/releases.json``; the
@@ -69,23 +70,46 @@ def free_gib(path: Path) -> float:
     return shutil.disk_usage(path).free / 2 ** 30
 
 
-def _run(cmd: list, log, timeout: float, **kw) -> subprocess.CompletedProcess:
+def snapshot() -> tuple[Path, str]:
+    """HEAD's tree exported once under ``.sweep/`` (what every world installs and runs in) and
+    its commit. Uncommitted edits are not measured: said, not refused."""
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    commit = git("rev-parse", "HEAD")
+    if git("status", "--porcelain", "--untracked-files=no"):
+        print(f"[sweep] uncommitted changes are not measured: the worlds run {commit[:12]}",
+              file=sys.stderr)
+    src = WORLDS / f"src-{commit[:12]}"
+    if not src.exists():
+        WORLDS.mkdir(exist_ok=True)
+        tmp = WORLDS / f".src-{commit[:12]}.part"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        archive = subprocess.run(["git", "archive", commit], cwd=ROOT, capture_output=True,
+                                 check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive, check=True)
+        tmp.rename(src)
+    return src, commit
+
+
+def _run(cmd: list, log, timeout: float, cwd: Path = ROOT, **kw) -> subprocess.CompletedProcess:
     log.write(f"$ {' '.join(map(str, cmd))}\n")
     log.flush()
     r = subprocess.run(list(map(str, cmd)), capture_output=True, text=True, timeout=timeout,
-                       cwd=ROOT, **kw)
+                       cwd=cwd, **kw)
     log.write(r.stdout[-20000:] + r.stderr[-20000:] + f"[exit {r.returncode}]\n")
     log.flush()
     return r
 
 
-def _install(release: str, venv: Path, log) -> Optional[str]:
+def _install(release: str, venv: Path, src: Path, log) -> Optional[str]:
     """Build the world; the error line when it cannot be built."""
     py = venv / "bin" / "python"
     r = _run([sys.executable, "-m", "venv", venv], log, 300)
     if r.returncode:
         return "venv: " + r.stderr.strip()[-300:]
-    pins = ROOT / "constraints" / f"vllm-{release}.txt"
+    pins = src / "constraints" / f"vllm-{release}.txt"
     # [flashinfer]: 0.11.x ships FlashInfer as an extra, which the 0.11.0-era seam runs with;
     # later releases require it (a missing extra only draws pip's warning)
     cmd = [py, "-m", "pip", "install", "-q", f"vllm[flashinfer]=={release}", "pytest",
@@ -98,7 +122,8 @@ def _install(release: str, venv: Path, log) -> Optional[str]:
     for extra in CUDA_ONLY_EXTRAS:
         if _run([py, "-c", f"import {extra}"], log, 600).returncode:
             _run([py, "-m", "pip", "uninstall", "-y", "-q", extra], log, 600)
-    r = _run([py, "-m", "pip", "install", "-q", "--no-deps", "-e", ".", "-e", "./lab"], log, 600)
+    r = _run([py, "-m", "pip", "install", "-q", "--no-deps", "-e", ".", "-e", "./lab"], log, 600,
+             cwd=src)
     return None if r.returncode == 0 else "pip install plugin: " + r.stderr.strip()[-300:]
 
 
@@ -114,23 +139,24 @@ def _json(r: subprocess.CompletedProcess):
     return None
 
 
-def measure(release: str, keep: bool = False) -> dict:
+def measure(release: str, src: Path, commit: str, keep: bool = False) -> dict:
     """One release's row (every cell measured in its own world; a world kept by ``--keep`` is
     measured again as it is)."""
     venv, t0 = WORLDS / f"vllm-{release}", time.monotonic()
-    row: dict = {"release": release, "date": time.strftime("%Y-%m-%d"), "error": None}
+    row: dict = {"release": release, "date": time.strftime("%Y-%m-%d"), "commit": commit[:12],
+                 "error": None}
     WORLDS.mkdir(exist_ok=True)
     log_path = WORLDS / f"vllm-{release}.log"
     with open(log_path, "w") as log:
         try:
             if not (venv / ".built").exists():
                 shutil.rmtree(venv, ignore_errors=True)
-                row["error"] = _install(release, venv, log)
+                row["error"] = _install(release, venv, src, log)
                 if row["error"] is None:
                     (venv / ".built").write_text(release)
             row["install_s"] = round(time.monotonic() - t0)
             if row["error"] is None:
-                _measure_in(venv / "bin" / "python", row, log)
+                _measure_in(venv / "bin" / "python", row, src, log)
         except subprocess.TimeoutExpired as exc:
             row["error"] = f"timed out: {exc.cmd[:4]}"
         finally:
@@ -141,8 +167,8 @@ def measure(release: str, keep: bool = False) -> dict:
     return row
 
 
-def _measure_in(py: Path, row: dict, log) -> None:
-    probe = _json(_run([py, "-c", PROBE], log, 900))
+def _measure_in(py: Path, row: dict, src: Path, log) -> None:
+    probe = _json(_run([py, "-c", PROBE], log, 900, cwd=src))
     if probe is None:
         row["error"] = "the probe did not run (see the log)"
         return
@@ -151,26 +177,30 @@ def _measure_in(py: Path, row: dict, log) -> None:
         _run([py, "-m", "pip", "uninstall", "-y", "-q", "flashinfer-python", "flashinfer-cubin",
               "flashinfer-jit-cache"], log, 600)
     t = time.monotonic()
-    m = _run([py, "-m", "fp4_moe_lab.cli", "matrix", "--json"], log, 3600)
+    m = _run([py, "-m", "fp4_moe_lab.cli", "matrix", "--json"], log, 3600, cwd=src)
     rows = _json(m) or []
     row["matrix_s"] = round(time.monotonic() - t)
     row["matrix"] = summary(rows, m.returncode)
     t = time.monotonic()
-    u = _run([py, "-m", "fp4_moe_lab.cli", "matrix", "--uncalibrated", "--json"], log, 3600)
+    u = _run([py, "-m", "fp4_moe_lab.cli", "matrix", "--uncalibrated", "--json"], log, 3600,
+             cwd=src)
     row["uncalibrated_s"] = round(time.monotonic() - t)
     row["uncalibrated"] = summary(_json(u) or [], u.returncode)
 
 
 def summary(rows: list, exit_code: int) -> dict:
     """What a table row says of one run: rows, all ok, the holes stock has, the worst plugin
-    error (relative, against the ideal NVFP4 layer) and the rows that are not ok."""
+    error (relative, against the ideal NVFP4 layer) and the rows that are not ok. A hole is a row
+    where stock gives an answer and it is wrong: a row stock cannot run (an error, or vLLM
+    refusing the layout) is not counted as one."""
     finite = [r["plugin_rel_err"] for r in rows  # a layout vLLM refuses has no error to show
               if isinstance(r.get("plugin_rel_err"), float) and not r.get("vllm_refuses")]
     return {"exit": exit_code, "rows": len(rows), "ok": bool(rows) and all(r["ok"] for r in rows),
             "vllm_refuses": sum(bool(r.get("vllm_refuses")) for r in rows),
             "stock_holes": sorted({"/".join(str(r.get(k)) for k in
                                             ("format", "layout", "backend", "case") if r.get(k))
-                                   for r in rows if r.get("stock_affected")}),
+                                   for r in rows if r.get("stock_affected")
+                                   and not r.get("stock_error") and not r.get("vllm_refuses")}),
             "worst_plugin_rel_err": max(finite) if finite else None,
             "not_ok": [{k: r.get(k) for k in ("format", "layout", "backend", "gemm", "case",
                                               "stock_rel_err", "plugin_rel_err")}
@@ -226,6 +256,7 @@ def main(argv: Optional[list] = None) -> int:
         return 0
     todo = args.release or releases()
     table = load(args.table)
+    src, commit = snapshot()
     for release in todo:
         if release in table and not args.force:
             print(f"[sweep] {release}: in the table ({table[release]['date']}), skipped")
@@ -235,7 +266,7 @@ def main(argv: Optional[list] = None) -> int:
                   f"a world needs {NEED_GIB}", file=sys.stderr)
             return 3
         print(f"[sweep] {release}: building and measuring ...", flush=True)
-        row = measure(release, keep=args.keep)
+        row = measure(release, src, commit, keep=args.keep)
         table = load(args.table)  # another sweep may have written meanwhile
         table[release] = row
         ordered = dict(sorted(table.items(), key=lambda kv: tuple(map(int, kv[0].split(".")))))

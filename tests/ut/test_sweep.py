@@ -1,0 +1,51 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The release sweep's bookkeeping (lab/fp4_moe_lab/sweep.py): what a table row counts as a hole,
+and the snapshot every world installs from."""
+
+import subprocess
+
+import pytest
+
+from fp4_moe_lab import sweep
+
+
+def _row(layout, ok=True, affected=False, stock_error=None, refuses=False, plugin=1e-3):
+    return {"format": "compressed-tensors", "layout": layout, "backend": "flashinfer_cutlass",
+            "ok": ok, "stock_affected": affected, "stock_error": stock_error,
+            "vllm_refuses": refuses, "plugin_rel_err": plugin}
+
+
+def test_a_hole_is_a_wrong_stock_answer_not_a_row_stock_cannot_run():
+    rows = [_row("dp_ep_allgather", affected=True),
+            _row("single"),
+            _row("tp_ep", ok=False, affected=True, stock_error="AttributeError: no kernel",
+                 plugin=None),
+            _row("dp", affected=True, refuses=True, plugin=float("nan"))]
+    s = sweep.summary(rows, 1)
+    assert s["stock_holes"] == ["compressed-tensors/dp_ep_allgather/flashinfer_cutlass"]
+    assert s["rows"] == 4 and s["ok"] is False and s["vllm_refuses"] == 1
+    assert [r["layout"] for r in s["not_ok"]] == ["tp_ep"]
+    assert s["worst_plugin_rel_err"] == 1e-3  # neither the crash nor the refused row
+
+
+def test_the_table_says_no_for_a_run_with_a_row_not_ok():
+    table = {"0.17.0": {"design": "nvfp4_oracle", "patches": ["a"], "date": "2026-12-06",
+                        "seconds": 9, "matrix": sweep.summary([_row("single", ok=False)], 1),
+                        "uncalibrated": sweep.summary([_row("single")], 0)}}
+    line = sweep.render(table).splitlines()[-1]
+    assert line.startswith("| 0.17.0 | nvfp4_oracle | 1 | **no** (1) | 0 |"), line
+    assert "| yes (1) |" in line
+
+
+def test_the_snapshot_is_the_committed_tree(tmp_path, monkeypatch):
+    if subprocess.run(["git", "rev-parse", "HEAD"], cwd=sweep.ROOT,
+                      capture_output=True).returncode:
+        pytest.fail("the unit tier runs in a git checkout (CI clones the repository)")
+    monkeypatch.setattr(sweep, "WORLDS", tmp_path)
+    src, commit = sweep.snapshot()
+    assert src == tmp_path / f"src-{commit[:12]}"
+    tracked = subprocess.run(["git", "show", f"{commit}:lab/fp4_moe_lab/sweep.py"],
+                             cwd=sweep.ROOT, capture_output=True, text=True).stdout
+    assert (src / "lab" / "fp4_moe_lab" / "sweep.py").read_text() == tracked
+    assert (src / "setup.cfg").is_file() and not (src / ".git").exists()
+    assert sweep.snapshot() == (src, commit)  # exported once

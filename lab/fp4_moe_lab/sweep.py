@@ -4,7 +4,8 @@
 For each release: a fresh virtualenv (``.sweep/vllm-X``) with ``pip install vllm==X`` and its own
 requirements (``constraints/vllm-X.txt`` pins where they do not resolve), this plugin and the lab
 ``--no-deps`` from a snapshot of the commit (``.sweep/src-<commit>``, ``git archive HEAD``: the
-checkout may be edited while a sweep runs for hours, and each row names the commit it measured); the probe (design, patchable, the patches it plans, the upstream fixes it sees);
+checkout may be edited while a sweep runs for hours, and each row names the commit it measured);
+the probe (design, patchable, the patches it plans, the upstream fixes it sees);
 FlashInfer uninstalled on the oracle design (the seam stands in for it only where it is absent);
 the layer matrix (``matrix --json``: both formats, every layout and backend the release has) and
 the uncalibrated rows (``matrix --uncalibrated --json``); one row in ``docs/releases.json``; the

@@ -117,7 +117,11 @@ def _install(release: str, venv: Path, src: Path, log) -> Optional[str]:
            "safetensors"]
     if pins.exists():
         cmd[4:4] = ["-c", pins]
-    r = _run(cmd, log, 3600, env={**os.environ, "PIP_NO_CACHE_DIR": "1"})
+    # pip's own temporary directory, deleted with the world: without a cache pip leaves its
+    # pip-unpack-* folders (up to ~1 GiB each) in the system one, which a sweep of hours fills
+    tmp = _tmp(venv)
+    tmp.mkdir(exist_ok=True)
+    r = _run(cmd, log, 3600, env={**os.environ, "PIP_NO_CACHE_DIR": "1", "TMPDIR": str(tmp)})
     if r.returncode:
         return "pip install vllm: " + (r.stderr.strip().splitlines() or ["?"])[-1][:300]
     for extra in CUDA_ONLY_EXTRAS:
@@ -126,6 +130,10 @@ def _install(release: str, venv: Path, src: Path, log) -> Optional[str]:
     r = _run([py, "-m", "pip", "install", "-q", "--no-deps", "-e", ".", "-e", "./lab"], log, 600,
              cwd=src)
     return None if r.returncode == 0 else "pip install plugin: " + r.stderr.strip()[-300:]
+
+
+def _tmp(venv: Path) -> Path:
+    return venv.with_name(venv.name + ".tmp")
 
 
 def _json(r: subprocess.CompletedProcess):
@@ -161,6 +169,7 @@ def measure(release: str, src: Path, commit: str, keep: bool = False) -> dict:
         except subprocess.TimeoutExpired as exc:
             row["error"] = f"timed out: {exc.cmd[:4]}"
         finally:
+            shutil.rmtree(_tmp(venv), ignore_errors=True)
             if not keep:
                 shutil.rmtree(venv, ignore_errors=True)
     row["seconds"] = round(time.monotonic() - t0)

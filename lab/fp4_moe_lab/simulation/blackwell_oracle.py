@@ -190,6 +190,9 @@ vLLM 0.34.0 / FlashInfer symbol replaced               why it has to be replaced
 ``trtllm_nvfp4_moe.trtllm_moe_pack_topk_ids_weights``  v0.28.0's Triton kernel packing expert id
                                                        and bf16 weight into one int32 (FM/utils.
                                                        py:391-459) -> the same in torch
+``trtllm_nvfp4_moe.flashinfer``                        v0.17.0's experts module imports
+                                                       ``flashinfer`` at its top (:4) and calls
+                                                       the kernels through it: -> this seam's tree
 =====================================================  ===========================================
 
 FlashInfer is not installed in that virtualenv, so these are a stand-in module tree
@@ -435,16 +438,23 @@ def simulated_blackwell(*, backend: str = "throughput", kernel: str = "emulator"
             if not flashinfer_absent:
                 raise NotImplementedError("the TRT-LLM seam stands in for FlashInfer only "
                                           "where it is not installed")
+            # On v0.20.0 this replaces the enum stub above: its ``core`` holds the same
+            # ``ActivationType`` twin, which both FlashInfer paths import. Before the experts
+            # module is imported: v0.17.0's imports ``flashinfer`` at its top (FM/experts/
+            # trtllm_nvfp4_moe.py:4) and calls ``flashinfer.fused_moe.trtllm_fp4_block_scale_
+            # [routed_]moe`` through that name (:178, :297)
+            trt_tree = oracle_trtllm.flashinfer_trtllm_stub()
+            stub(trt_tree)
             trt = importlib.import_module(oracle_trtllm._TRT)
+            # ...and one imported earlier in this process (under the enum stub of a CUTLASS
+            # row, or a seam since gone) holds an older tree under that name
+            p.set(trt, "flashinfer", trt_tree["flashinfer"], only_if_present=True)
             p.set_cls(trt.TrtLlmNvFp4ExpertsBase, "_supports_current_device",
                       staticmethod(oracle_trtllm.trtllm_supports_current_device))
             # v0.28.0's modular TRT-LLM experts pack routing with a Triton kernel (FM/utils.py:
             # 391-459, FM/experts/trtllm_nvfp4_moe.py:24, 371); no Triton on CPU
             p.set(trt, "trtllm_moe_pack_topk_ids_weights",
                   oracle_trtllm.pack_topk_ids_weights, only_if_present=True)
-            # On v0.20.0 this replaces the enum stub above: its ``core`` holds the same
-            # ``ActivationType`` twin, which both FlashInfer paths import
-            stub(oracle_trtllm.flashinfer_trtllm_stub())
         # 0.28.0's workspace manager empties the device cache when it grows (v0.28.0
         # v1/worker/workspace.py:206); there is no device cache on CPU.
         p.set(torch.accelerator, "empty_cache", lambda: None, only_if_present=True)

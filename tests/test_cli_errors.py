@@ -54,6 +54,9 @@ def test_matrix_unknown_layout_is_refused_before_spawning(capsys, tmp_path, monk
     code, _, err = run(capsys, "matrix", "--layout", "single", "--save-json",
                        tmp_path / "missing" / "rows.json")
     assert_bad_input(code, err, "--save-json", "does not exist")
+    # --moe-backend auto is a KernelConfig field of 0.20.0+, not of this design's releases
+    code, _, err = run(capsys, "matrix", "--layout", "single", "--backend", "auto")
+    assert_bad_input(code, err, "--backend auto", "name the backend")
 
 
 # --- 2. bad checkpoints: exit 2, the file or tensor named --------------------------------

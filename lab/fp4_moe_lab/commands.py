@@ -70,6 +70,12 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     scenario = Scenario(seed=args.seed, input_scale_spread=args.spread, tokens=args.tokens)
     for capability in capabilities:
         _check_capability(capability)
+    if "auto" in (args.backend or ()):
+        from fp4_moe_lab.simulation import blackwell_oracle
+
+        if not blackwell_oracle.applies() or not blackwell_oracle.takes_moe_backend():
+            raise UsageError("--backend auto: vLLM's --moe-backend auto, which this vLLM does "
+                             "not have (KernelConfig.moe_backend, 0.20.0+); name the backend")
 
     from fp4_moe_lab.simulation.matrix import format_table, run_matrix
 

@@ -104,3 +104,47 @@ def test_vllm_refuses_trtllm_on_12_0_with_and_without_the_plugin():
     rows = rows_for_layout("single", scenario, backend="flashinfer_trtllm", ranks=ranks,
                            capability=RTX_PRO_6000)
     assert all(r.vllm_refuses and r.ok and r.capability == RTX_PRO_6000 for r in rows), rows
+
+
+#: ``--moe-backend auto`` by GPU family, as vLLM 0.34.0's oracle orders its NVFP4 MoE backends
+#: (FM/oracle/nvfp4.py:238-247: TRT-LLM, CuteDSL, CuteDSL-batched, FlashInfer CUTLASS, ...):
+#: TRT-LLM on the 10.x family; on 12.x TRT-LLM and CuteDSL need 10.x, so FlashInfer CUTLASS.
+AUTO_PICKS = {"10.3": "flashinfer_trtllm", "12.1": "flashinfer_cutlass"}
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("capability", sorted(AUTO_PICKS))
+def test_auto_picks_by_family_and_the_plugin_fixes_the_pick(capability):
+    """vLLM's own ``--moe-backend auto`` choice on B300 (10.3) and GB10 (12.1), compressed-
+    tensors DP+EP: the backend the support model names, with stock's hole there and the plugin
+    at the ideal NVFP4 answer."""
+    _skip_unless_families()
+    if not blackwell_oracle.takes_moe_backend():
+        pytest.skip("this vLLM has no --moe-backend (KernelConfig.moe_backend)")
+    from fp4_moe_lab.simulation.matrix import auto_pick, run_matrix
+
+    assert auto_pick(capability) == AUTO_PICKS[capability]
+    (row,) = run_matrix(["dp_ep_allgather"], formats=("compressed-tensors",),
+                        backends=("auto",), capability=capability)
+    assert row.backend == f"auto: {AUTO_PICKS[capability]}", row
+    assert row.stock_error is None and row.plugin_error is None, row  # vLLM picked it
+    assert row.stock_rel_err >= AFFECTED_FACTOR * PLUGIN_BOUND, row
+    assert row.plugin_rel_err <= PLUGIN_BOUND and row.ok and row.stock_affected, row
+
+
+def test_an_auto_row_fails_where_vllm_picked_another_backend():
+    """The check behind every auto row: a rank whose oracle chose otherwise loses that output
+    and records what vLLM chose."""
+    import torch
+
+    from fp4_moe_lab.simulation.layouts import RankOutput
+    from fp4_moe_lab.simulation.matrix import _not_the_pick
+
+    out = torch.zeros(2, 4)
+    r = RankOutput(rank=0, dp_rank=0,
+                   outputs={"modelopt/stock": out, "modelopt/plugin": out},
+                   info={"modelopt/stock": {"backend": "FLASHINFER_TRTLLM"},
+                         "modelopt/plugin": {"backend": "FLASHINFER_CUTLASS"}})
+    _not_the_pick([r], ("modelopt",), "flashinfer_cutlass")
+    assert list(r.outputs) == ["modelopt/plugin"]
+    assert "vLLM chose flashinfer_trtllm" in r.errors["modelopt/stock"]

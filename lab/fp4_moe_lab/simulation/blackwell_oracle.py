@@ -343,7 +343,9 @@ def simulated_blackwell(*, backend: str = "throughput", kernel: str = "emulator"
     The backend is chosen the way a user does it, ``--moe-backend flashinfer_cutlass``
     (``KernelConfig.moe_backend``; see :data:`MOE_BACKENDS`): ``backend="throughput"``
     (CUTLASS) or ``"latency"`` (TRT-LLM: also its kernels, weight-shuffle helpers and device
-    probe, see :func:`.oracle_trtllm.flashinfer_trtllm_stub`). ``kernel="reference"``
+    probe, see :func:`.oracle_trtllm.flashinfer_trtllm_stub`), or ``"auto"`` (both stand-ins,
+    ``--moe-backend auto``: vLLM's oracle picks by its own order and device probes).
+    ``kernel="reference"``
     (CUTLASS only): the ideal-NVFP4 loop of :mod:`.reference_kernel` instead of the emulator,
     for end-to-end references (run them with the plugin on:
     :func:`.reference_kernel.reference_cutlass_fused_moe_prequantized` says why).
@@ -434,7 +436,7 @@ def simulated_blackwell(*, backend: str = "throughput", kernel: str = "emulator"
             # allocates the DP-chunking staging buffers on ``torch.cuda.current_device()``;
             # there is no CUDA device here
             p.set(torch.cuda, "current_device", lambda: torch.device("cpu"))
-        if backend == "latency":
+        if backend in ("latency", "auto"):  # auto: vLLM picks among both stand-ins
             if not flashinfer_absent:
                 raise NotImplementedError("the TRT-LLM seam stands in for FlashInfer only "
                                           "where it is not installed")
@@ -465,6 +467,15 @@ def simulated_blackwell(*, backend: str = "throughput", kernel: str = "emulator"
             sys.modules.pop(name, None)
 
 
+def takes_moe_backend() -> bool:
+    """Does this vLLM take ``--moe-backend`` (``KernelConfig.moe_backend``; 0.14.x-0.17.x pick
+    FlashInfer's NVFP4 MoE backend by environment variables, v0.14.0 FM/oracle/nvfp4.py:80-101)?"""
+    import vllm.config
+
+    kernel_config = getattr(vllm.config, "KernelConfig", None)
+    return "moe_backend" in getattr(kernel_config, "__dataclass_fields__", {})
+
+
 MOE_BACKEND = "flashinfer_cutlass"  # KernelConfig.moe_backend the layouts ask for
 #: seam backend -> the ``--moe-backend`` (KernelConfig.moe_backend) a user picks it with
-MOE_BACKENDS = {"throughput": MOE_BACKEND, "latency": "flashinfer_trtllm"}
+MOE_BACKENDS = {"throughput": MOE_BACKEND, "latency": "flashinfer_trtllm", "auto": "auto"}

@@ -182,10 +182,12 @@ def _run_job(rank: int, layout: Layout, job: str, args: tuple, ports: list[int],
     if oracle:  # the user's choice of FlashInfer backend, as this release takes it
         import vllm.config
 
-        kernel_config = getattr(vllm.config, "KernelConfig", None)
-        if "moe_backend" in getattr(kernel_config, "__dataclass_fields__", {}):
-            extra["kernel_config"] = kernel_config(  # --moe-backend (0.20.0+)
+        if blackwell_oracle.takes_moe_backend():
+            extra["kernel_config"] = vllm.config.KernelConfig(  # --moe-backend (0.20.0+)
                 moe_backend=blackwell_oracle.MOE_BACKENDS[backend])
+        elif backend == "auto":
+            raise NotImplementedError("--moe-backend auto: this vLLM has no "
+                                      "KernelConfig.moe_backend (0.20.0+)")
         else:  # 0.14.x: the FlashInfer variables (v0.14.0 FM/oracle/nvfp4.py:80-101)
             os.environ["VLLM_USE_FLASHINFER_MOE_FP4"] = "1"
             os.environ["VLLM_FLASHINFER_MOE_BACKEND"] = backend
@@ -247,7 +249,8 @@ def spawn(layout: Layout, job: str, *args, timeout_s: float = 600.0,
 
     With ``quiet`` each rank's output goes to a log file, whose tail is attached to the error
     if a rank fails. ``backend`` (oracle design only): the seam backend every rank runs,
-    ``"throughput"`` (FlashInfer CUTLASS) or ``"latency"`` (TRT-LLM), as ``--moe-backend``;
+    ``"throughput"`` (FlashInfer CUTLASS), ``"latency"`` (TRT-LLM) or ``"auto"`` (vLLM's own
+    pick), as ``--moe-backend``;
     ``capability``: the GPU the oracle seam reports (``gpus.CAPABILITIES``)."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()

@@ -166,8 +166,35 @@ def trtllm_layer_kwargs(scenario: Scenario) -> dict:
     return dict(trtllm_seam.layer_kwargs(scenario), custom_routing_function=None)
 
 
+#: ``--moe-backend auto``: vLLM's oracle picks (oracle design, KernelConfig.moe_backend)
+AUTO = "auto"
 #: matrix backend -> the oracle seam's backend (blackwell_oracle.MOE_BACKENDS).
-ORACLE_SEAM_BACKENDS = {BACKEND: "throughput", "flashinfer_trtllm": "latency"}
+ORACLE_SEAM_BACKENDS = {BACKEND: "throughput", "flashinfer_trtllm": "latency", AUTO: "auto"}
+
+
+def auto_pick(capability: str) -> str:
+    """The backend ``--moe-backend auto`` runs on this GPU by the support model
+    (``support.nvfp4_moe_kernel``): the auto rows are set up for it, and each of their ranks
+    checks that vLLM's oracle picked it."""
+    from vllm_fp4_moe_plugin import support
+
+    picked, why = support.nvfp4_moe_kernel(installed_release()[1], capability, None,
+                                           moe_backend=AUTO)
+    if picked not in ORACLE_SEAM_BACKENDS:
+        raise NotImplementedError(f"--moe-backend auto on {capability}: {why}")
+    return picked
+
+
+def _not_the_pick(ranks, formats, picked: str) -> None:
+    """A rank where vLLM's oracle chose another backend than the support model's: that mode's
+    output is set aside and the row fails with what vLLM chose."""
+    for r in ranks:
+        for key, info in r.info.items():
+            chosen = str(info.get("backend")).lower()
+            if key.partition("/")[0] in formats and chosen != picked and key in r.outputs:
+                del r.outputs[key]
+                r.errors[key] = (f"--moe-backend auto: vLLM chose {chosen}, the support model "
+                                 f"says {picked}")
 
 
 def rows_for_layout(layout_name: str, scenario: Scenario,
@@ -181,13 +208,16 @@ def rows_for_layout(layout_name: str, scenario: Scenario,
     CUTLASS (both are global-sf backends, oracle/nvfp4.py:69-83), so the reference scheme is
     the same, without CUTLASS's bf16 rounding of GEMM1's output. ``ranks``: outputs of
     :func:`~.layouts.run_layout` for this layout and backend already in hand; ``capability``:
-    the GPU the seam reports (``gpus.CAPABILITIES``). The references do not depend
+    the GPU the seam reports (``gpus.CAPABILITIES``). ``backend`` :data:`AUTO`: vLLM picks
+    (``--moe-backend auto``); the row is set up for :func:`auto_pick`'s backend and labelled
+    ``"auto: <it>"``, and fails where vLLM picked another. The references do not depend
     on it: the scale collapse is vLLM's Python, the same on every family (module docstring of
     :mod:`.blackwell_oracle`, GPU families); a backend vLLM refuses there is a refused row."""
     layout = LAYOUTS[layout_name]
     version, design = installed_release()
-    kernel_routing = trtllm_routes_itself(backend, layout)
-    if backend == trtllm_rows.BACKEND:
+    picked = auto_pick(capability) if backend == AUTO else backend
+    kernel_routing = trtllm_routes_itself(picked, layout)
+    if picked == trtllm_rows.BACKEND:
         from fp4_moe_lab.simulation.oracle_trtllm import accepted_hidden
 
         scenario = dataclasses.replace(scenario, hidden=accepted_hidden(scenario.hidden))
@@ -196,7 +226,9 @@ def rows_for_layout(layout_name: str, scenario: Scenario,
                            backend=ORACLE_SEAM_BACKENDS[backend],
                            layer_kwargs=trtllm_layer_kwargs(scenario) if kernel_routing else None,
                            capability=capability)
-    inter_dtype = torch.bfloat16 if backend == BACKEND else None
+    if backend == AUTO:
+        _not_the_pick(ranks, formats, picked)
+    inter_dtype = torch.bfloat16 if picked == BACKEND else None
     refs: dict = {}
 
     def refs_for(scheme):
@@ -212,7 +244,8 @@ def rows_for_layout(layout_name: str, scenario: Scenario,
     rows = []
     for fmt in formats:
         scheme = reference_scheme(design, fmt, layout)
-        rows.append(judge(fmt, layout_name, backend, ranks, refs_for(scheme), scheme=scheme,
+        label = f"{AUTO}: {picked}" if backend == AUTO else backend
+        rows.append(judge(fmt, layout_name, label, ranks, refs_for(scheme), scheme=scheme,
                           release=(version, design), capability=capability,
                           check=lambda r, fmt=fmt: (r.info[f"{fmt}/plugin"].get("check")
                                                     or (None,))[0]))
@@ -260,10 +293,16 @@ def run_matrix(layouts: Optional[Iterable[str]] = None, scenario: Optional[Scena
     if not blackwell_oracle.simulates_capability(capability):  # before any rank starts
         raise NotImplementedError(f"capability {capability} is not simulated on this vLLM "
                                   "(blackwell_oracle.simulates_capability)")
+    if AUTO in backends and not blackwell_oracle.takes_moe_backend():
+        raise NotImplementedError("--backend auto is vLLM's --moe-backend auto, which this "
+                                  "vLLM does not have (KernelConfig.moe_backend, 0.20.0+)")
     rows: list[Row] = []
     for name in layouts:
         if BACKEND in backends:
             rows.extend(rows_for_layout(name, scenario, formats, capability=capability))
+        if AUTO in backends and name in ORACLE_TRTLLM_LAYOUTS:
+            rows.extend(rows_for_layout(name, scenario, formats, backend=AUTO,
+                                        capability=capability))
         if trtllm_rows.BACKEND not in backends:
             continue
         if oracle:  # vLLM 0.14.0+: the oracle picks FLASHINFER_TRTLLM

@@ -70,8 +70,9 @@ FlashInfer NVLink two-sided / one-sided managers       MNNVL needs NVLink: the m
                                                        _one_sided.py:126-147)
 ``all2all_utils.flashinfer_one_sided_dispatch_``       imports FlashInfer's ``QuantFormat``; NVFP4
 ``layout``                                             payload only, a stand-in enum
-``torch.accelerator.current_device_index``,            the two-sided manager asks for a device;
-``torch.accelerator.empty_cache``                      0.28.0's workspace manager frees its cache
+``torch.accelerator.current_device_index``,            vLLM allocates on it (v0.18.0's DP-chunking
+``torch.accelerator.empty_cache``                      buffers): the CPU; 0.28.0's workspace
+                                                       manager frees its device cache
 =====================================================  ===========================================
 
 GPU families (``capability``, :data:`.gpus.CAPABILITIES`): the seam reports 10.0 (B200), 10.3
@@ -409,10 +410,14 @@ def simulated_blackwell(*, backend: str = "throughput", kernel: str = "emulator"
               only_if_present=True)
         # the P/Fs' SF interleave: the prepare_finalize/ package (0.20.0+), v0.14.0's one
         # module for FlashInfer's P/Fs (FM/flashinfer_cutlass_prepare_finalize.py:20, 227, 314),
-        # or v0.16.0's plain prepare_finalize.py (:14, 104: MoEPrepareAndFinalizeNaiveEP)
+        # or v0.16.0's plain prepare_finalize.py (:14, 104: MoEPrepareAndFinalizeNaiveEP), or
+        # v0.18.0's NVLink P/F modules beside the package (FM/flashinfer_nvlink_*_sided_
+        # prepare_finalize.py, :14 and :10)
         for name in (f"{_FM}.prepare_finalize.naive_dp_ep",
                      f"{_FM}.prepare_finalize.flashinfer_nvlink_two_sided",
                      f"{_FM}.prepare_finalize.flashinfer_nvlink_one_sided",
+                     f"{_FM}.flashinfer_nvlink_two_sided_prepare_finalize",
+                     f"{_FM}.flashinfer_nvlink_one_sided_prepare_finalize",
                      f"{_FM}.flashinfer_cutlass_prepare_finalize",
                      f"{_FM}.prepare_finalize"):
             mod = oracle_comm.present_module(name)
@@ -427,7 +432,9 @@ def simulated_blackwell(*, backend: str = "throughput", kernel: str = "emulator"
             p.set(two, "flashinfer_alltoall_combine", oracle_comm.mnnvl_alltoall_combine)
         p.set(f"{_FM}.all2all_utils", "flashinfer_one_sided_dispatch_layout",
               oracle_flashinfer.one_sided_dispatch_layout, only_if_present=True)  # not in 0.28.0
-        p.set(torch.accelerator, "current_device_index", lambda: 0)
+        # vLLM allocates on it (0.34.0's TRT-LLM experts' clamps, FM/experts/trtllm_nvfp4_moe.py:
+        # 103; v0.18.0's DP-chunking buffers, FM/runner/default_moe_runner.py:299-310): the CPU
+        p.set(torch.accelerator, "current_device_index", lambda: torch.device("cpu"))
         fused_moe_cls = getattr(importlib.import_module(f"{_FM}.layer"), "FusedMoE", None)
         runner = oracle_comm.present_module(f"{_FM}.runner.default_moe_runner")
         if hasattr(fused_moe_cls, "ensure_dp_chunking_init") or hasattr(  # none in 0.34.0

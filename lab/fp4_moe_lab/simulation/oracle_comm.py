@@ -141,8 +141,11 @@ def two_sided_module():
     249-348: ``FlashInferAllToAllMoEPrepareAndFinalize`` and the module functions it calls)
     or ``fused_moe/flashinfer_a2a_prepare_finalize.py`` (v0.16.0 :21-115
     ``FlashInferA2APrepareAndFinalize``, :118-226 the same module functions, same MNNVL
-    contract as v0.14.0's, with ``defer_input_quant``)."""
+    contract as v0.14.0's, with ``defer_input_quant``) or, renamed before it moved into the
+    package, ``fused_moe/flashinfer_nvlink_two_sided_prepare_finalize.py`` (v0.18.0 :21-56,
+    :118-226 the same functions)."""
     for name in (f"{_FM}.prepare_finalize.flashinfer_nvlink_two_sided",
+                 f"{_FM}.flashinfer_nvlink_two_sided_prepare_finalize",
                  f"{_FM}.flashinfer_cutlass_prepare_finalize",
                  f"{_FM}.flashinfer_a2a_prepare_finalize"):
         mod = present_module(name)

@@ -49,3 +49,11 @@ def test_the_snapshot_is_the_committed_tree(tmp_path, monkeypatch):
     assert (src / "lab" / "fp4_moe_lab" / "sweep.py").read_text() == tracked
     assert (src / "setup.cfg").is_file() and not (src / ".git").exists()
     assert sweep.snapshot() == (src, commit)  # exported once
+
+
+def test_a_world_without_flashinfer_keeps_every_other_requirement():
+    requires = ["torch==2.14.0", "flashinfer-python==0.7.3", "flashinfer_cubin==0.7.3",
+                'numba==0.61.2; python_version == "3.11"', 'tensorizer; extra == "tensorizer"',
+                "transformers>=4.56"]
+    assert sweep.without_flashinfer(requires) == [
+        "torch==2.14.0", 'numba==0.61.2; python_version == "3.11"', "transformers>=4.56"]

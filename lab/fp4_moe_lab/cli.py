@@ -75,10 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "dp_ep_allgather, dp_ep_all2allv, dp")
     m.add_argument("--format", action="append", choices=FORMATS)
     m.add_argument("--backend", action="append",
-                   choices=("flashinfer_cutlass", "flashinfer_trtllm", "auto"),
+                   choices=("flashinfer_cutlass", "flashinfer_trtllm", "auto",
+                            "vllm_cutlass"),
                    help="only this FlashInfer MoE backend (repeatable; default: both, "
                    "TRT-LLM where the installed vLLM has that path); auto: vLLM's own pick "
-                   "(--moe-backend auto, 0.20.0+), checked against the support model's")
+                   "(--moe-backend auto, 0.20.0+), checked against the support model's; "
+                   "vllm_cutlass: vLLM's own CUTLASS kernel (--moe-backend cutlass, "
+                   "per-expert scales; read on 0.34.0), only when named")
     m.add_argument("--capability", type=_capability, action="append",
                    help="the Blackwell GPU reported to vLLM (repeatable; other than "
                    f"{DEFAULT_CAPABILITY}: vLLMs whose experts ask their own device probe, "

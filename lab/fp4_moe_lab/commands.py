@@ -45,6 +45,15 @@ def _check_capability(capability: str) -> None:
                          "0.34.0); drop --capability")
 
 
+def _emulated(backends) -> str:
+    """What stands in for the GPU kernels of the rows asked for (--backend)."""
+    own = "vLLM's own CUTLASS NVFP4 MoE ops"
+    if backends and set(backends) == {"vllm_cutlass"}:
+        return own
+    fi = "FlashInfer's NVFP4 MoE contract"
+    return f"{fi} and {own}" if backends and "vllm_cutlass" in backends else fi
+
+
 def _gpus_line(capabilities: Sequence[str]) -> str:
     """``SM120 (RTX PRO 6000/RTX 5090)``, joined with ``and`` for several."""
     return " and ".join(f"SM{c.replace('.', '')} ({GPUS[c]})" for c in capabilities)
@@ -76,6 +85,15 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         if not blackwell_oracle.applies() or not blackwell_oracle.takes_moe_backend():
             raise UsageError("--backend auto: vLLM's --moe-backend auto, which this vLLM does "
                              "not have (KernelConfig.moe_backend, 0.20.0+); name the backend")
+
+    if "vllm_cutlass" in (args.backend or ()):
+        from fp4_moe_lab.simulation import blackwell_oracle
+
+        if not (blackwell_oracle.applies() and blackwell_oracle.takes_moe_backend()
+                and blackwell_oracle.simulates_vllm_cutlass()):
+            raise UsageError("--backend vllm_cutlass: vLLM's --moe-backend cutlass, simulated "
+                             "on vLLMs whose CutlassExpertsFp4 has its own device probe and "
+                             "the NVFP4 experts ops (read on 0.34.0); not this one")
 
     from fp4_moe_lab.simulation.matrix import format_table, run_matrix
 
@@ -110,8 +128,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         version, design = installed_release()
         print(f"NVFP4 MoE consistency matrix: real vLLM {version} code on CPU ("
               f"{design.label if design else 'a design the plugin does not know: inactive'}), "
-              f"{_gpus_line(capabilities)} simulated, FlashInfer's NVFP4 MoE contract "
-              "emulated.")
+              f"{_gpus_line(capabilities)} simulated, {_emulated(args.backend)} emulated.")
         print(f"Fixture: E={scenario.num_experts} H={scenario.hidden} I={scenario.intermediate} "
               f"top-{scenario.top_k}, {scenario.tokens} tokens/rank, per-expert input scales "
               f"spread {scenario.input_scale_spread:g}x, seed {scenario.seed}.")

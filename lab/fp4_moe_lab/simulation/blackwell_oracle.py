@@ -202,6 +202,34 @@ FlashInfer is not installed in that virtualenv, so these are a stand-in module t
 quant config, prepare/finalize and experts classes run unchanged. The activations are quantized
 by vLLM's ``scaled_fp4_quant`` in the LINEAR SF layout the TRT-LLM kernel reads
 (``is_scale_swizzled`` False, oracle/nvfp4.py:588-597).
+
+With ``backend="vllm_cutlass"`` (``--moe-backend cutlass``: vLLM's own CUTLASS NVFP4 MoE,
+``NvFp4MoeBackend.VLLM_CUTLASS``, FM/oracle/nvfp4.py:134-139, 179) the seam also replaces, for its
+duration (stand-ins in :mod:`.oracle_vllm_cutlass`; vLLM's weight preparation, quant config,
+prepare/finalize and ``run_cutlass_moe_fp4`` run unchanged; the weights' block scales go through
+the ``swizzle_blockscale`` twin above, Q/utils/flashinfer_fp4_moe.py:547-563):
+
+=====================================================  ===========================================
+vLLM 0.34.0 symbol replaced                            why it has to be replaced on CPU
+=====================================================  ===========================================
+``CutlassExpertsFp4._supports_current_device``         capability probe (FM/experts/cutlass_moe.
+                                                       py:723-730): keeps the 10.x and 12.x family
+                                                       checks, drops ``is_cuda()``
+``vllm._custom_ops.get_cutlass_moe_mm_data``           ``_C`` op (_custom_ops.py:838-891): per-
+                                                       expert problem sizes, offsets, 128-row
+                                                       padded block-scale offsets, permutations
+``vllm._custom_ops.shuffle_rows``                      ``_moe_C`` op (:913-924): a row gather
+``vllm._custom_ops.scaled_fp4_experts_quant``          ``_C`` op (:1548-1609): NVFP4 quantization
+                                                       with each row's expert's global scale,
+                                                       128x4 scales per expert block
+``vllm._custom_ops.silu_and_mul_scaled_fp4_experts_``  ``_C`` op (:1612-1674): ``silu(gate) * up``
+``quant``                                              in the input dtype, then the same
+``vllm._custom_ops.cutlass_fp4_moe_mm``                ``_C.cutlass_fp4_group_mm`` (:1001-1037):
+                                                       SM100/SM120 grouped block-scaled GEMM, one
+                                                       alpha per expert
+``cutlass_moe.remap_topk_to_local``                    Triton kernel (FM/utils.py:262-299) mapping
+                                                       global expert ids to local ones under EP
+=====================================================  ===========================================
 """
 
 from __future__ import annotations
@@ -215,7 +243,12 @@ from typing import Any, Iterator
 import torch
 
 from fp4_moe_lab import nvfp4
-from fp4_moe_lab.simulation import oracle_comm, oracle_flashinfer, oracle_trtllm
+from fp4_moe_lab.simulation import (
+    oracle_comm,
+    oracle_flashinfer,
+    oracle_trtllm,
+    oracle_vllm_cutlass,
+)
 from fp4_moe_lab.simulation.blackwell import _Patcher, cpu_swizzle_blockscale
 from fp4_moe_lab.simulation.gpus import DEFAULT_CAPABILITY, parse_capability
 
@@ -464,6 +497,8 @@ def simulated_blackwell(*, backend: str = "throughput", kernel: str = "emulator"
             # 391-459, FM/experts/trtllm_nvfp4_moe.py:24, 371); no Triton on CPU
             p.set(trt, "trtllm_moe_pack_topk_ids_weights",
                   oracle_trtllm.pack_topk_ids_weights, only_if_present=True)
+        if backend == "vllm_cutlass":  # --moe-backend cutlass: vLLM's own CUTLASS kernel
+            _vllm_cutlass(p, ops)
         # 0.28.0's workspace manager empties the device cache when it grows (v0.28.0
         # v1/worker/workspace.py:206); there is no device cache on CPU.
         p.set(torch.accelerator, "empty_cache", lambda: None, only_if_present=True)
@@ -472,6 +507,35 @@ def simulated_blackwell(*, backend: str = "throughput", kernel: str = "emulator"
         p.undo()
         for name in stubbed:
             sys.modules.pop(name, None)
+
+
+def simulates_vllm_cutlass() -> bool:
+    """Does this vLLM have the NVFP4 ``CutlassExpertsFp4`` with its own device probe and the
+    experts-quant ops the ``backend="vllm_cutlass"`` seam replaces (read on v0.34.0:
+    FM/experts/cutlass_moe.py:511-838, _custom_ops.py:1548-1667)?"""
+    import vllm._custom_ops as ops
+
+    mod = oracle_comm.present_module(oracle_vllm_cutlass._CUTLASS_MOE)
+    experts = getattr(mod, "CutlassExpertsFp4", None)
+    return (experts is not None and "_supports_current_device" in vars(experts)
+            and all(hasattr(ops, name) for name in oracle_vllm_cutlass.OPS))
+
+
+def _vllm_cutlass(p: _ClassPatcher, ops) -> None:
+    """vLLM's own CUTLASS NVFP4 MoE (``CutlassExpertsFp4``, v0.34.0 FM/experts/cutlass_moe.py):
+    its device probe without ``is_cuda()``, the CUDA ops ``run_cutlass_moe_fp4`` calls
+    (:511-704) and the Triton route remap it calls under EP (:502-508), by
+    :mod:`.oracle_vllm_cutlass`."""
+    if not simulates_vllm_cutlass():
+        raise NotImplementedError("this vLLM has no CutlassExpertsFp4 with the NVFP4 experts "
+                                  "ops the seam simulates (read on 0.34.0)")
+    mod = importlib.import_module(oracle_vllm_cutlass._CUTLASS_MOE)
+    p.set_cls(mod.CutlassExpertsFp4, "_supports_current_device",
+              staticmethod(oracle_vllm_cutlass.vllm_cutlass_supports_current_device))
+    p.set(mod, "remap_topk_to_local", oracle_vllm_cutlass.remap_topk_to_local,
+          only_if_present=True)
+    for name, fn in oracle_vllm_cutlass.OPS.items():
+        p.set(ops, name, fn)
 
 
 def takes_moe_backend() -> bool:
@@ -485,4 +549,5 @@ def takes_moe_backend() -> bool:
 
 MOE_BACKEND = "flashinfer_cutlass"  # KernelConfig.moe_backend the layouts ask for
 #: seam backend -> the ``--moe-backend`` (KernelConfig.moe_backend) a user picks it with
-MOE_BACKENDS = {"throughput": MOE_BACKEND, "latency": "flashinfer_trtllm", "auto": "auto"}
+MOE_BACKENDS = {"throughput": MOE_BACKEND, "latency": "flashinfer_trtllm", "auto": "auto",
+                "vllm_cutlass": "cutlass"}

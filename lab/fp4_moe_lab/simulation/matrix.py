@@ -133,13 +133,21 @@ def _oracle_reference_scheme(fmt: str, layout) -> str:
 
 
 def reference_scheme(design: Optional[Design], fmt: str, layout,
-                     oracle: Optional[bool] = None) -> str:
+                     oracle: Optional[bool] = None, kernel: str = BACKEND) -> str:
     """Which activation scales a *correct* layer uses on this release and layout.
-    ``oracle``: the installed vLLM has the NVFP4-oracle design (default: probe it)."""
+    ``oracle``: the installed vLLM has the NVFP4-oracle design (default: probe it);
+    ``kernel``: the NVFP4 MoE kernel the rows run (``support._BACKEND_KERNELS`` names).
+    vLLM's own CUTLASS (:data:`VLLM_CUTLASS`) is no global-sf backend (oracle/nvfp4.py:69-83):
+    it keeps one GEMM1 scale per local expert (the max over w1/w3) and GEMM2's per local
+    expert (Q/utils/flashinfer_fp4_moe.py:496-506), and quantizes after dispatch, per expert
+    (FM/experts/cutlass_moe.py:636-676, ``expects_unquantized_inputs`` :719-721): every layout
+    is ``per_expert`` there."""
     if oracle is None:
         from fp4_moe_lab.simulation import blackwell_oracle
 
         oracle = blackwell_oracle.applies()
+    if oracle and kernel == VLLM_CUTLASS:
+        return "per_expert"
     if oracle:
         return _oracle_reference_scheme(fmt, layout)
     if design is Design.MODULAR_METHOD and fmt == "modelopt":
@@ -168,8 +176,12 @@ def trtllm_layer_kwargs(scenario: Scenario) -> dict:
 
 #: ``--moe-backend auto``: vLLM's oracle picks (oracle design, KernelConfig.moe_backend)
 AUTO = "auto"
+#: ``--moe-backend cutlass``: vLLM's own CUTLASS NVFP4 MoE kernel (``CutlassExpertsFp4``), the
+#: per-expert-scale backend; asked for by name only, never in :func:`default_backends`
+VLLM_CUTLASS = "vllm_cutlass"
 #: matrix backend -> the oracle seam's backend (blackwell_oracle.MOE_BACKENDS).
-ORACLE_SEAM_BACKENDS = {BACKEND: "throughput", "flashinfer_trtllm": "latency", AUTO: "auto"}
+ORACLE_SEAM_BACKENDS = {BACKEND: "throughput", "flashinfer_trtllm": "latency", AUTO: "auto",
+                        VLLM_CUTLASS: "vllm_cutlass"}
 
 
 def auto_pick(capability: str) -> str:
@@ -228,7 +240,10 @@ def rows_for_layout(layout_name: str, scenario: Scenario,
                            capability=capability)
     if backend == AUTO:
         _not_the_pick(ranks, formats, picked)
-    inter_dtype = torch.bfloat16 if picked == BACKEND else None
+    # bf16 GEMM outputs and SwiGLU result: FlashInfer's CUTLASS, and vLLM's own (c1/c3 are
+    # workspaces of the activation dtype, FM/experts/cutlass_moe.py:643-645, 774-775; the
+    # fused SiLU+Mul quantizer rounds silu(gate)*up to it, oracle_vllm_cutlass)
+    inter_dtype = torch.bfloat16 if picked in (BACKEND, VLLM_CUTLASS) else None
     refs: dict = {}
 
     def refs_for(scheme):
@@ -243,7 +258,7 @@ def rows_for_layout(layout_name: str, scenario: Scenario,
 
     rows = []
     for fmt in formats:
-        scheme = reference_scheme(design, fmt, layout)
+        scheme = reference_scheme(design, fmt, layout, kernel=picked)
         label = f"{AUTO}: {picked}" if backend == AUTO else backend
         rows.append(judge(fmt, layout_name, label, ranks, refs_for(scheme), scheme=scheme,
                           release=(version, design), capability=capability,
@@ -293,6 +308,11 @@ def run_matrix(layouts: Optional[Iterable[str]] = None, scenario: Optional[Scena
     if not blackwell_oracle.simulates_capability(capability):  # before any rank starts
         raise NotImplementedError(f"capability {capability} is not simulated on this vLLM "
                                   "(blackwell_oracle.simulates_capability)")
+    if VLLM_CUTLASS in backends and not (blackwell_oracle.takes_moe_backend()
+                                         and blackwell_oracle.simulates_vllm_cutlass()):
+        raise NotImplementedError("--backend vllm_cutlass is vLLM's --moe-backend cutlass, "
+                                  "simulated where CutlassExpertsFp4 has its own device probe "
+                                  "and the NVFP4 experts ops (read on 0.34.0)")
     if AUTO in backends and not blackwell_oracle.takes_moe_backend():
         raise NotImplementedError("--backend auto is vLLM's --moe-backend auto, which this "
                                   "vLLM does not have (KernelConfig.moe_backend, 0.20.0+)")
@@ -300,6 +320,9 @@ def run_matrix(layouts: Optional[Iterable[str]] = None, scenario: Optional[Scena
     for name in layouts:
         if BACKEND in backends:
             rows.extend(rows_for_layout(name, scenario, formats, capability=capability))
+        if VLLM_CUTLASS in backends:
+            rows.extend(rows_for_layout(name, scenario, formats, backend=VLLM_CUTLASS,
+                                        capability=capability))
         if AUTO in backends and name in ORACLE_TRTLLM_LAYOUTS:
             rows.extend(rows_for_layout(name, scenario, formats, backend=AUTO,
                                         capability=capability))

@@ -48,8 +48,11 @@ class _GlooAllToAll:
         return out.view(t.dtype) if out.dtype != t.dtype else out
 
     def dispatch(self, hidden_states, topk_ids, topk_weights, hidden_states_scale=None,
-                 runtime_max_tokens_per_rank: Optional[int] = None):
-        rows = runtime_max_tokens_per_rank or hidden_states.shape[0]
+                 runtime_max_tokens_per_rank: Optional[int] = None,
+                 max_tokens_per_rank: Optional[int] = None):
+        # v0.33.0's one-sided P/F passes the same value as max_tokens_per_rank (FM/
+        # prepare_finalize/flashinfer_nvlink_one_sided.py:119-125); 0.34.0 renamed it
+        rows = runtime_max_tokens_per_rank or max_tokens_per_rank or hidden_states.shape[0]
         self._rows, self._mine = rows, hidden_states.shape[0]
         x = self._gather(hidden_states, rows, 0)
         ids = self._gather(topk_ids.to(torch.int32), rows, self.params.num_experts)

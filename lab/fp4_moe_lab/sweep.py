@@ -123,6 +123,9 @@ def _install(release: str, venv: Path, src: Path, log) -> Optional[str]:
     tmp.mkdir(exist_ok=True)
     env = {**os.environ, "PIP_NO_CACHE_DIR": "1", "TMPDIR": str(tmp)}
     r = _run(cmd, log, 3600, env=env)
+    if r.returncode and _pinned_by_name(pins):  # the focused world's recipe, as
+        (venv / ".pinned").write_text(release)  # scripts/bootstrap-release.sh builds it
+        return _install_pinned(release, py, pins, log, env)
     if r.returncode and re.search(r"No matching distribution found for flashinfer", r.stderr):
         r = _install_without_flashinfer(release, py, pins, log, env)
         if r.returncode == 0:
@@ -132,6 +135,27 @@ def _install(release: str, venv: Path, src: Path, log) -> Optional[str]:
     for extra in CUDA_ONLY_EXTRAS:
         if _run([py, "-c", f"import {extra}"], log, 600).returncode:
             _run([py, "-m", "pip", "uninstall", "-y", "-q", extra], log, 600)
+    return None
+
+
+def _pinned_by_name(pins: Path) -> bool:
+    """A constraints file naming ``vllm==`` can build the world by name where the release's own
+    requirements do not resolve (0.34.0: flashinfer-python==0.7.3 is not on the index, and
+    without it humming-kernels, tilelang, torchvision and transformers conflict)."""
+    return pins.exists() and any(line.startswith("vllm==")
+                                 for line in pins.read_text().splitlines())
+
+
+def _install_pinned(release: str, py: Path, pins: Path, log, env: dict) -> Optional[str]:
+    """Every pinned name but vLLM, then vLLM ``--no-deps`` (as scripts/bootstrap-release.sh
+    builds .venv-vllm-0.34.0)."""
+    names = [line.strip() for line in pins.read_text().splitlines()
+             if re.match(r"[A-Za-z]", line) and not line.startswith("vllm==")]
+    for cmd in ([py, "-m", "pip", "install", "-q", "-c", pins, *names, "pytest"],
+                [py, "-m", "pip", "install", "-q", "--no-deps", "-c", pins, f"vllm=={release}"]):
+        r = _run(cmd, log, 3600, env=env)
+        if r.returncode:
+            return "pip install (pinned): " + (r.stderr.strip().splitlines() or ["?"])[-1][:300]
     return None
 
 
@@ -197,6 +221,8 @@ def measure(release: str, src: Path, commit: str, keep: bool = False) -> dict:
                 if row["error"] is None:
                     (venv / ".built").write_text(release)
             row["error"] = row["error"] or _install_plugin(venv, src, log)
+            if (venv / ".pinned").exists():
+                row["install"] = f"constraints/vllm-{release}.txt by name, vLLM --no-deps"
             if (venv / ".without-flashinfer").exists():
                 row["install"] = "vLLM's requirements less FlashInfer (its pin is not on the index)"
             row["install_s"] = round(time.monotonic() - t0)

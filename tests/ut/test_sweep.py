@@ -57,3 +57,11 @@ def test_a_world_without_flashinfer_keeps_every_other_requirement():
                 "transformers>=4.56"]
     assert sweep.without_flashinfer(requires) == [
         "torch==2.14.0", 'numba==0.61.2; python_version == "3.11"', "transformers>=4.56"]
+
+
+def test_a_release_pinned_by_name_can_be_built_from_its_pins(tmp_path):
+    assert sweep._pinned_by_name(sweep.ROOT / "constraints" / "vllm-0.34.0.txt")
+    loose = tmp_path / "vllm-0.99.0.txt"
+    loose.write_text("# torch only\ntorch==2.14.0\n")
+    assert not sweep._pinned_by_name(loose)
+    assert not sweep._pinned_by_name(tmp_path / "absent.txt")

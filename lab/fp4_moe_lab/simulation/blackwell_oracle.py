@@ -539,8 +539,9 @@ def _vllm_cutlass(p: _ClassPatcher, ops) -> None:
 
 
 def takes_moe_backend() -> bool:
-    """Does this vLLM take ``--moe-backend`` (``KernelConfig.moe_backend``; 0.14.x-0.17.x pick
-    FlashInfer's NVFP4 MoE backend by environment variables, v0.14.0 FM/oracle/nvfp4.py:80-101)?"""
+    """Does this vLLM take ``--moe-backend`` (``KernelConfig.moe_backend``)? Earlier oracle
+    releases pick FlashInfer's NVFP4 MoE backend by environment variables (v0.14.0
+    FM/oracle/nvfp4.py:80-101)."""
     import vllm.config
 
     kernel_config = getattr(vllm.config, "KernelConfig", None)

@@ -124,9 +124,10 @@ def _install(release: str, venv: Path, src: Path, log) -> Optional[str]:
     env = {**os.environ, "PIP_NO_CACHE_DIR": "1", "TMPDIR": str(tmp)}
     r = _run(cmd, log, 3600, env=env)
     if r.returncode and _pinned_by_name(pins):  # the focused world's recipe, as
-        (venv / ".pinned").write_text(release)  # scripts/bootstrap-release.sh builds it
-        return _install_pinned(release, py, pins, log, env)
-    if r.returncode and re.search(r"No matching distribution found for flashinfer", r.stderr):
+        r = _install_pinned(release, py, pins, log, env)  # bootstrap-release.sh builds it
+        if r.returncode == 0:
+            (venv / ".pinned").write_text(release)
+    elif r.returncode and re.search(r"No matching distribution found for flashinfer", r.stderr):
         r = _install_without_flashinfer(release, py, pins, log, env)
         if r.returncode == 0:
             (venv / ".without-flashinfer").write_text(release)
@@ -146,17 +147,18 @@ def _pinned_by_name(pins: Path) -> bool:
                                  for line in pins.read_text().splitlines())
 
 
-def _install_pinned(release: str, py: Path, pins: Path, log, env: dict) -> Optional[str]:
+def _install_pinned(release: str, py: Path, pins: Path, log,
+                    env: dict) -> subprocess.CompletedProcess:
     """Every pinned name but vLLM, then vLLM ``--no-deps`` (as scripts/bootstrap-release.sh
     builds .venv-vllm-0.34.0)."""
     names = [line.strip() for line in pins.read_text().splitlines()
              if re.match(r"[A-Za-z]", line) and not line.startswith("vllm==")]
-    for cmd in ([py, "-m", "pip", "install", "-q", "-c", pins, *names, "pytest"],
-                [py, "-m", "pip", "install", "-q", "--no-deps", "-c", pins, f"vllm=={release}"]):
-        r = _run(cmd, log, 3600, env=env)
-        if r.returncode:
-            return "pip install (pinned): " + (r.stderr.strip().splitlines() or ["?"])[-1][:300]
-    return None
+    r = _run([py, "-m", "pip", "install", "-q", "-c", pins, *names, "pytest"], log, 3600,
+             env=env)
+    if r.returncode:
+        return r
+    return _run([py, "-m", "pip", "install", "-q", "--no-deps", "-c", pins, f"vllm=={release}"],
+                log, 3600, env=env)
 
 
 def without_flashinfer(requires: list[str]) -> list[str]:

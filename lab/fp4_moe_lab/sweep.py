@@ -251,13 +251,14 @@ def _measure_in(py: Path, row: dict, src: Path, log) -> None:
         _run([py, "-m", "pip", "uninstall", "-y", "-q", "flashinfer-python", "flashinfer-cubin",
               "flashinfer-jit-cache"], log, 600)
     t = time.monotonic()
-    m = _run([py, "-m", "fp4_moe_lab.cli", "matrix", "--json"], log, 3600, cwd=src)
+    # --debug: an internal error leaves its traceback (a rank's included) in the log
+    m = _run([py, "-m", "fp4_moe_lab.cli", "--debug", "matrix", "--json"], log, 3600, cwd=src)
     rows = _json(m) or []
     row["matrix_s"] = round(time.monotonic() - t)
     row["matrix"] = summary(rows, m.returncode)
     t = time.monotonic()
-    u = _run([py, "-m", "fp4_moe_lab.cli", "matrix", "--uncalibrated", "--json"], log, 3600,
-             cwd=src)
+    u = _run([py, "-m", "fp4_moe_lab.cli", "--debug", "matrix", "--uncalibrated", "--json"], log,
+             3600, cwd=src)
     row["uncalibrated_s"] = round(time.monotonic() - t)
     row["uncalibrated"] = summary(_json(u) or [], u.returncode)
 

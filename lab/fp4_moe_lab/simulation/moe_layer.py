@@ -61,14 +61,18 @@ def build_layer(experts: QuantizedExperts, fmt: str, *, top_k: int, index: int,
     ``FusedMoE`` (e.g. grouped top-k); ``process=False`` stops before
     ``process_weights_after_loading``.
     """
+    import inspect
+
     from vllm.model_executor.layers.fused_moe import layer as fused_moe_layer
 
-    if hasattr(fused_moe_layer, "FusedMoEFactory"):
+    # The runner factory: ``FusedMoEFactory``, or on v0.25.x the function still named
+    # ``FusedMoE`` (FM/layer.py:100) where earlier releases had the class
+    if hasattr(fused_moe_layer, "FusedMoEFactory") or inspect.isfunction(
+            fused_moe_layer.FusedMoE):
         return _build_runner(experts, fmt, top_k=top_k, index=index, dtype=dtype,
                              overrides=overrides, process=process, **layer_kwargs)
     FusedMoE = fused_moe_layer.FusedMoE
     mlp = MLP_PREFIX.format(index=index)
-    import inspect
 
     if "reduce_results" in inspect.signature(FusedMoE.__init__).parameters:
         layer_kwargs.setdefault("reduce_results", True)  # v0.20.0's FusedMoE always reduces
@@ -114,13 +118,14 @@ def _build_runner(experts: QuantizedExperts, fmt: str, *, top_k: int, index: int
     runs the quant method's ``process_weights_after_loading`` on the module that owns it
     (model_executor/model_loader/utils.py:164-199), which picks the backend and builds the
     modular kernel, and the runner's own."""
-    from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory
+    from vllm.model_executor.layers.fused_moe import layer as fused_moe_layer
 
+    factory = getattr(fused_moe_layer, "FusedMoEFactory", None) or fused_moe_layer.FusedMoE
     prefix = experts_prefix(index)
     # custom_routing_function=None: vLLM's own router (e.g. grouped top-k), which the TRT-LLM
     # monolithic kernel replaces by its own routing
     layer_kwargs.setdefault("custom_routing_function", cpu_topk_softmax_routing)
-    runner = FusedMoEFactory(
+    runner = factory(
         num_experts=experts.num_experts, top_k=top_k, hidden_size=experts.hidden,
         intermediate_size=experts.intermediate, params_dtype=dtype, reduce_results=True,
         renormalize=True, quant_config=make_quant_config(fmt), prefix=prefix,

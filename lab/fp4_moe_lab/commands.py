@@ -79,18 +79,15 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     scenario = Scenario(seed=args.seed, input_scale_spread=args.spread, tokens=args.tokens)
     for capability in capabilities:
         _check_capability(capability)
-    if "auto" in (args.backend or ()):
+    if {"auto", "vllm_cutlass"} & set(args.backend or ()):
         from fp4_moe_lab.simulation import blackwell_oracle
 
-        if not blackwell_oracle.applies() or not blackwell_oracle.takes_moe_backend():
+        takes = blackwell_oracle.applies() and blackwell_oracle.takes_moe_backend()
+        if "auto" in args.backend and not takes:
             raise UsageError("--backend auto: vLLM's --moe-backend auto, which this vLLM does "
                              "not have (KernelConfig.moe_backend, 0.20.0+); name the backend")
-
-    if "vllm_cutlass" in (args.backend or ()):
-        from fp4_moe_lab.simulation import blackwell_oracle
-
-        if not (blackwell_oracle.applies() and blackwell_oracle.takes_moe_backend()
-                and blackwell_oracle.simulates_vllm_cutlass()):
+        if "vllm_cutlass" in args.backend and not (
+                takes and blackwell_oracle.simulates_vllm_cutlass()):
             raise UsageError("--backend vllm_cutlass: vLLM's --moe-backend cutlass, simulated "
                              "on vLLMs whose CutlassExpertsFp4 has its own device probe and "
                              "the NVFP4 experts ops (read on 0.34.0); not this one")

@@ -67,9 +67,11 @@ def build_layer(experts: QuantizedExperts, fmt: str, *, top_k: int, index: int,
 
     # The runner factory: ``FusedMoEFactory``, or on v0.25.x the function still named
     # ``FusedMoE`` (FM/layer.py:100) where earlier releases had the class
-    if hasattr(fused_moe_layer, "FusedMoEFactory") or inspect.isfunction(
-            fused_moe_layer.FusedMoE):
-        return _build_runner(experts, fmt, top_k=top_k, index=index, dtype=dtype,
+    factory = getattr(fused_moe_layer, "FusedMoEFactory", None)
+    if factory is None and inspect.isfunction(fused_moe_layer.FusedMoE):
+        factory = fused_moe_layer.FusedMoE
+    if factory is not None:
+        return _build_runner(factory, experts, fmt, top_k=top_k, index=index, dtype=dtype,
                              overrides=overrides, process=process, **layer_kwargs)
     FusedMoE = fused_moe_layer.FusedMoE
     mlp = MLP_PREFIX.format(index=index)
@@ -107,7 +109,7 @@ def build_layer(experts: QuantizedExperts, fmt: str, *, top_k: int, index: int,
     return BuiltLayer(layer=layer, prefix=f"{mlp}.experts")
 
 
-def _build_runner(experts: QuantizedExperts, fmt: str, *, top_k: int, index: int,
+def _build_runner(factory, experts: QuantizedExperts, fmt: str, *, top_k: int, index: int,
                   dtype: torch.dtype, overrides: Optional[dict], process: bool,
                   **layer_kwargs) -> BuiltLayer:
     """The NVFP4-oracle design (0.14.0+; read on 0.34.0): ``FusedMoEFactory`` returns a
@@ -118,9 +120,6 @@ def _build_runner(experts: QuantizedExperts, fmt: str, *, top_k: int, index: int
     runs the quant method's ``process_weights_after_loading`` on the module that owns it
     (model_executor/model_loader/utils.py:164-199), which picks the backend and builds the
     modular kernel, and the runner's own."""
-    from vllm.model_executor.layers.fused_moe import layer as fused_moe_layer
-
-    factory = getattr(fused_moe_layer, "FusedMoEFactory", None) or fused_moe_layer.FusedMoE
     prefix = experts_prefix(index)
     # custom_routing_function=None: vLLM's own router (e.g. grouped top-k), which the TRT-LLM
     # monolithic kernel replaces by its own routing

@@ -120,13 +120,17 @@ def _build_runner(factory, experts: QuantizedExperts, fmt: str, *, top_k: int, i
     runs the quant method's ``process_weights_after_loading`` on the module that owns it
     (model_executor/model_loader/utils.py:164-199), which picks the backend and builds the
     modular kernel, and the runner's own."""
+    import inspect
+
     prefix = experts_prefix(index)
     # custom_routing_function=None: vLLM's own router (e.g. grouped top-k), which the TRT-LLM
     # monolithic kernel replaces by its own routing
     layer_kwargs.setdefault("custom_routing_function", cpu_topk_softmax_routing)
+    if "reduce_results" in inspect.signature(factory).parameters:  # v0.24.0's always reduces
+        layer_kwargs.setdefault("reduce_results", True)  # (FM/runner/moe_runner.py:451)
     runner = factory(
         num_experts=experts.num_experts, top_k=top_k, hidden_size=experts.hidden,
-        intermediate_size=experts.intermediate, params_dtype=dtype, reduce_results=True,
+        intermediate_size=experts.intermediate, params_dtype=dtype,
         renormalize=True, quant_config=make_quant_config(fmt), prefix=prefix,
         **layer_kwargs)
     tensors = expert_tensors(experts, fmt, prefix)

@@ -147,28 +147,32 @@ def _takes_moe_backend() -> bool:
 
 
 def _stock_hole(design: Optional[Design], fmt: str, layout: Layout, path: str,
-                affected: bool) -> Optional[bool]:
+                affected: bool, findings: dict) -> Optional[bool]:
     """Does stock vLLM of ``design`` compute this layer inconsistently (``support.stock_hole``,
     and the audit's ``affected``: this checkpoint's scales make it so)? None: not modelled."""
     if design is None:
         return None
     try:
         hole = support.stock_hole(design, fmt, layout, path, deepep_ll_nvfp4_dispatch=(
-            os.environ.get("VLLM_DEEPEPLL_NVFP4_DISPATCH") == "1"))
+            os.environ.get("VLLM_DEEPEPLL_NVFP4_DISPATCH") == "1"),
+            cutlass_reads_workspace=bool(findings.get("cutlass_fp4_takes_expert_map")) and not
+            findings.get("upstream_zeroes_non_local_routes"))
     except ValueError:  # a layout this design does not have (e.g. an all2all backend it lacks)
         return None
-    return hole == support.FAILS or (hole == support.WRONG and affected)
+    return hole in (support.FAILS, support.WRONG_ROUTES) or (hole == support.WRONG and affected)
 
 
 def layer_paths(report: dict, layout: Layout, path: Optional[str], plugin_active: bool,
-                design: Optional[Design] = Design.INIT_PREPARE_FINALIZE) -> list:
-    """Per MoE layer: is it consistent without and with the plugin, in this layout?"""
+                design: Optional[Design] = Design.INIT_PREPARE_FINALIZE,
+                findings: Optional[dict] = None) -> list:
+    """Per MoE layer: is it consistent without and with the plugin, in this layout?
+    ``findings``: the probes' (what the installed vLLM still gets wrong)."""
     rows = []
     for layer in report["layers"]:
         affected = bool(layer["affected"].get(layout.name, True))
         flashinfer = path in ("flashinfer_cutlass", "flashinfer_trtllm")
         hole = None if path in (None, support.FAILS_TO_START) else _stock_hole(
-            design, report["format"], layout, path, affected)
+            design, report["format"], layout, path, affected, findings or {})
         stock_ok = None if hole is None else not hole
         # The 0.11.0 patches refuse uneven expert splits; the 0.11.1-era ones only fill holes.
         uneven = (design is Design.INIT_PREPARE_FINALIZE and layout.ep
@@ -216,7 +220,8 @@ def run_doctor(checkpoint: Optional[str] = None, layout: Optional[Layout] = None
     report["layout"] = {"name": layout.name, "tp": layout.tp, "dp": layout.dp, "pp": layout.pp,
                         "ep": layout.ep, "all2all_backend": layout.all2all,
                         "moe_backend": moe_backend, "kernel": path, "why": why}
-    report["layers"] = layer_paths(ckpt, layout, path, active, design) if ckpt else []
+    findings = (report["probes"] or {}).get("findings") or {}
+    report["layers"] = layer_paths(ckpt, layout, path, active, design, findings) if ckpt else []
     report["verdict"] = _verdict(report)
     report["verdict_text"] = VERDICTS[report["verdict"]]
     report["reasons"] = reasons(report)

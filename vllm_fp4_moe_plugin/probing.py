@@ -45,8 +45,10 @@ def missing_methods(module: str, cls_name: str, methods) -> list[str]:
 def on_cpu(fn, **replaced):
     """vLLM's function ``fn`` over a private copy of its globals with ``replaced`` in it: a probe
     runs vLLM's own code with stand-ins for what it calls (GPU moves, kernels, recorders)."""
-    return types.FunctionType(fn.__code__, {**fn.__globals__, **replaced}, fn.__name__,
+    copy = types.FunctionType(fn.__code__, {**fn.__globals__, **replaced}, fn.__name__,
                               fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__  # keyword-only defaults live apart
+    return copy
 
 
 def same(tensor):

@@ -224,6 +224,9 @@ LAYOUTS: dict[str, Layout] = {s.name: s for s in (
            first_design=Design.NVFP4_ORACLE))}
 
 WRONG, FAILS = "wrong", "fails"
+# wrong for every checkpoint, whatever its scales: vLLM's own CUTLASS NVFP4 MoE under EP adds an
+# unzeroed workspace row for each route to another rank's expert (patches/nvfp4_oracle)
+WRONG_ROUTES = "wrong_routes"
 
 # Where stock vLLM of each design computes wrongly, in words (the off-switch warning).
 WHERE_WRONG = {
@@ -234,14 +237,22 @@ WHERE_WRONG = {
 
 def stock_hole(design_key: str | Design, fmt: str, layout: str | Layout,
                kernel: str = "flashinfer_cutlass", *, deepep_ll_nvfp4_dispatch: bool = False,
-               enable_eplb: bool = False, eplb_agrees: bool = False) -> Optional[str]:
+               enable_eplb: bool = False, eplb_agrees: bool = False,
+               cutlass_reads_workspace: bool = False) -> Optional[str]:
     """Where stock vLLM of a design computes an NVFP4 MoE layer on ``kernel`` wrongly: ``WRONG``
-    (when the scales that matter differ), ``FAILS`` (cannot run) or None. ``layout``: a matrix
-    layout name or a :class:`Layout` (ValueError for one the design lacks)."""
+    (when the scales that matter differ), ``WRONG_ROUTES`` (always), ``FAILS`` (cannot run) or
+    None. ``layout``: a matrix layout name or a :class:`Layout` (ValueError for one the design
+    lacks). ``cutlass_reads_workspace``: the installed vLLM's CUTLASS NVFP4 MoE takes the expert
+    map and reads the unzeroed row for non-local routes (findings
+    ``cutlass_fp4_takes_expert_map`` and not ``upstream_zeroes_non_local_routes``: 0.32.0-0.34.0);
+    it runs EP only over the all-gather dispatch (v0.34.0 FM/experts/cutlass_moe.py:751-762)."""
     d = design(design_key)
     spec = LAYOUTS[layout] if isinstance(layout, str) else layout
     if DESIGNS.index(d) < DESIGNS.index(spec.first_design):
         raise ValueError(f"layout {spec.name} needs the {spec.first_design.label} or later")
+    if (d is Design.NVFP4_ORACLE and kernel == "vllm_cutlass" and cutlass_reads_workspace
+            and spec.ep and spec.tp * spec.dp > 1 and spec.all2all == DEFAULT_ALL2ALL):
+        return WRONG_ROUTES
     if d is Design.NVFP4_ORACLE:
         return WRONG if oracle_design_hole(
             fmt, dp=spec.dp, ep=spec.ep, all2all_backend=spec.all2all, enable_eplb=enable_eplb,

@@ -19,6 +19,10 @@ FLASHINFER_CUTLASS_MOE = f"{_FM}.flashinfer_cutlass_moe"
 FLASHINFER_CUTLASS_PREPARE_FINALIZE = f"{_FM}.flashinfer_cutlass_prepare_finalize"
 FUSED_MOE_MODULAR_METHOD = f"{_FM}.fused_moe_modular_method"  # MODULAR_METHOD design
 NVFP4_ORACLE = f"{_FM}.oracle.nvfp4"  # NVFP4_ORACLE design (#31692)
+# vLLM's own CUTLASS NVFP4 MoE (--moe-backend cutlass): the function its experts call, by
+# module-global name, with the expert map under EP (v0.34.0 FM/experts/cutlass_moe.py:511, 814)
+CUTLASS_MOE = f"{_FM}.experts.cutlass_moe"
+CUTLASS_MOE_FP4 = "run_cutlass_moe_fp4"
 PARALLEL_STATE = "vllm.distributed.parallel_state"  # the world group: fleet check
 VLLM_ENVS = "vllm.envs"  # environment_variables: the registry vLLM's Ray copy and checks read
 

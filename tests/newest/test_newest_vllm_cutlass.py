@@ -8,12 +8,15 @@ against a direct float computation; then vLLM's whole layer. vLLM's CUTLASS is n
 backend (FM/oracle/nvfp4.py:69-83): one GEMM1 and one GEMM2 scale per local expert, quantized
 after dispatch, so no layout has a scale hole and the plugin must be inert (bit-identical).
 
-Measured (and not what a per-expert backend promises): under DP+EP, stock and plugin alike sit
-outside the NVFP4 bound. A route to a non-local expert (id -1 after the remap) is pointed at
-row ``expert_offsets[E]`` of GEMM2's output (csrc moe_data.cu ``compute_arg_sorts``: "c2 is
-initialized to zeros"), but 0.34.0's Python takes that output from an unzeroed workspace
-(cutlass_moe.py:643-645, ``_resize_cache(workspace13, ...)``), which there holds GEMM1's output
-or older data; :func:`test_non_local_routes_read_the_unzeroed_workspace` shows the mechanism.
+Not a scale hole, and measured: under EP (0.32.0+) a route to a non-local expert (id -1 after
+the remap) is pointed at row ``expert_offsets[E]`` of GEMM2's output (csrc moe_data.cu
+``compute_arg_sorts``: "c2 is initialized to zeros"), but 0.34.0's Python takes that output from
+an unzeroed workspace (cutlass_moe.py:643-645, ``_resize_cache(workspace13, ...)``), which holds
+GEMM1's output or earlier layers' data. With the seam's workspaces poisoned (NaN, memory nobody
+initialised), stock gives every token with a non-local route NaN under TP+EP and DP+EP; the
+plugin's wrapper (patches/nvfp4_oracle/non_local_routes.py) gives them exactly nothing, and the
+rows sit at the NVFP4 bound. :func:`test_non_local_routes_read_the_unzeroed_workspace` shows the
+mechanism on the function itself.
 """
 
 import pytest
@@ -26,6 +29,7 @@ from fp4_moe_lab.simulation.layouts import LAYOUTS, Scenario, run_layout
 from fp4_moe_lab.simulation.matrix import VLLM_CUTLASS, rows_for_layout
 from tests.pass_marks import AFFECTED_FACTOR, FP32_FACTOR, PLUGIN_BOUND
 from vllm_fp4_moe_plugin import support
+from vllm_fp4_moe_plugin.patches.nvfp4_oracle import non_local_routes
 
 CAPABILITIES = ("10.0", "12.0")  # B200, RTX PRO 6000: both families CutlassExpertsFp4 takes
 
@@ -209,6 +213,24 @@ def test_non_local_routes_read_the_unzeroed_workspace():
         assert (out[0] - ideal[0]).norm() / ideal[0].norm() < PLUGIN_BOUND
     assert torch.isnan(outs["nan"][1]).all()  # the workspace row, weighted
     assert torch.equal(outs["zeros"][1], torch.zeros(k))
+    assert torch.isnan(outs["nan"][2]).all()  # a local and a non-local route: NaN too
+    # the plugin's wrapper, on the same NaN workspace: token 0 as stock, token 1 exactly zero,
+    # token 2 its local route alone
+    ideal2 = nvfp4.moe_reference_nvfp4(x[2:], experts, torch.tensor([[0.7, 0.0]]),
+                                       torch.tensor([[1, 0]]), a1_gs=a1,
+                                       intermediate_dtype=torch.bfloat16)
+    with blackwell_oracle.simulated_blackwell(backend="vllm_cutlass"):
+        ws13 = torch.full((m * topk, max(2 * n, k)), float("nan"), dtype=torch.bfloat16)
+        ws2 = torch.full((m * topk, n), float("nan"), dtype=torch.bfloat16)
+        out = torch.empty(m, k, dtype=torch.bfloat16)
+        non_local_routes.build(run_cutlass_moe_fp4)(
+            out, x.clone(), a1, w13, w13_sf, 1.0 / (experts.w13_weight_gs * a1), a2,
+            experts.w2, nvfp4.swizzle_128x4(experts.w2_sf),
+            1.0 / (experts.w2_weight_gs * a2), weights, ids, MoEActivation.SILU, ws13, ws2,
+            m, n, k, e, torch.device("cpu"), expert_map=expert_map)
+    assert torch.equal(out[0], outs["zeros"][0])
+    assert torch.equal(out[1], torch.zeros(k, dtype=torch.bfloat16))
+    assert (out[2].float() - ideal2[0]).norm() / ideal2[0].norm() < PLUGIN_BOUND
 
 
 # --- vLLM's whole layer, stock and plugin, in real process groups -------------------------------
@@ -256,26 +278,42 @@ def test_single_rows_ok_stock_at_the_bound_plugin_bit_identical(capability):
 
 @pytest.mark.multiproc
 @pytest.mark.parametrize("capability", CAPABILITIES)
-def test_dp_ep_allgather_keeps_per_local_expert_scales_and_the_plugin_inert(capability):
+def test_dp_ep_allgather_keeps_per_local_expert_scales(capability):
     """Each EP rank's GEMM1 scales are its own experts' (``a1_gscale`` = that rank's slice of
-    the per-expert input global scales), no scale hole, plugin bit-identical to stock."""
+    the per-expert input global scales): no scale hole, stock and plugin alike."""
     _skip_unless_simulated()
-    rows = _rows("dp_ep_allgather", capability)
     gs = Scenario().experts().w13_input_gs
     for r in _ranks("dp_ep_allgather", capability):
         half = gs.numel() // 2
         mine = gs[r.rank * half:(r.rank + 1) * half]
         for key, info in r.info.items():
             assert torch.allclose(torch.tensor(info["a1_gscale"]), mine, rtol=1e-6), key
-    for row in rows:
-        _no_hole_plugin_inert(row)
+    for row in _rows("dp_ep_allgather", capability):
+        assert support.stock_hole("nvfp4_oracle", row.format, row.layout, row.backend) is None
+        assert row.reference_scheme == "per_expert", row
+
+
+# GEMM1's output (2 x intermediate) no wider than the hidden size, as in DeepSeek-R1 (2 x 2048 <=
+# 7168): the row non-local routes read lies past GEMM1's output, in memory this layer did not
+# write (with the default fixture, 2 x 512 > 256, it holds GEMM1's output: stock 0.018-0.02)
+ROUTES_SCENARIO = Scenario(hidden=512, intermediate=256)
 
 
 @pytest.mark.multiproc
-@pytest.mark.xfail(strict=True, reason="vLLM 0.34.0 reads an unzeroed workspace row for routes "
-                   "to non-local experts (test_non_local_routes_read_the_unzeroed_workspace)")
-@pytest.mark.parametrize("capability", CAPABILITIES)
-def test_dp_ep_allgather_within_the_nvfp4_bound(capability):
+@pytest.mark.parametrize("layout, capability", [("dp_ep_allgather", "10.0"),
+                                                ("dp_ep_allgather", "12.0"), ("tp_ep", "10.0")])
+def test_ep_rows_stock_reads_the_workspace_plugin_within_the_bound(layout, capability):
+    """Under EP stock adds the poisoned workspace row for each non-local route (NaN, far from
+    the bound); the plugin's rows sit at the NVFP4 bound, in both formats."""
     _skip_unless_simulated()
-    for row in _rows("dp_ep_allgather", capability):
-        assert row.plugin_rel_err <= PLUGIN_BOUND and row.ok, row
+    ranks = run_layout(LAYOUTS[layout], ROUTES_SCENARIO, backend="vllm_cutlass",
+                       capability=capability)
+    for row in rows_for_layout(layout, ROUTES_SCENARIO, backend=VLLM_CUTLASS, ranks=ranks,
+                               capability=capability):
+        assert support.stock_hole("nvfp4_oracle", row.format, layout, row.backend,
+                                  cutlass_reads_workspace=True) == support.WRONG_ROUTES
+        assert row.stock_error is None and row.plugin_error is None, row
+        assert row.stock_affected and row.stock_rel_err >= AFFECTED_FACTOR * PLUGIN_BOUND, row
+        assert row.plugin_rel_err <= PLUGIN_BOUND, row
+        assert row.plugin_fp32_err <= FP32_FACTOR * row.noise_floor, row
+        assert row.ok, row

@@ -1,10 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""vLLM 0.34.0 with both patches computes, with the plugin off, what stock 0.34.0 computes with
+"""vLLM 0.34.0 with every patch computes, with the plugin off, what stock 0.34.0 computes with
 the plugin on: the same layers (real vLLM code in real gloo ranks; SM100 and FlashInfer
 simulated as in tests/newest), the same seeds, the errors equal to the last bit.
 
-Rows where stock 0.34.0 is wrong (compressed-tensors under DP+EP, uncalibrated experts) are
-among those compared; elsewhere stock, patched and the plugin agree. The planted ``missing``
+Rows where stock 0.34.0 is wrong (compressed-tensors under DP+EP, uncalibrated experts, vLLM's
+own CUTLASS kernel under DP+EP) are among those compared; elsewhere stock, patched and the plugin agree. The planted ``missing``
 case hands stock vLLM the value the memory held in the one engine run that showed it
 (simulation/planted_scales.py) where the plugin loads no tensor; the patch's own test
 (upstream/0002) shows that a missing scale stays NaN in the patched loader.
@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.patched.conftest import FIXES
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
@@ -35,9 +37,10 @@ def _run(python: str, *args: str) -> subprocess.CompletedProcess:
     return r
 
 
-def _matrix(python: str) -> dict:
-    layouts = [a for layout in MATRIX_LAYOUTS for a in ("--layout", layout)]
-    rows = json.loads(_run(python, "-m", "fp4_moe_lab.cli", "matrix", "--json", *layouts).stdout)
+def _matrix(python: str, *args: str) -> dict:
+    """The matrix rows of ``args`` (default: :data:`MATRIX_LAYOUTS`, the default backends)."""
+    args = args or tuple(a for layout in MATRIX_LAYOUTS for a in ("--layout", layout))
+    rows = json.loads(_run(python, "-m", "fp4_moe_lab.cli", "matrix", "--json", *args).stdout)
     return {(r["format"], r["layout"], r["backend"]): r for r in rows}
 
 
@@ -62,12 +65,20 @@ def _same_answers(patched: dict, stock: dict) -> None:
 
 
 def test_matrix_patched_stock_equals_plugin(fixed, stock_python):
-    if fixed != {"upstream_agrees_gemm1_scale", "upstream_repairs_uncalibrated"}:
-        pytest.fail("run this module in the world with both patches (VLLM_FP4_MOE_PATCHED=both)")
+    if fixed != FIXES["all"]:
+        pytest.fail("run this module in the world with every patch (VLLM_FP4_MOE_PATCHED=all)")
     _same_answers(_matrix(sys.executable), _matrix(stock_python))
+
+
+def test_vllm_cutlass_patched_stock_equals_plugin(fixed, stock_python):
+    """vLLM's own CUTLASS kernel under DP+EP (stock reads the workspace for non-local routes)."""
+    if "upstream_zeroes_non_local_routes" not in fixed:
+        pytest.fail("run this module in the world with every patch (VLLM_FP4_MOE_PATCHED=all)")
+    args = ("--backend", "vllm_cutlass", "--layout", "dp_ep_allgather")
+    _same_answers(_matrix(sys.executable, *args), _matrix(stock_python, *args))
 
 
 def test_uncalibrated_patched_stock_equals_plugin(fixed, stock_python, tmp_path):
     if "upstream_repairs_uncalibrated" not in fixed:
-        pytest.fail("run this module in the world with both patches (VLLM_FP4_MOE_PATCHED=both)")
+        pytest.fail("run this module in the world with every patch (VLLM_FP4_MOE_PATCHED=all)")
     _same_answers(_uncalibrated(sys.executable, tmp_path), _uncalibrated(stock_python, tmp_path))

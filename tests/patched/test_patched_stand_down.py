@@ -2,8 +2,8 @@
 """With upstream's fix in vLLM the plugin stands down, hole by hole.
 
 In each patched world the feature probes must see exactly the fixes applied, and the plugin,
-switched on, must keep only the duties upstream still lacks: none with both patches (one INFO
-line, nothing patched), the EP agreement alone or the repair alone with one of them.
+switched on, must keep only the duties upstream still lacks: none with every patch (one INFO
+line, nothing patched); with some, the plan names what is left and only its wrappers are in.
 """
 
 import importlib
@@ -13,30 +13,42 @@ from vllm_fp4_moe_plugin import compat, patches
 from vllm_fp4_moe_plugin import vllm_modules as vm
 from vllm_fp4_moe_plugin.patches import nvfp4_oracle
 
+ROUTES = "upstream_zeroes_non_local_routes"
+FINDINGS = (*nvfp4_oracle.UPSTREAM_FIXES.values(), ROUTES)
+
 
 def test_probe_sees_exactly_the_applied_fixes(fixed):
     findings = compat.probe().findings
-    assert {f for f in nvfp4_oracle.UPSTREAM_FIXES.values() if findings[f]} == fixed
+    assert findings["cutlass_fp4_takes_expert_map"]  # 0.34.0: the routes hole is there to fix
+    assert {f for f in FINDINGS if findings[f]} == fixed
 
 
 def test_plugin_keeps_only_the_duties_upstream_lacks(fixed, fresh_plugin, monkeypatch,
                                                      caplog_plugin):
     helper_before = getattr(importlib.import_module(vm.NVFP4_ORACLE), vm.ORACLE_HELPERS[0])
+    cutlass_before = getattr(importlib.import_module(vm.CUTLASS_MOE), vm.CUTLASS_MOE_FP4)
     monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN", "1")
     fresh_plugin.register()
     state, reason = fresh_plugin.state()
     ours = set(patches.applied_targets()) - {p.target for p in patches.EVERY_DESIGN}
     helper = getattr(importlib.import_module(vm.NVFP4_ORACLE), vm.ORACLE_HELPERS[0])
+    cutlass = getattr(importlib.import_module(vm.CUTLASS_MOE), vm.CUTLASS_MOE_FP4)
     messages = [(r.levelno, r.getMessage()) for r in caplog_plugin.records
                 if r.name.startswith("vllm.fp4_moe_plugin")]
-    if len(fixed) == 2:
+    if fixed == set(FINDINGS):
         assert state == "inactive" and reason.endswith(nvfp4_oracle.FIXED), reason
-        assert not ours and helper is helper_before
+        assert not ours and helper is helper_before and cutlass is cutlass_before
         assert (logging.INFO, f"vllm-fp4-moe-plugin inactive: {reason}.") in messages
         assert not [m for level, m in messages if level >= logging.WARNING], messages
         return
-    left = next(d for d, f in nvfp4_oracle.UPSTREAM_FIXES.items() if f not in fixed)
-    assert state == "active" and reason.endswith(nvfp4_oracle.PARTLY[left]), reason
-    assert helper is not helper_before and f"{vm.NVFP4_ORACLE}.{vm.ORACLE_HELPERS[0]}" in ours
-    assert nvfp4_oracle.duties(compat.probe().findings) == {
-        d: d == left for d in nvfp4_oracle.UPSTREAM_FIXES}
+    findings = compat.probe().findings
+    left = {d for d, f in nvfp4_oracle.UPSTREAM_FIXES.items() if f not in fixed}
+    words, _ = nvfp4_oracle.describe(findings, True)
+    assert state == "active" and reason.endswith(words), reason
+    assert nvfp4_oracle.duties(findings) == {d: d in left for d in nvfp4_oracle.UPSTREAM_FIXES}
+    scale_target = f"{vm.NVFP4_ORACLE}.{vm.ORACLE_HELPERS[0]}"
+    assert (scale_target in ours) == bool(left) and (helper is not helper_before) == bool(left)
+    routes_left = ROUTES not in fixed
+    assert (f"{vm.CUTLASS_MOE}.{vm.CUTLASS_MOE_FP4}" in ours) == routes_left
+    assert (cutlass is not cutlass_before) == routes_left
+    assert words.endswith(nvfp4_oracle.ROUTES) == routes_left

@@ -14,12 +14,16 @@ pytestmark = pytest.mark.multiproc
 
 TESTS = Path(sys.prefix) / "vllm-tests"
 # Per patch: its test file, and a test of it that stock must fail by assertion (not only by
-# lacking the new function): DP+EP ranks disagree on the scale; NaN reaches the kernel format.
+# lacking the new function): DP+EP ranks disagree on the scale; NaN reaches the kernel format; a
+# non-local route adds the workspace's leftovers.
 CASES = {"upstream_agrees_gemm1_scale": ("tests/kernels/moe/test_nvfp4_moe_ep_activation_scale.py",
                                          "test_dp_ep_agrees_gemm1_scale_over_the_ep_group"),
          "upstream_repairs_uncalibrated": (
              "tests/quantization/test_nvfp4_moe_uncalibrated_input_scales.py",
-             "test_kernel_format_never_sees_an_uncalibrated_scale")}
+             "test_kernel_format_never_sees_an_uncalibrated_scale"),
+         "upstream_zeroes_non_local_routes": (
+             "tests/kernels/moe/test_cutlass_moe_fp4_expert_map.py",
+             "test_non_local_routes_add_nothing")}
 
 
 def _pytest(python: str, path: str) -> subprocess.CompletedProcess:

@@ -96,3 +96,16 @@ def test_only_vllms_backend_selection_counts_as_a_refusal():
     assert refusal(err.value).startswith(judge.REFUSED)
     with pytest.raises(ValueError, match="elsewhere"):
         refusal(ValueError("elsewhere"))  # a harness gap is re-raised
+
+
+def test_a_modelled_hole_needs_only_stock_outside_the_bound():
+    """Where the support model predicts a hole whatever the scales (vLLM's CUTLASS under EP),
+    stock outside the bound is enough for the plugin to change it; within it, still identical."""
+    def row(stock_off, plugin_off):
+        return judge.judge("modelopt", "tp_ep", "vllm_cutlass",
+                           [_rank(IDEAL * (1 + stock_off), IDEAL * (1 + plugin_off))],
+                           lambda r: (IDEAL, FP32), scheme="per_expert",
+                           release=("0.0.0", None), modelled_hole=True)
+    assert row(0.05, 0.0).ok and not row(0.05, 0.0).stock_affected
+    assert not row(0.005, 0.0).ok  # stock within the bound: the plugin must leave it alone
+    assert not row(0.05, 0.05).ok  # the plugin must be right

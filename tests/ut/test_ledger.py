@@ -123,3 +123,33 @@ def test_doc_matches_code():
         "docs/PATCHES.md is stale: run `python -m fp4_moe_lab.ledger_doc > docs/PATCHES.md`")
 
 
+
+
+def _oracle_plan(**fixed):
+    """The plan on a 0.34.0-like oracle observation with the given findings true."""
+    findings = dict.fromkeys(compat.FINDINGS[Design.NVFP4_ORACLE], False)
+    findings.update({"oracle_helpers": ("prepare_nvfp4_moe_layer_for_fi_or_cutlass",),
+                     "cutlass_fp4_takes_expert_map": True, **fixed})
+    return patches.plan(compat.Observation(Design.NVFP4_ORACLE, True, "seen", findings))
+
+
+def test_oracle_plan_keeps_each_hole_until_upstream_fixes_it():
+    from vllm_fp4_moe_plugin.patches import nvfp4_oracle as o
+
+    routes = "vllm.model_executor.layers.fused_moe.experts.cutlass_moe.run_cutlass_moe_fp4"
+    scales = "vllm.model_executor.layers.fused_moe.oracle.nvfp4." + \
+        "prepare_nvfp4_moe_layer_for_fi_or_cutlass"
+    stock = _oracle_plan()
+    assert stock.install and set(stock.patches) == {routes, scales}
+    assert stock.reason.endswith(f"{o.ACTIVE}; {o.ROUTES}")
+    both_scales = _oracle_plan(upstream_agrees_gemm1_scale=True,
+                               upstream_repairs_uncalibrated=True)
+    assert both_scales.patches == (routes,)
+    assert both_scales.reason.endswith(f"{o.SCALES_FIXED}; {o.ROUTES}")
+    no_routes = _oracle_plan(upstream_zeroes_non_local_routes=True)
+    assert no_routes.patches == (scales,) and no_routes.reason.endswith(o.ACTIVE)
+    before_0_32 = _oracle_plan(cutlass_fp4_takes_expert_map=False)
+    assert before_0_32.patches == (scales,) and before_0_32.reason.endswith(o.ACTIVE)
+    fixed = _oracle_plan(upstream_agrees_gemm1_scale=True, upstream_repairs_uncalibrated=True,
+                         upstream_zeroes_non_local_routes=True)
+    assert not fixed.install and fixed.upstream_fixed and fixed.reason.endswith(o.FIXED)

@@ -57,3 +57,17 @@ def test_off_by_is_the_ratio_of_the_ranks_maxima():
     assert support.rank_local_maxima(amax, 2) == [4.0, 8.0]
     assert support.stock_dp_ep_off_by(amax, 2) == 2.0
     assert support.stock_dp_ep_off_by(amax, 1) == 1.0
+
+
+@pytest.mark.parametrize("fmt", ["modelopt", "compressed-tensors"])
+@pytest.mark.parametrize("layout", sorted(support.LAYOUTS))
+def test_cutlass_routes_hole_is_every_checkpoints_where_an_expert_map_runs(fmt, layout):
+    """vLLM's own CUTLASS under EP with the all-gather dispatch (the only EP it takes) reads the
+    unzeroed row for non-local routes, whatever the scales; nowhere else, and not once fixed."""
+    hole = support.stock_hole("nvfp4_oracle", fmt, layout, "vllm_cutlass",
+                              cutlass_reads_workspace=True)
+    assert (hole == support.WRONG_ROUTES) is (layout in ("tp_ep", "dp_ep_allgather"))
+    assert hole in (support.WRONG_ROUTES, None)
+    assert support.stock_hole("nvfp4_oracle", fmt, layout, "vllm_cutlass") is None
+    flashinfer = support.stock_hole("nvfp4_oracle", fmt, layout, cutlass_reads_workspace=True)
+    assert flashinfer != support.WRONG_ROUTES

@@ -230,6 +230,13 @@ vLLM 0.34.0 symbol replaced                            why it has to be replaced
 ``cutlass_moe.remap_topk_to_local``                    Triton kernel (FM/utils.py:262-299) mapping
                                                        global expert ids to local ones under EP
 =====================================================  ===========================================
+
+and poisons memory nobody initialised, as a debugging allocator does: each view
+``WorkspaceManager.get_simultaneous`` hands out (v1/worker/workspace.py:190-220; the MoE
+workspaces, FM/modular_kernel.py:1266-1273) is filled with NaN first. Its callers may not rely on
+what a view held (``get_retained`` is the one that keeps contents); on a GPU it holds the previous
+layer's data, on CPU a fresh buffer is mostly zero pages, which would hide such a read. Only for
+this backend: vLLM's CUTLASS Python hands its CUDA ops those workspaces directly.
 """
 
 from __future__ import annotations
@@ -525,7 +532,7 @@ def _vllm_cutlass(p: _ClassPatcher, ops) -> None:
     """vLLM's own CUTLASS NVFP4 MoE (``CutlassExpertsFp4``, v0.34.0 FM/experts/cutlass_moe.py):
     its device probe without ``is_cuda()``, the CUDA ops ``run_cutlass_moe_fp4`` calls
     (:511-704) and the Triton route remap it calls under EP (:502-508), by
-    :mod:`.oracle_vllm_cutlass`."""
+    :mod:`.oracle_vllm_cutlass`; the workspaces it is handed, poisoned (module docstring)."""
     if not simulates_vllm_cutlass():
         raise NotImplementedError("this vLLM has no CutlassExpertsFp4 with the NVFP4 experts "
                                   "ops the seam simulates (read on 0.34.0)")
@@ -536,6 +543,11 @@ def _vllm_cutlass(p: _ClassPatcher, ops) -> None:
           only_if_present=True)
     for name, fn in oracle_vllm_cutlass.OPS.items():
         p.set(ops, name, fn)
+    workspace = oracle_comm.present_module("vllm.v1.worker.workspace")
+    manager = getattr(workspace, "WorkspaceManager", None)
+    if manager is not None:
+        p.set_cls(manager, "get_simultaneous",
+                  oracle_vllm_cutlass.poisoned(manager.get_simultaneous))
 
 
 def takes_moe_backend() -> bool:

@@ -24,6 +24,7 @@ import torch
 from fp4_moe_lab.simulation import gpus, trtllm_rows
 from fp4_moe_lab.simulation.judge import Row, installed_release, judge
 from fp4_moe_lab.simulation.layouts import LAYOUTS, Scenario, run_layout
+from vllm_fp4_moe_plugin import support
 from vllm_fp4_moe_plugin.support import Design
 
 BACKEND = "flashinfer_cutlass"
@@ -257,14 +258,29 @@ def rows_for_layout(layout_name: str, scenario: Scenario,
         return rank_refs
 
     rows = []
+    reads_workspace = picked == VLLM_CUTLASS and _cutlass_reads_workspace()
     for fmt in formats:
         scheme = reference_scheme(design, fmt, layout, kernel=picked)
         label = f"{AUTO}: {picked}" if backend == AUTO else backend
+        modelled = reads_workspace and support.stock_hole(
+            design, fmt, layout_name, picked, cutlass_reads_workspace=True) == \
+            support.WRONG_ROUTES
         rows.append(judge(fmt, layout_name, label, ranks, refs_for(scheme), scheme=scheme,
                           release=(version, design), capability=capability,
+                          modelled_hole=modelled,
                           check=lambda r, fmt=fmt: (r.info[f"{fmt}/plugin"].get("check")
                                                     or (None,))[0]))
     return rows
+
+
+def _cutlass_reads_workspace() -> bool:
+    """The installed vLLM's CUTLASS NVFP4 MoE reads the unzeroed row for non-local routes
+    (the plugin's findings; ``support.stock_hole``)."""
+    from vllm_fp4_moe_plugin import compat
+
+    findings = compat.probe().findings
+    return bool(findings.get("cutlass_fp4_takes_expert_map")) and not findings.get(
+        "upstream_zeroes_non_local_routes")
 
 
 #: Layouts whose oracle-design TRT-LLM rows are run (vLLM 0.34.0): every layout of the

@@ -52,6 +52,19 @@ def vllm_cutlass_supports_current_device() -> bool:
     return bool(p.is_device_capability_family(100) or p.is_device_capability_family(120))
 
 
+def poisoned(get_simultaneous):
+    """``WorkspaceManager.get_simultaneous`` whose views start as NaN (floating dtypes): memory
+    nobody initialised, poisoned as a debugging allocator does (module docstring of
+    :mod:`.blackwell_oracle`)."""
+    def get(self, *shapes_and_dtypes):
+        views = get_simultaneous(self, *shapes_and_dtypes)
+        for view in views:
+            if view.is_floating_point():
+                view.fill_(float("nan"))
+        return views
+    return get
+
+
 def remap_topk_to_local(topk_ids: torch.Tensor, expert_map: torch.Tensor, *,
                         out_dtype: torch.dtype = torch.int64) -> torch.Tensor:
     """v0.34.0 FM/utils.py:262-299 (a Triton kernel) in torch: the formula its docstring gives,

@@ -1,8 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """The NVFP4_ORACLE design's slice of the ledger (vLLM 0.14.0-0.34.0): one wrapper on each
 scale-collapsing helper the oracle has, with two duties (the EP-agreed GEMM1 scale, the repair of
-uncalibrated expert scales), each dropped where the probe sees upstream do it. vLLM-free.
-The folder: this record, its probe (``probe.py``), the wrapper (``ep_agreed_gemm1_scale.py``).
+uncalibrated expert scales), each dropped where the probe sees upstream do it; and, from 0.32.0,
+one on vLLM's own CUTLASS NVFP4 MoE under EP (routes to other ranks' experts add zero). vLLM-free.
+The folder: this record, its probe (``probe.py``), the wrappers (``ep_agreed_gemm1_scale.py``,
+``non_local_routes.py``).
 """
 
 from __future__ import annotations
@@ -27,16 +29,30 @@ FIXED = ("upstream already computes right: it agrees the GEMM1 activation scale 
          "group and repairs uncalibrated expert activation scales itself")
 
 
+ROUTES = ("vLLM's own CUTLASS NVFP4 MoE under EP reads an unzeroed workspace row for routes to "
+          "other ranks' experts")
+SCALES_FIXED = ("upstream agrees GEMM1's scale over the EP group and repairs uncalibrated expert "
+                "scales")
+
+
 def duties(findings) -> dict[str, bool]:
-    """The wrapper's duties this vLLM still needs (``agree``, ``repair``)."""
+    """The scale wrapper's duties this vLLM still needs (``agree``, ``repair``)."""
     return {duty: not findings.get(finding) for duty, finding in UPSTREAM_FIXES.items()}
+
+
+def routes_needed(findings) -> bool:
+    """vLLM's CUTLASS NVFP4 MoE takes the expert map (0.32.0+) and still reads the unzeroed
+    workspace row for non-local routes (upstream/0003 not in)."""
+    return bool(findings.get("cutlass_fp4_takes_expert_map")) and not findings.get(
+        "upstream_zeroes_non_local_routes")
 
 
 def describe(findings, needed: bool) -> tuple[str, bool]:
     """The plan's words, and whether standing down means upstream computes right."""
     left = [d for d, todo in duties(findings).items() if todo]
     if needed:
-        return (ACTIVE if len(left) == 2 else PARTLY[left[0]]), False
+        scales = SCALES_FIXED if not left else ACTIVE if len(left) == 2 else PARTLY[left[0]]
+        return scales + ("; " + ROUTES if routes_needed(findings) else ""), False
     # NOTHING_NEEDED is not a fix: the helpers moved, whether upstream fixed the hole is unknown
     return (FIXED, True) if not left else (NOTHING_NEEDED, False)
 
@@ -67,5 +83,24 @@ PATCHES = tuple(ModulePatch(
 ) for name, what in zip(vm.ORACLE_HELPERS, (
     "This helper serves FlashInfer TRT-LLM, CUTLASS (and B12X) in every release of the "
     "design, and CuteDSL in 0.14.x.",
-    "This helper serves FlashInfer CuteDSL from vLLM 0.20.0 on.")))
+    "This helper serves FlashInfer CuteDSL from vLLM 0.20.0 on."))) + (ModulePatch(
+    module=vm.CUTLASS_MOE, attr=vm.CUTLASS_MOE_FP4,
+    build=f"{__name__}.non_local_routes:build", needed=routes_needed,
+    why=("vLLM 0.32.0+ runs its own CUTLASS NVFP4 MoE (--moe-backend cutlass) under EP with an "
+         "expert map. Its route sort points every route to another rank's expert at row "
+         "expert_offsets[E] of GEMM2's output, which GEMM2 never writes, on the promise that the "
+         "output starts zeroed (csrc moe_data.cu compute_arg_sorts); run_cutlass_moe_fp4 takes it "
+         "from workspace13, which held GEMM1's output and earlier layers' data (v0.34.0 "
+         "FM/experts/cutlass_moe.py:643-645, FM/modular_kernel.py:1266-1273): each such route "
+         "adds its router weight times that row."),
+    how=("Wraps run_cutlass_moe_fp4 where CutlassExpertsFp4.apply looks it up at call time: "
+         "with an expert map, zeroes the workspace13 region of GEMM2's output first and gives "
+         "non-local routes weight 0 (non_local_routes.py); else the original call."),
+    upstream=("Open as of vLLM 0.34.0; proposed as upstream/0003 (docs/UPSTREAM.md): zero GEMM2's "
+              "output under an expert map, as vLLM's FP8 path did for the same contract "
+              "(#20167)."),
+    remove_when=("finding 'upstream_zeroes_non_local_routes' true on every supported release "
+                 "from 0.32.0 (the plugin already stands down where it is), or "
+                 "'cutlass_fp4_takes_expert_map' false."),
+),)
 SLICE = Slice(Design.NVFP4_ORACLE, PATCHES, probe.FINDINGS, probe.observe, describe=describe)

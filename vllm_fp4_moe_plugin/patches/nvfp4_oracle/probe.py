@@ -16,7 +16,8 @@ from vllm_fp4_moe_plugin.support import Design
 
 FINDINGS = ("oracle_helpers", "oracle_helpers_take_layer_and_a13_scale",
             "global_sf_backend_probe", "moe_parallel_config_all2all", "eplb_scale_allreduce",
-            "upstream_agrees_gemm1_scale", "upstream_repairs_uncalibrated")
+            "upstream_agrees_gemm1_scale", "upstream_repairs_uncalibrated",
+            "cutlass_fp4_takes_expert_map", "upstream_zeroes_non_local_routes")
 
 
 def eplb_scale_allreduce() -> bool:
@@ -47,15 +48,18 @@ def _probe_layer(a13_scale, a2_scale) -> dict:
 
 @functools.cache  # asked by the probe and by the entries' builder; vLLM does not change
 def probe_upstream_fixes() -> dict[str, bool]:
-    """The oracle design's two holes, each fixed in vLLM or not (upstream/0001, 0002). A probe
+    """The oracle design's three holes, each fixed in vLLM or not (upstream/0001-0003). A probe
     that cannot run says not fixed: the plugin's duty is a no-op where vLLM computes right."""
     out = {}
-    for fn in (upstream_agrees_gemm1_scale, upstream_repairs_uncalibrated):
+    for fn in (upstream_agrees_gemm1_scale, upstream_repairs_uncalibrated,
+               upstream_zeroes_non_local_routes):
         try:
             out[fn.__name__] = bool(fn())
         except Exception:
             out[fn.__name__] = False
     return out
+
+
 def upstream_agrees_gemm1_scale() -> bool:
     """Behavioural: at DP+EP without EPLB, does the oracle's FlashInfer helper ask
     ``amax_for_moe_activation_quant`` to reduce GEMM1's collapsed scale (3.0 here; GEMM2's is
@@ -118,6 +122,84 @@ def _initialises_nan(path: str, cls_names) -> bool:
                for fn in c.body)
 
 
+def cutlass_fp4_takes_expert_map() -> bool:
+    """0.32.0+: vLLM's own CUTLASS NVFP4 MoE runs under EP, ``run_cutlass_moe_fp4`` taking the
+    expert map (v0.34.0 FM/experts/cutlass_moe.py:511-535, :751-762); up to 0.31.0 its experts
+    refuse EP (``ep_size == 1``, v0.31.0 :736)."""
+    try:
+        fn = original_attr(vm.CUTLASS_MOE, vm.CUTLASS_MOE_FP4)
+    except (ImportError, AttributeError):
+        return False
+    return "expert_map" in inspect.signature(fn).parameters
+
+
+class _RouteSortOps:
+    """Stand-ins for the CUDA ops ``run_cutlass_moe_fp4`` calls, enough to see where a route
+    goes: the route sort's contract (csrc moe_data.cu ``compute_arg_sorts``: local routes by
+    expert, every other route at row ``expert_offsets[E]``), GEMMs that write 1.0 into the rows
+    of the local routes only, quantizers that pass their input through."""
+
+    def __init__(self) -> None:
+        self.routed = 0
+
+    def get_cutlass_moe_mm_data(self, topk_ids, expert_offsets, problem_sizes1, problem_sizes2,
+                                a_map, c_map, e, n, k, blockscale_offsets, **_):
+        flat, topk = topk_ids.flatten().tolist(), topk_ids.size(1)
+        order = [i for x in range(e) for i, y in enumerate(flat) if y == x]
+        self.routed = len(order)
+        a_map.zero_()
+        c_map.fill_(len(order))
+        for row, i in enumerate(order):
+            a_map[row], c_map[i] = i // topk, row
+        for t in (problem_sizes1, problem_sizes2, blockscale_offsets):
+            t.zero_()
+        expert_offsets.fill_(len(order))
+
+    def shuffle_rows(self, x, index):
+        return x[index.long()]
+
+    def scaled_fp4_experts_quant(self, x, *args, **kwargs):
+        return x, None
+
+    silu_and_mul_scaled_fp4_experts_quant = scaled_fp4_experts_quant
+
+    def cutlass_fp4_moe_mm(self, out, *args, **kwargs):
+        out[:self.routed] = 1.0
+
+
+def upstream_zeroes_non_local_routes() -> bool:
+    """Behavioural: does ``run_cutlass_moe_fp4`` give a token routed only to another rank's
+    expert a zero output when its workspaces hold NaN (memory nobody initialised)? One local
+    expert of two, top-1; the token routed locally must get 1.0 (the probe read the function
+    right). False on stock 0.32.0-0.34.0: row ``expert_offsets[E]`` of GEMM2's output is read
+    from the unzeroed workspace (v0.34.0 FM/experts/cutlass_moe.py:643-645, 688)."""
+    import torch
+
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+
+    def remap(topk_ids, expert_map, **_):
+        return torch.where(topk_ids >= 0, expert_map[topk_ids.clamp(min=0).long()], -1).to(
+            torch.int32)
+
+    run = on_cpu(original_attr(vm.CUTLASS_MOE, vm.CUTLASS_MOE_FP4), ops=_RouteSortOps(),
+                 _prepare_topk_ids_for_cutlass_fp4_moe=remap, remap_topk_to_local=remap)
+    m, n, k, nan = 2, 16, 64, float("nan")
+    u8, bf16, fp8 = torch.uint8, torch.bfloat16, torch.float8_e4m3fn
+    out = torch.full((m, k), nan, dtype=bf16)
+    run(output=out, a=torch.ones(m, k, dtype=bf16), a1_gscale=torch.ones(1),
+        w1_fp4=torch.zeros(1, 2 * n, k // 2, dtype=u8),
+        w1_blockscale=torch.ones(1, 2 * n, k // 16).to(fp8), w1_alphas=torch.ones(1),
+        a2_gscale=torch.ones(1), w2_fp4=torch.zeros(1, k, n // 2, dtype=u8),
+        w2_blockscale=torch.ones(1, k, n // 16).to(fp8), w2_alphas=torch.ones(1),
+        topk_weights=torch.ones(m, 1), topk_ids=torch.tensor([[0], [1]], dtype=torch.int32),
+        activation=MoEActivation.SILU, workspace13=torch.full((m, k), nan, dtype=bf16),
+        workspace2=torch.full((m, n), nan, dtype=bf16), m=m, n=n, k=k, e=1,
+        device=torch.device("cpu"), expert_map=torch.tensor([0, -1], dtype=torch.int32))
+    if not bool((out[0] == 1).all()):
+        raise RuntimeError("the probe's stand-ins did not reach the local route's output")
+    return bool(torch.equal(out[1], torch.zeros(k, dtype=bf16)))
+
+
 def observe(findings: dict) -> Observation:
     """Patchable when the oracle still calls the scale-collapsing helpers by module-global name
     with the layer and ``a13_scale``, has ``is_global_sf_supported_for_nvfp4_backend``, and the
@@ -142,6 +224,7 @@ def observe(findings: dict) -> Observation:
     findings["moe_parallel_config_all2all"] = (hasattr(parallel_config, "use_all2all_kernels")
                                                and "all2all_backend" in fields)
     findings["eplb_scale_allreduce"] = eplb_scale_allreduce()
+    findings["cutlass_fp4_takes_expert_map"] = cutlass_fp4_takes_expert_map()
     findings.update(probe_upstream_fixes())  # a copy: the cache's dict stays as computed
     required = ("oracle_helpers_take_layer_and_a13_scale", "global_sf_backend_probe",
                 "moe_parallel_config_all2all")

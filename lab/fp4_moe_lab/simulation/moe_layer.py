@@ -135,13 +135,39 @@ def _build_runner(factory, experts: QuantizedExperts, fmt: str, *, top_k: int, i
         **layer_kwargs)
     tensors = expert_tensors(experts, fmt, prefix)
     _override(tensors, overrides)
-    list(runner.load_weights((name[len(prefix) + 1:], t) for name, t in tensors.items()))
+    if hasattr(runner, "load_weights"):
+        list(runner.load_weights((name[len(prefix) + 1:], t) for name, t in tensors.items()))
+    else:  # v0.24.0: the model's loader maps names itself (models/qwen3_moe.py:553-640)
+        _load_through_mapping(runner, tensors, experts.num_experts, index)
     if process:
         routed = runner.routed_experts
         routed.quant_method.process_weights_after_loading(routed)
         if hasattr(runner, "process_weights_after_loading"):  # 0.34.0, not 0.28.0
             runner.process_weights_after_loading()
     return BuiltLayer(layer=runner, prefix=prefix)
+
+
+def _load_through_mapping(runner, tensors: dict, num_experts: int, index: int) -> None:
+    """v0.24.0's runner has no ``load_weights``: as its models do, map each checkpoint name
+    through ``fused_moe_make_expert_params_mapping`` (FM/layer.py:394-412, names relative to
+    the MoE block: ``experts.routed_experts.w13_...``) and call the parameter's loader."""
+    from vllm.model_executor.layers.fused_moe.layer import fused_moe_make_expert_params_mapping
+
+    mlp = MLP_PREFIX.format(index=index)
+    mapping = fused_moe_make_expert_params_mapping(runner, "gate_proj", "down_proj", "up_proj",
+                                                   num_experts)
+    params = dict(runner.named_parameters())
+    for name, tensor in tensors.items():
+        relative = name[len(mlp) + 1:]  # experts.<id>.gate_proj.weight
+        for param_name, weight_name, expert_id, shard_id in mapping:
+            if weight_name not in relative:
+                continue
+            mapped = relative.replace(weight_name, param_name)
+            param = params[mapped[len("experts."):]]
+            param.weight_loader(param, tensor, mapped, shard_id=shard_id, expert_id=expert_id)
+            break
+        else:
+            raise KeyError(f"checkpoint tensor {name} matched no MoE parameter")
 
 
 def _override(tensors: dict, overrides: Optional[dict]) -> None:

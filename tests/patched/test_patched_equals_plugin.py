@@ -4,10 +4,10 @@ the plugin on: the same layers (real vLLM code in real gloo ranks; SM100 and Fla
 simulated as in tests/newest), the same seeds, the errors equal to the last bit.
 
 Rows where stock 0.34.0 is wrong (compressed-tensors under DP+EP, uncalibrated experts, vLLM's
-own CUTLASS kernel under DP+EP) are among those compared; elsewhere stock, patched and the plugin agree. The planted ``missing``
-case hands stock vLLM the value the memory held in the one engine run that showed it
-(simulation/planted_scales.py) where the plugin loads no tensor; the patch's own test
-(upstream/0002) shows that a missing scale stays NaN in the patched loader.
+own CUTLASS kernel under DP+EP) are among those compared; elsewhere stock, patched and the
+plugin agree. The planted ``missing`` case hands stock vLLM the value the memory held in the one
+engine run that showed it (simulation/planted_scales.py) where the plugin loads no tensor; the
+patch's own test (upstream/0002) shows that a missing scale stays NaN in the patched loader.
 """
 
 import json

@@ -174,7 +174,6 @@ def upstream_zeroes_non_local_routes() -> bool:
     right). False on stock 0.32.0-0.34.0: row ``expert_offsets[E]`` of GEMM2's output is read
     from the unzeroed workspace (v0.34.0 FM/experts/cutlass_moe.py:643-645, 688)."""
     import torch
-
     from vllm.model_executor.layers.fused_moe.activation import MoEActivation
 
     def remap(topk_ids, expert_map, **_):

@@ -11,7 +11,7 @@ DP+EP has the same hole on 12.0 as on 10.0, and the plugin must close it there t
 
 import pytest
 
-from fp4_moe_lab.simulation import blackwell_oracle
+from fp4_moe_lab.simulation import blackwell_oracle, oracle_comm
 from fp4_moe_lab.simulation.judge import REFUSED
 from fp4_moe_lab.simulation.layouts import LAYOUTS, Scenario, run_layout
 from fp4_moe_lab.simulation.matrix import rows_for_layout, trtllm_layer_kwargs
@@ -148,3 +148,25 @@ def test_an_auto_row_fails_where_vllm_picked_another_backend():
     _not_the_pick([r], ("modelopt",), "flashinfer_cutlass")
     assert list(r.outputs) == ["modelopt/plugin"]
     assert "vLLM chose flashinfer_trtllm" in r.errors["modelopt/stock"]
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("backend", sorted(blackwell_oracle.B12X_EXPERTS))
+def test_vllm_refuses_b12x_under_ep_on_12_0(backend):
+    """The two B12X backends (vLLM's ``b12x``, FlashInfer's ``flashinfer_b12x``; 12.x only) take
+    no expert parallelism (v0.34.0 FM/b12x.py:537-545, FM/experts/flashinfer_b12x_moe.py:
+    214-217): vLLM refuses them at load under DP+EP, stock and plugin alike, for the parallel
+    config, so the DP+EP scale hole cannot occur on them. (FlashInfer's collapses GEMM1's
+    scale like its other kernels; vLLM's keeps one per expert. Their kernels are not emulated:
+    the layouts they take are not run.)"""
+    _skip_unless_families()
+    module, cls = blackwell_oracle.B12X_EXPERTS[backend]
+    if oracle_comm.present_module(module) is None:
+        pytest.skip(f"this vLLM has no {module}")
+    ranks = run_layout(LAYOUTS["dp_ep_allgather"], Scenario(), backend=backend,
+                       capability=RTX_PRO_6000)
+    for r in ranks:
+        assert set(r.errors) == {f"{f}/{m}" for f in ("modelopt", "compressed-tensors")
+                                 for m in ("stock", "plugin")} and not r.outputs
+        for key, err in r.errors.items():
+            assert err.startswith(REFUSED) and "parallel config" in err, (key, err)

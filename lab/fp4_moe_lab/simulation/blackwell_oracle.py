@@ -506,6 +506,10 @@ def simulated_blackwell(*, backend: str = "throughput", kernel: str = "emulator"
                   oracle_trtllm.pack_topk_ids_weights, only_if_present=True)
         if backend == "vllm_cutlass":  # --moe-backend cutlass: vLLM's own CUTLASS kernel
             _vllm_cutlass(p, ops)
+        if backend in B12X_EXPERTS:  # selection only: their kernels are not emulated
+            module, cls = B12X_EXPERTS[backend]
+            p.set_cls(getattr(importlib.import_module(module), cls), "_supports_current_device",
+                      staticmethod(_family_120))
         # 0.28.0's workspace manager empties the device cache when it grows (v0.28.0
         # v1/worker/workspace.py:206); there is no device cache on CPU.
         p.set(torch.accelerator, "empty_cache", lambda: None, only_if_present=True)
@@ -560,7 +564,23 @@ def takes_moe_backend() -> bool:
     return "moe_backend" in getattr(kernel_config, "__dataclass_fields__", {})
 
 
+def _family_120() -> bool:
+    """The B12X experts' device probes (v0.34.0 FM/b12x.py:499-509,
+    FM/experts/flashinfer_b12x_moe.py:182-188) without ``is_cuda()`` and the kernel package:
+    the 12.x family, as on the reported GPU."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_device_capability_family(120))
+
+
+#: seam backend -> (module, experts class) of the B12X backends (v0.34.0 FM/oracle/nvfp4.py:
+#: 89-92, 127-132): vLLM's own (``--moe-backend b12x``) and FlashInfer's (``flashinfer_b12x``).
+#: The seam answers their device probe only, for vLLM's backend selection: a layer built on
+#: them cannot run (their kernels are not emulated).
+B12X_EXPERTS = {"b12x": (f"{_FM}.b12x", "B12xExperts"),
+                "flashinfer_b12x": (f"{_FM}.experts.flashinfer_b12x_moe", "FlashInferB12xExperts")}
+
 MOE_BACKEND = "flashinfer_cutlass"  # KernelConfig.moe_backend the layouts ask for
 #: seam backend -> the ``--moe-backend`` (KernelConfig.moe_backend) a user picks it with
 MOE_BACKENDS = {"throughput": MOE_BACKEND, "latency": "flashinfer_trtllm", "auto": "auto",
-                "vllm_cutlass": "cutlass"}
+                "vllm_cutlass": "cutlass", "b12x": "b12x", "flashinfer_b12x": "flashinfer_b12x"}

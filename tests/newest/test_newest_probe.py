@@ -14,9 +14,14 @@ def test_the_probe_reports_exactly_the_declared_findings():
 
 
 def test_the_ledger_wraps_every_helper_the_oracle_has():
+    """Every scale-collapsing helper, and from 0.32.0 vLLM's CUTLASS NVFP4 MoE under EP (its
+    unzeroed route row: the probe runs the function and sees it)."""
     obs = compat.probe()
     plan = patches.plan(obs)
     helpers = obs.findings["oracle_helpers"]
     assert helpers and set(helpers) <= set(vllm_modules.ORACLE_HELPERS)
+    routes = obs.findings["cutlass_fp4_takes_expert_map"]
+    assert not obs.findings["upstream_zeroes_non_local_routes"]
     assert plan.install and plan.patches == tuple(
-        f"{vllm_modules.NVFP4_ORACLE}.{h}" for h in vllm_modules.ORACLE_HELPERS if h in helpers)
+        f"{vllm_modules.NVFP4_ORACLE}.{h}" for h in vllm_modules.ORACLE_HELPERS if h in helpers
+    ) + ((f"{vllm_modules.CUTLASS_MOE}.{vllm_modules.CUTLASS_MOE_FP4}",) if routes else ())

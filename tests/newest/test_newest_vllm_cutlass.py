@@ -29,7 +29,7 @@ from fp4_moe_lab.simulation.layouts import LAYOUTS, Scenario, run_layout
 from fp4_moe_lab.simulation.matrix import VLLM_CUTLASS, rows_for_layout
 from tests.pass_marks import AFFECTED_FACTOR, FP32_FACTOR, PLUGIN_BOUND
 from vllm_fp4_moe_plugin import support
-from vllm_fp4_moe_plugin.patches.nvfp4_oracle import non_local_routes
+from vllm_fp4_moe_plugin.patches.nvfp4_oracle import non_local_routes, probe
 
 CAPABILITIES = ("10.0", "12.0")  # B200, RTX PRO 6000: both families CutlassExpertsFp4 takes
 
@@ -38,6 +38,14 @@ def _skip_unless_simulated() -> None:
     if not (blackwell_oracle.takes_moe_backend() and blackwell_oracle.simulates_vllm_cutlass()):
         pytest.skip("this vLLM has no --moe-backend cutlass with the NVFP4 experts ops the seam "
                     "simulates (read on 0.34.0)")
+
+
+def _skip_unless_ep() -> None:
+    """vLLM's CUTLASS NVFP4 MoE runs under EP from 0.32.0 (an expert map); before, vLLM refuses
+    EP for it (``ep_size == 1``, v0.31.0 FM/experts/cutlass_moe.py:736)."""
+    _skip_unless_simulated()
+    if not probe.cutlass_fp4_takes_expert_map():
+        pytest.skip("this vLLM's CUTLASS NVFP4 MoE takes no expert map (EP refused)")
 
 
 # --- the emulated ops, each against a direct float computation ---------------------------------
@@ -177,7 +185,7 @@ def test_non_local_routes_read_the_unzeroed_workspace():
     routed to local experts only gets the ideal NVFP4 answer; a token routed to non-local
     experts only gets ``weight * c3[expert_offsets[E]]``, a row of workspace13 that nothing
     zeroes: NaN when the workspace held NaN, 0 only when it held zeros."""
-    _skip_unless_simulated()
+    _skip_unless_ep()
     from vllm.model_executor.layers.fused_moe.activation import MoEActivation
     from vllm.model_executor.layers.fused_moe.experts.cutlass_moe import run_cutlass_moe_fp4
 
@@ -281,7 +289,7 @@ def test_single_rows_ok_stock_at_the_bound_plugin_bit_identical(capability):
 def test_dp_ep_allgather_keeps_per_local_expert_scales(capability):
     """Each EP rank's GEMM1 scales are its own experts' (``a1_gscale`` = that rank's slice of
     the per-expert input global scales): no scale hole, stock and plugin alike."""
-    _skip_unless_simulated()
+    _skip_unless_ep()
     gs = Scenario().experts().w13_input_gs
     for r in _ranks("dp_ep_allgather", capability):
         half = gs.numel() // 2
@@ -305,7 +313,7 @@ ROUTES_SCENARIO = Scenario(hidden=512, intermediate=256)
 def test_ep_rows_stock_reads_the_workspace_plugin_within_the_bound(layout, capability):
     """Under EP stock adds the poisoned workspace row for each non-local route (NaN, far from
     the bound); the plugin's rows sit at the NVFP4 bound, in both formats."""
-    _skip_unless_simulated()
+    _skip_unless_ep()
     ranks = run_layout(LAYOUTS[layout], ROUTES_SCENARIO, backend="vllm_cutlass",
                        capability=capability)
     for row in rows_for_layout(layout, ROUTES_SCENARIO, backend=VLLM_CUTLASS, ranks=ranks,

@@ -25,6 +25,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Optional
@@ -84,13 +85,17 @@ def snapshot() -> tuple[Path, str]:
     src = WORLDS / f"src-{commit[:12]}"
     if not src.exists():
         WORLDS.mkdir(exist_ok=True)
-        tmp = WORLDS / f".src-{commit[:12]}.part"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
+        # a part of its own: sweeps started together on one commit race to export it
+        tmp = Path(tempfile.mkdtemp(prefix=f".src-{commit[:12]}.", suffix=".part", dir=WORLDS))
         archive = subprocess.run(["git", "archive", commit], cwd=ROOT, capture_output=True,
                                  check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive, check=True)
-        tmp.rename(src)
+        try:
+            tmp.rename(src)
+        except OSError:  # another sweep got there first: the same tree
+            if not src.is_dir():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
     return src, commit
 
 

@@ -51,6 +51,28 @@ def test_the_snapshot_is_the_committed_tree(tmp_path, monkeypatch):
     assert sweep.snapshot() == (src, commit)  # exported once
 
 
+def test_sweeps_started_together_share_one_snapshot(tmp_path, monkeypatch):
+    """Another sweep on the same commit exports the tree while this one does: each into its own
+    part, the second rename finds the tree there and keeps it."""
+    import threading
+
+    monkeypatch.setattr(sweep, "WORLDS", tmp_path)
+    out, errors = [], []
+
+    def run():
+        try:
+            out.append(sweep.snapshot())
+        except Exception as exc:  # the failure this test is about
+            errors.append(exc)
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(set(out)) == 1, (errors, out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [out[0][0].name]  # no part left
+
+
 def test_a_world_without_flashinfer_keeps_every_other_requirement():
     requires = ["torch==2.14.0", "flashinfer-python==0.7.3", "flashinfer_cubin==0.7.3",
                 'numba==0.61.2; python_version == "3.11"', 'tensorizer; extra == "tensorizer"',

@@ -128,7 +128,7 @@ def cutlass_fp4_takes_expert_map() -> bool:
     refuse EP (``ep_size == 1``, v0.31.0 :736)."""
     try:
         fn = original_attr(vm.CUTLASS_MOE, vm.CUTLASS_MOE_FP4)
-    except (ImportError, AttributeError):
+    except Exception:  # absent, or a build whose CUDA-only module does not import: nothing to do
         return False
     return "expert_map" in inspect.signature(fn).parameters
 

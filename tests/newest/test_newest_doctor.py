@@ -7,6 +7,7 @@ import pytest
 
 from vllm_fp4_moe_plugin import doctor
 from vllm_fp4_moe_plugin.checkpoint.audit import audit_checkpoint
+from vllm_fp4_moe_plugin.patches.nvfp4_oracle import probe
 
 L = doctor.deployed_layout
 
@@ -30,6 +31,9 @@ L = doctor.deployed_layout
 ])
 def test_layers_judged_by_the_oracle_designs_hole(blackwell_env, spread_checkpoints, fmt, layout,
                                                   moe_backend, stock_ok):
+    if moe_backend == "cutlass" and layout.ep and not probe.cutlass_fp4_takes_expert_map():
+        pytest.skip("this vLLM refuses EP for its CUTLASS NVFP4 MoE (up to 0.31.0), which "
+                    "doctor does not model")
     r = doctor.run_doctor(str(spread_checkpoints[fmt]), layout, capability="10.0",
                           moe_backend=moe_backend)
     assert r["probes"]["design"] == "nvfp4_oracle"

@@ -13,7 +13,7 @@ import os
 from typing import Any, Optional
 
 from vllm_fp4_moe_plugin import envs, patches, support
-from vllm_fp4_moe_plugin.patches import fleet_rendezvous
+from vllm_fp4_moe_plugin.patches import fleet_rendezvous, nvfp4_oracle
 from vllm_fp4_moe_plugin.support import Design, Layout
 
 FINE, AT_RISK, CANNOT_TELL = 0, 1, 2
@@ -155,8 +155,7 @@ def _stock_hole(design: Optional[Design], fmt: str, layout: Layout, path: str,
     try:
         hole = support.stock_hole(design, fmt, layout, path, deepep_ll_nvfp4_dispatch=(
             os.environ.get("VLLM_DEEPEPLL_NVFP4_DISPATCH") == "1"),
-            cutlass_reads_workspace=bool(findings.get("cutlass_fp4_takes_expert_map")) and not
-            findings.get("upstream_zeroes_non_local_routes"))
+            cutlass_reads_workspace=nvfp4_oracle.routes_needed(findings))
     except ValueError:  # a layout this design does not have (e.g. an all2all backend it lacks)
         return None
     return hole in (support.FAILS, support.WRONG_ROUTES) or (hole == support.WRONG and affected)

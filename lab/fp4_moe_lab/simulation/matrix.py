@@ -277,10 +277,9 @@ def _cutlass_reads_workspace() -> bool:
     """The installed vLLM's CUTLASS NVFP4 MoE reads the unzeroed row for non-local routes
     (the plugin's findings; ``support.stock_hole``)."""
     from vllm_fp4_moe_plugin import compat
+    from vllm_fp4_moe_plugin.patches import nvfp4_oracle
 
-    findings = compat.probe().findings
-    return bool(findings.get("cutlass_fp4_takes_expert_map")) and not findings.get(
-        "upstream_zeroes_non_local_routes")
+    return nvfp4_oracle.routes_needed(compat.probe().findings)
 
 
 #: Layouts whose oracle-design TRT-LLM rows are run (vLLM 0.34.0): every layout of the

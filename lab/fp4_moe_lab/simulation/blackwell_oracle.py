@@ -385,7 +385,10 @@ def simulated_blackwell(*, backend: str = "throughput", kernel: str = "emulator"
     (``KernelConfig.moe_backend``; see :data:`MOE_BACKENDS`): ``backend="throughput"``
     (CUTLASS) or ``"latency"`` (TRT-LLM: also its kernels, weight-shuffle helpers and device
     probe, see :func:`.oracle_trtllm.flashinfer_trtllm_stub`), or ``"auto"`` (both stand-ins,
-    ``--moe-backend auto``: vLLM's oracle picks by its own order and device probes).
+    ``--moe-backend auto``: vLLM's oracle picks by its own order and device probes),
+    ``"vllm_cutlass"`` (vLLM's own CUTLASS kernel, its CUDA ops emulated), or ``"b12x"`` /
+    ``"flashinfer_b12x"`` (:data:`B12X_EXPERTS`: their device probes only, for what vLLM's
+    selection refuses).
     ``kernel="reference"``
     (CUTLASS only): the ideal-NVFP4 loop of :mod:`.reference_kernel` instead of the emulator,
     for end-to-end references (run them with the plugin on:

@@ -58,7 +58,7 @@ def host_only() -> Iterator[None]:
     swap.set(_OPS, "scaled_fp4_quant", _noop_scaled_fp4_quant)
     if hasattr(importlib.import_module(_NAIVE_DP_EP), "nvfp4_block_scale_interleave"):
         swap.set(_NAIVE_DP_EP, "nvfp4_block_scale_interleave", lambda sf: sf)
-    swap.set(blackwell_oracle._experts_module().__name__, "flashinfer_cutlass_fused_moe",
+    swap.set(blackwell_oracle.experts_module().__name__, "flashinfer_cutlass_fused_moe",
              _noop_kernel)
     try:
         yield

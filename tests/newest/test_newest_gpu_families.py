@@ -11,7 +11,7 @@ DP+EP has the same hole on 12.0 as on 10.0, and the plugin must close it there t
 
 import pytest
 
-from fp4_moe_lab.simulation import blackwell_oracle, oracle_comm
+from fp4_moe_lab.simulation import blackwell_oracle, oracle_comm, oracle_trtllm
 from fp4_moe_lab.simulation.judge import REFUSED
 from fp4_moe_lab.simulation.layouts import LAYOUTS, Scenario, run_layout
 from fp4_moe_lab.simulation.matrix import rows_for_layout, trtllm_layer_kwargs
@@ -42,13 +42,14 @@ def test_the_seam_answers_vllms_probes_as_on_the_gpu():
     """Every capability question reads the reported GPU; the two experts' device probes keep
     vLLM's own family rules (CUTLASS on 12.x, TRT-LLM not)."""
     _skip_unless_families()
-    from vllm.model_executor.layers.fused_moe.experts.flashinfer_cutlass_moe import (
-        FlashInferExperts,
-    )
-    from vllm.model_executor.layers.fused_moe.experts.trtllm_nvfp4_moe import (
-        TrtLlmNvFp4ExpertsBase,
-    )
+    import importlib
+
     from vllm.platforms import current_platform as p
+
+    # found as the seam finds them (FlashInferExperts moved into fused_moe/experts/ in 0.28.0)
+    fx = blackwell_oracle.experts_module()
+    trt = importlib.import_module(oracle_trtllm.TRT_EXPERTS)
+    FlashInferExperts, TrtLlmNvFp4ExpertsBase = fx.FlashInferExperts, trt.TrtLlmNvFp4ExpertsBase
 
     with blackwell_oracle.simulated_blackwell(backend="latency", capability=RTX_PRO_6000):
         assert tuple(p.get_device_capability()) == (12, 0)

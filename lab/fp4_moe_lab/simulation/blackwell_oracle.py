@@ -272,7 +272,7 @@ def applies() -> bool:
         return False
 
 
-def _experts_module():
+def experts_module():
     """Where ``FlashInferExperts`` lives: ``fused_moe/experts/`` (0.28.0+) or
     ``fused_moe/`` (v0.20.0 FM/flashinfer_cutlass_moe.py)."""
     for name in (_FX, f"{_FM}.flashinfer_cutlass_moe"):
@@ -346,7 +346,7 @@ def simulates_capability(capability: str) -> bool:
     parse_capability(capability)
     if capability == DEFAULT_CAPABILITY:
         return True
-    return applies() and hasattr(_experts_module().FlashInferExperts, "_supports_current_device")
+    return applies() and hasattr(experts_module().FlashInferExperts, "_supports_current_device")
 
 
 def _require_default_capability(capability: str) -> None:
@@ -421,7 +421,7 @@ def simulated_blackwell(*, backend: str = "throughput", kernel: str = "emulator"
         p.set_cls(platform_cls, "get_device_capability", _reported_capability(major, minor))
         p.set_cls(platform_cls, "get_device_communicator_cls",
                   classmethod(lambda cls: communicator))
-        fx = _experts_module()
+        fx = experts_module()
         if hasattr(fx.FlashInferExperts, "_supports_current_device"):  # e.g. 0.34.0
             p.set_cls(fx.FlashInferExperts, "_supports_current_device",
                       staticmethod(oracle_flashinfer.fi_cutlass_supports_current_device))
@@ -497,7 +497,7 @@ def simulated_blackwell(*, backend: str = "throughput", kernel: str = "emulator"
             # [routed_]moe`` through that name (:178, :297)
             trt_tree = oracle_trtllm.flashinfer_trtllm_stub()
             stub(trt_tree)
-            trt = importlib.import_module(oracle_trtllm._TRT)
+            trt = importlib.import_module(oracle_trtllm.TRT_EXPERTS)
             # ...and one imported earlier in this process (under the enum stub of a CUTLASS
             # row, or a seam since gone) holds an older tree under that name
             p.set(trt, "flashinfer", trt_tree["flashinfer"], only_if_present=True)

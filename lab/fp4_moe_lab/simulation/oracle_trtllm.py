@@ -15,14 +15,14 @@ import torch
 from fp4_moe_lab import nvfp4
 from fp4_moe_lab.simulation.oracle_flashinfer import ActivationType, flashinfer_module_tree
 
-_TRT = "vllm.model_executor.layers.fused_moe.experts.trtllm_nvfp4_moe"
+TRT_EXPERTS = "vllm.model_executor.layers.fused_moe.experts.trtllm_nvfp4_moe"
 
 
 def simulates_trtllm() -> bool:
     """Does this vLLM have the TRT-LLM NVFP4 experts module the ``backend="latency"`` seam
     patches (``fused_moe/experts/trtllm_nvfp4_moe.py``, read on v0.34.0)? v0.20.0 has it (only
     its CUTLASS ``FlashInferExperts`` stays under ``fused_moe/``, see
-    :func:`.blackwell_oracle._experts_module`), calling the kernels with FlashInfer 0.6.8.post1's
+    :func:`.blackwell_oracle.experts_module`), calling the kernels with FlashInfer 0.6.8.post1's
     keywords (its pin; v0.20.0 FM/experts/trtllm_nvfp4_moe.py:209-241, 340-370), a subset of the
     0.7 contract the emulator implements, and importing the same weight-preparation helpers
     (v0.20.0 Q/utils/flashinfer_fp4_moe.py:170-174). Not on v0.14.0, which has no TRT-LLM
@@ -34,7 +34,7 @@ def simulates_trtllm() -> bool:
     behind FusedMoE's naive DP dispatch (no P/F for that backend, compressed_tensors_moe.py:
     442-444; fused_moe/layer.py:1921-1970)."""
     try:
-        return importlib.util.find_spec(_TRT) is not None
+        return importlib.util.find_spec(TRT_EXPERTS) is not None
     except ImportError:
         return False
 
@@ -112,7 +112,7 @@ def accepted_hidden(hidden: int) -> int:
     read from the module's source: importing it needs FlashInfer, which only the ranks stub."""
     import ast
 
-    spec = importlib.util.find_spec(_TRT)
+    spec = importlib.util.find_spec(TRT_EXPERTS)
     tree = ast.parse(open(spec.origin, encoding="utf-8").read()) if spec and spec.origin else None
     found = [f for c in (tree.body if tree else ()) if isinstance(c, ast.ClassDef)
              and c.name == "TrtLlmNvFp4ExpertsBase" for f in c.body

@@ -94,8 +94,8 @@ PATCHES = tuple(ModulePatch(
          "FM/experts/cutlass_moe.py:643-645, FM/modular_kernel.py:1266-1273): each such route "
          "adds its router weight times that row."),
     how=("Wraps run_cutlass_moe_fp4 where CutlassExpertsFp4.apply looks it up at call time: "
-         "with an expert map, zeroes the workspace13 region of GEMM2's output first and gives "
-         "non-local routes weight 0 (non_local_routes.py); else the original call."),
+         "with an expert map, zeroes the one workspace13 row non-local routes read (no sync) "
+         "and gives them weight 0 (non_local_routes.py; cost: benchmarks/route_fix.py)."),
     upstream=("Open as of vLLM 0.34.0; proposed as upstream/0003 (docs/UPSTREAM.md): zero GEMM2's "
               "output under an expert map, as vLLM's FP8 path did for the same contract "
               "(#20167)."),

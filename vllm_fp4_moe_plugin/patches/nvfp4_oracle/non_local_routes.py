@@ -2,14 +2,19 @@
 """vLLM's own CUTLASS NVFP4 MoE under EP (0.32.0+): a route to another rank's expert adds zero.
 
 Why and how: the ledger entry (``patches/nvfp4_oracle``). vLLM's route sort points every route
-whose expert is not local at row ``expert_offsets[E]`` of GEMM2's output, a row GEMM2 never
-writes, on the promise that the output starts zeroed (csrc moe_data.cu ``compute_arg_sorts``);
-``run_cutlass_moe_fp4`` takes that output from ``workspace13``, which also held GEMM1's output
-and, through vLLM's workspace manager, earlier layers' data (v0.34.0 FM/experts/cutlass_moe.py:
-643-645, FM/modular_kernel.py:1266-1273). The wrapper keeps that row finite and gives the routes
-that read it weight zero, so each adds exactly nothing: the region of ``workspace13`` GEMM2's
-output covers is zeroed first (what vLLM's FP8 path did for the same contract, #20167), and with
-the router weight applied on the input (top-1) a token whose route is not local gets zero.
+whose expert is not local at row ``expert_offsets[E]`` of GEMM2's output (the number of local
+routes), a row GEMM2 never writes, on the promise that the output starts zeroed (csrc
+moe_data.cu ``compute_arg_sorts``); ``run_cutlass_moe_fp4`` takes that output from
+``workspace13``, which also holds GEMM1's output and, through vLLM's workspace manager, earlier
+layers' data (v0.34.0 FM/experts/cutlass_moe.py:643-645, FM/modular_kernel.py:1266-1273).
+
+The wrapper makes that one row finite and gives the routes that read it weight zero, so each
+adds exactly nothing: it zeroes row ``min(local routes, m * topk - 1)`` of the region (``k``
+elements; with every route local the row is one GEMM2 overwrites), and with the router weight
+applied on the input (top-1) it zeroes the output of a token whose route is not local. No host
+sync (the row index stays a device tensor, so the call captures in a CUDA graph) and no
+signature binding per call; without an expert map the original is called untouched. What it
+adds per call, measured: ``benchmarks/route_fix.py``.
 """
 
 from __future__ import annotations
@@ -25,24 +30,34 @@ def local_routes(topk_ids: torch.Tensor, expert_map: torch.Tensor) -> torch.Tens
     return (topk_ids >= 0) & (expert_map[topk_ids.clamp(min=0).long()] >= 0)
 
 
+def zero_route_row(workspace13: torch.Tensor, local: torch.Tensor, k: int) -> None:
+    """Zero the row of GEMM2's output (``workspace13`` as ``[m * topk, k]``) that every
+    non-local route reads: ``expert_offsets[E]`` = the number of local routes."""
+    routes = local.numel()
+    if not workspace13.is_contiguous():  # vLLM's workspaces are; keep the contract anyway
+        workspace13.zero_()
+        return
+    c3 = workspace13.view(-1)[: routes * k].view(routes, k)
+    row = local.sum().clamp(max=routes - 1).reshape(1)  # stays on the device: no sync
+    c3.index_fill_(0, row, 0)
+
+
 def build(original):
-    """``run_cutlass_moe_fp4`` that zeroes what non-local routes read (none: unchanged)."""
-    signature = inspect.signature(original)
+    """``run_cutlass_moe_fp4`` that makes non-local routes add nothing (no expert map:
+    the original call)."""
+    names = tuple(inspect.signature(original).parameters)  # once, not per call
 
     @functools.wraps(original)
     def run_cutlass_moe_fp4(*args, **kwargs):
-        call = signature.bind(*args, **kwargs).arguments if args else kwargs
+        call = kwargs if not args else {**dict(zip(names, args)), **kwargs}
         expert_map = call.get("expert_map")
         if expert_map is None:
             return original(*args, **kwargs)
         call = dict(call)
         topk_ids, weights = call["topk_ids"], call["topk_weights"]
         local = local_routes(topk_ids, expert_map)
-        call["topk_weights"] = torch.where(local, weights, torch.zeros((), dtype=weights.dtype,
-                                                                       device=weights.device))
-        workspace = call["workspace13"]
-        rows = call["m"] * topk_ids.size(1) * call["k"]  # GEMM2's output: [m * topk, k]
-        (workspace.view(-1)[:rows] if workspace.is_contiguous() else workspace).zero_()
+        call["topk_weights"] = torch.where(local, weights, 0.0)
+        zero_route_row(call["workspace13"], local, call["k"])
         result = original(**call)
         if call.get("apply_router_weight_on_input"):  # top-1, the output not weighted
             call["output"].masked_fill_(~local.any(dim=1, keepdim=True), 0)

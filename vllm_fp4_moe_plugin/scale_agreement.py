@@ -61,6 +61,15 @@ def agree_min_max(values: torch.Tensor, group=None, *, layer: str = "",
     return out[0], -out[1]
 
 
+def agree_range(lo: float, hi: float, group=None, *, layer: str = "",
+                timeout_s: float | None = None) -> tuple[float, float]:
+    """(min of ``lo``, max of ``hi``) over ``group``: one MIN all-reduce of [lo, -hi]. A rank
+    with nothing to add passes (inf, -inf). Used at load so that every rank of a layer whose
+    experts it splits judges that layer's calibrated activation scales as a whole."""
+    out = _all_reduce_min(torch.tensor([lo, -hi], dtype=torch.float32), group, layer, timeout_s)
+    return float(out[0]), -float(out[1])
+
+
 def agree_max(values: torch.Tensor, group=None, *, layer: str = "",
               timeout_s: float | None = None) -> torch.Tensor:
     """max over ``values``, then MAX over ``group`` (fp32): :func:`agree_min_scale`'s 0.14.0+ twin.

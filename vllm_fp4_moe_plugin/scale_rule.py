@@ -7,7 +7,9 @@ words; pure Python, so ``audit`` stays fast. A global scale is bad when not floa
 loader converts int32 or bool silently), of the wrong size, or NaN, inf, zero or negative: each
 poisons every token routed through that expert. Activation scales are judged by
 :func:`uncalibrated`: the value of an expert no calibration token reached is a known outcome, not
-corruption, which the plugin replaces by the calibrated experts' max amax (NVFP4-FORMAT §6)."""
+corruption, which the plugin replaces by the calibrated experts' max amax (NVFP4-FORMAT §6);
+a value a calibration can have produced is never replaced, and a layer whose plausible values
+cannot all be calibrated is refused (:class:`IndistinguishableScalesError`), not guessed."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import functools
 import math
 from typing import Optional, Sequence
 
-from vllm_fp4_moe_plugin.nvfp4_constants import E4M3_MAX
+from vllm_fp4_moe_plugin.nvfp4_constants import E4M3_MAX, FP4_MAX
 
 # Every exporter writes float32; 16- and 64-bit floats convert exactly enough. 8-bit floats do not:
 # E4M3's max, 448, is below typical compressed-tensors global scales; 3 mantissa bits: up to 6 %.
@@ -76,36 +78,76 @@ def check_scale(values: Sequence[float], *, where: str, name: str, dtype: Option
 
 # --- uncalibrated activation scales ----------------------------------------------------------
 E4M3_MIN_NORMAL = 2.0 ** -6  # smallest normal of E4M3 (NVFP4's block-scale format)
-# How far from the layer's reference input amax an expert's amax may lie, either way, before no
-# calibration can have produced it: E4M3's normal range, 448 / 2**-6 = 28672 (2**14.8). Shared as
-# one scale (0.14+ takes each rank's max; DP dispatch shares one over the EP group), an amax that
-# much larger makes the reference expert's largest block scale subnormal (16x further: zero, the
-# layer computes nothing); per expert (0.11.x), one that much smaller saturates every block. Real
-# spreads are far smaller (llmcompressor: 1.0-1.5x gate/up, 5-17x down_proj; NVFP4-FORMAT §6).
+# The widest spread one layer's calibrated experts may show, either way: E4M3's normal range,
+# 448 / 2**-6 = 28672 (2**14.8). Shared as one scale (0.14+ takes each rank's max; DP dispatch
+# shares one over the EP group), an amax that much larger makes the others' largest block scale
+# subnormal (16x further: zero, the layer computes nothing); per expert (0.11.x), one that much
+# smaller saturates every block. Real spreads are far smaller (llmcompressor: 1.0-1.5x gate/up,
+# 5-17x down_proj; NVFP4-FORMAT §6).
 UNCALIBRATED_MARGIN = E4M3_MAX / E4M3_MIN_NORMAL
+# Where a calibrated activation amax of an NVFP4 MoE expert can lie at all, in amax units: the
+# inputs of a MoE layer are a BF16 model's normalized hidden states (GEMM1) and act(gate) * up
+# (GEMM2), measured from ~0.01 to ~1e4 in the field. What quantizers write for an expert without
+# statistics lies decades outside (amax 1e-29, 1e-20, 2e-24, 1e22, 2e32, 2e41; NVFP4-FORMAT §6).
+AMAX_MIN, AMAX_MAX = 2.0 ** -16, 2.0 ** 32
+# The values the rule is handed are input scales: amax / (448 * 6) (ModelOpt's input_scale,
+# 1 / compressed-tensors' input_global_scale, vLLM's a13_scale / a2_scale).
+AMAX_PER_INPUT_SCALE = E4M3_MAX * FP4_MAX
 
 
-def uncalibrated(amax: Sequence) -> dict[int, str]:
-    """The experts whose activation scale no calibration of this layer could have produced, by
-    kind: ``"high"`` (NaN, inf or above the margin: a max over experts takes it, poisoning the
-    layer) or ``"low"`` (0, negative or below: a max ignores it). ``amax``: per expert, a value or
-    tuple (gate, up) proportional to its input amax. The margin is around the lower median of all
-    finite positive values, which a minority of bad values cannot move."""
-    values = [tuple(a) if isinstance(a, (tuple, list)) else (a,) for a in amax]
-    usable = sorted(v for vs in values for v in vs if 0 < v < math.inf)
-    if not usable:
-        return {i: "low" for i in range(len(values))}
-    ref = usable[(len(usable) - 1) // 2]
-    low, high = ref / UNCALIBRATED_MARGIN, ref * UNCALIBRATED_MARGIN
-    out = {}
-    for i, vs in enumerate(values):
-        if any(v != v or v > high for v in vs):  # NaN, inf, above
-            out[i] = "high"
-        elif any(not v >= low for v in vs):  # 0, negative, below
-            out[i] = "low"
-    return out
+class IndistinguishableScalesError(InvalidScaleError):
+    """A layer whose plausible activation scales lie too far apart for all to be calibrated,
+    where no rule can tell which are: refused rather than guessed."""
 
 
-def uncalibrated_experts(amax: Sequence) -> list[int]:
+def plausible(input_scale: float) -> bool:
+    """Could a calibration have produced this input scale (amax / 2688)?"""
+    return AMAX_MIN <= input_scale * AMAX_PER_INPUT_SCALE <= AMAX_MAX
+
+
+def judge(input_scales: Sequence) -> tuple[dict[int, str], list[float]]:
+    """The experts no calibration can have produced, by kind (``"high"``: NaN, inf or above
+    :data:`AMAX_MAX`, which a max over experts takes; ``"low"``: 0, negative or below
+    :data:`AMAX_MIN`, which a max ignores), and every other value (the calibrated cluster).
+    ``input_scales``: per expert, a value or tuple (gate, up). Each value is judged alone, so
+    the verdict does not depend on which experts a rank holds, nor on how many are dead."""
+    flags: dict[int, str] = {}
+    kept: list[float] = []
+    for i, a in enumerate(input_scales):
+        vs = tuple(a) if isinstance(a, (tuple, list)) else (a,)
+        if any(v != v or v * AMAX_PER_INPUT_SCALE > AMAX_MAX for v in vs):  # NaN, inf, above
+            flags[i] = "high"
+        elif any(not v * AMAX_PER_INPUT_SCALE >= AMAX_MIN for v in vs):  # 0, negative, below
+            flags[i] = "low"
+        else:
+            kept.extend(vs)
+    return flags, kept
+
+
+def check_spread(lo: float, hi: float, *, where: str = "") -> None:
+    """Refuse a calibrated cluster (its smallest and largest input scale, over the whole layer)
+    wider than :data:`UNCALIBRATED_MARGIN`: some of its values are not calibrated, and nothing
+    says which."""
+    if lo > 0 and hi / lo > UNCALIBRATED_MARGIN:
+        amax = AMAX_PER_INPUT_SCALE
+        raise IndistinguishableScalesError(
+            f"{where + ': ' if where else ''}activation amaxes from {lo * amax:.4g} to "
+            f"{hi * amax:.4g} ({hi / lo:.3g}x apart, more than the {UNCALIBRATED_MARGIN:g}x one "
+            "layer's calibrated experts can span): some are not calibrated, and calibrated and "
+            "dead values cannot be told apart here. Re-quantize with calibration that reaches "
+            "every expert (llmcompressor: moe_calibrate_all_experts=True), or correct these "
+            "tensors in the checkpoint.")
+
+
+def uncalibrated(input_scales: Sequence, *, where: str = "") -> dict[int, str]:
+    """:func:`judge`'s verdict for a whole layer (one GEMM input), after :func:`check_spread`
+    on what it kept."""
+    flags, kept = judge(input_scales)
+    if kept:
+        check_spread(min(kept), max(kept), where=where)
+    return flags
+
+
+def uncalibrated_experts(input_scales: Sequence) -> list[int]:
     """The indices of :func:`uncalibrated`, in order."""
-    return sorted(uncalibrated(amax))
+    return sorted(uncalibrated(input_scales))

@@ -1,6 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
+import math
+
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vllm_fp4_moe_plugin import layer_scales, scale_agreement
 
@@ -62,6 +66,7 @@ def test_margin_is_e4m3_normal_range():
     assert scale_rule.UNCALIBRATED_MARGIN == 448.0 * 64
 
 
+# Input scales (amax / 2688): 1.0 is an amax of 2688, within what calibrations produce.
 @pytest.mark.parametrize("amax,expected", [
     ([1.0, 1.3, 1.1, 0.9], []),                       # routed calibration spread
     ([1.0, 1.0, 1.0, 1.0], []),                       # all-experts calibration
@@ -74,15 +79,27 @@ def test_margin_is_e4m3_normal_range():
     ([1.0, -0.02, 1.2], [1]),                         # ... a negative value too
     ([1.0, 2688 / 2.3e23, 1.2], [1]),                 # ... or a huge global scale
     ([0.0, 1.0, 1.2], [0]),                           # a zero ModelOpt input_scale
-    ([1.0, 1.0 * 28672 * 1.01], [1]),                 # just beyond the margin, two experts
-    ([1.0, 1.0 * 28672 * 0.99], []),                  # just inside it
-    ([1e32, 1e32, 1.0, 1.0, 1.0], [0, 1]),            # a minority cannot move the reference
+    ([1.0, 1.0 * 28672 * 0.99], []),                  # a spread just inside the margin
+    ([1e32, 1e32, 1.0, 1.0, 1.0], [0, 1]),            # dead values, whatever their number
+    ([1e-33] * 4 + [1.0] * 4, [0, 1, 2, 3]),          # half the layer dead (routed calibration)
+    ([1e-33] * 7 + [1.0], list(range(7))),            # ... or all but one expert
+    ([1e-29, 0.9], [0]),                              # an EP rank's slice of two experts
+    ([0.9], []), ([1e-29], [0]),                      # ... or of one
     ([(1.0, 1.1), (1.0, 1e-30), (1.2, 1.2)], [1]),    # gate and up judged each
 ])
 def test_uncalibrated_experts(amax, expected):
     from vllm_fp4_moe_plugin.scale_rule import uncalibrated_experts
 
     assert uncalibrated_experts(amax) == expected
+
+
+@pytest.mark.parametrize("amax", [[1.0, 1.0 * 28672 * 1.01], [1e-4, 1e-4, 1e2, 1e2]])
+def test_plausible_values_too_far_apart_are_refused_not_guessed(amax):
+    from vllm_fp4_moe_plugin.scale_rule import IndistinguishableScalesError, uncalibrated
+
+    with pytest.raises(IndistinguishableScalesError, match="cannot be told apart") as err:
+        uncalibrated(amax, where="model.layers.3.mlp.experts")
+    assert "model.layers.3.mlp.experts" in str(err.value)
 
 
 def test_uncalibrated_kinds_say_what_a_max_does_with_them():
@@ -170,3 +187,28 @@ def test_no_calibrated_expert_is_an_error():
     with pytest.raises(layer_scales.InvalidScaleError, match="nothing to fall back on"):
         layer_scales.repair_uncalibrated(torch.tensor([0.0, 0.0]), reciprocal=True, layer="l",
                                    name="w2_input_global_scale")
+
+
+# --- the repair over generated layers --------------------------------------------------------
+@settings(max_examples=150, deadline=None)
+@given(st.floats(min_value=0.1, max_value=1e3),
+       st.lists(st.floats(min_value=-1.5, max_value=1.5), min_size=1, max_size=8),
+       st.lists(st.sampled_from([0.0, -127.6, 1.57e-29, 2.3e23, 1e-40, math.nan, math.inf]),
+                max_size=8), st.booleans(), st.randoms(use_true_random=False))
+def test_repair_keeps_every_calibrated_expert_bit_exact(center, spread, dead, reciprocal, rng):
+    """Whatever fraction is dead: calibrated experts (amax within 1000x) come back as stored,
+    bit for bit; every dead one carries the stored value of the calibrated expert with the
+    largest amax."""
+    amax = [center * 10 ** u for u in spread]
+    cal = [(2688.0 / a) if reciprocal else a / 2688.0 for a in amax]
+    if not reciprocal:
+        dead = [1.0 / d if d not in (0.0, -127.6) and d == d and d != math.inf else d
+                for d in dead]
+    rows = [(v, False) for v in cal] + [(d, True) for d in dead]
+    rng.shuffle(rows)
+    stored = torch.tensor([v for v, _ in rows], dtype=torch.float32)
+    out = layer_scales.repair_uncalibrated(stored, reciprocal=reciprocal, layer="l", name="n")
+    kept = torch.tensor(cal, dtype=torch.float32)
+    fallback = kept.min() if reciprocal else kept.max()
+    for i, (_, is_dead) in enumerate(rows):
+        assert out[i].item() == (fallback.item() if is_dead else stored[i].item())

@@ -82,8 +82,10 @@ def _layer_report(fmt: str, layer: str, shards: list[list[float]], ep_size: int,
     ct = fmt == "compressed-tensors"
     ep_slices(len(gate), ep_size, placement)  # placement and EP size, checked with audit's words
     # judged on gate and up each; both get the fallback (their stored values differ)
-    bad13 = uncalibrated(list(zip(_amax_like(fmt, gate), _amax_like(fmt, up))))
-    bad2 = uncalibrated(_amax_like(fmt, list(down)))
+    bad13 = uncalibrated(list(zip(_amax_like(fmt, gate), _amax_like(fmt, up))),
+                         where=f"{layer}: GEMM1 (gate/up) input scales")
+    bad2 = uncalibrated(_amax_like(fmt, list(down)),
+                        where=f"{layer}: GEMM2 (down_proj) input scales")
     gate_used = _with_fallback(fmt, layer, "GEMM1 (gate/up)", list(gate), bad13)
     up_used = _with_fallback(fmt, layer, "GEMM1 (gate/up)", list(up), bad13)
     down_used = _with_fallback(fmt, layer, "GEMM2 (down_proj)", list(down), bad2)

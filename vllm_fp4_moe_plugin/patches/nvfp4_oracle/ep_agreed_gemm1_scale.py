@@ -79,11 +79,12 @@ def repaired_activation_scale(layer, scale: torch.Tensor,
     raw = getattr(layer, source, None)  # the checkpoint's tensor, as the loader left it
     missing = (unloaded.missing_rows(raw) if isinstance(raw, torch.Tensor) and scale.dim()
                and raw.shape[:1] == scale.shape[:1] else [])
+    group = layer_scales.ep_cpu_group() if layer_scales.holds_local_slice(layer, scale) else None
     return layer_scales.repair_uncalibrated(
         scale, reciprocal=False, layer=layer_label(layer),
         name=f"{source} (vLLM's {name} = {how}{source})",
         index_note=_index_note(layer, fmt, "input"), stock_effect=STOCK_UNCALIBRATED,
-        missing=missing)
+        missing=missing, group=group)
 
 
 def quantized_inputs_cross_ranks(layer, backend) -> bool:

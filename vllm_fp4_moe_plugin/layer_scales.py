@@ -28,6 +28,8 @@ RAW_SCALES = {
 
 
 def check_weight_scales(layer, fmt: str) -> None:
+    if unloaded.dummy_weights(layer):  # --load-format dummy: no checkpoint to check
+        return
     for attr in RAW_SCALES[fmt]["weight"]:
         check_positive_finite(getattr(layer, attr), layer=layer_label(layer), name=attr)
 
@@ -36,6 +38,8 @@ def repair_activation_scales(layer, fmt: str, stock_effect: str = "") -> None:
     """Repair the layer's activation scales in place (a no-op for calibrated checkpoints). Where
     the layer holds only its rank's experts (:func:`holds_local_slice`), the EP group judges the
     whole layer, so every layout loads the same values."""
+    if unloaded.dummy_weights(layer):  # --load-format dummy: no checkpoint to repair
+        return
     for attr in RAW_SCALES[fmt]["input"]:
         param = getattr(layer, attr)
         check_positive_finite(param, layer=layer_label(layer), name=attr, activation=True)

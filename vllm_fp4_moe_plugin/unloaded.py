@@ -30,6 +30,10 @@ def _on_parameter(module, name: str, param) -> None:
         return
     if _should_fill is None or not _should_fill(module):  # left as stock leaves it
         return
+    if "_fp4_moe_dummy_weights" not in module.__dict__:  # created inside vLLM's config context
+        module.__dict__["_fp4_moe_dummy_weights"] = _dummy_load_format()
+    if module.__dict__["_fp4_moe_dummy_weights"]:  # random values overwrite every tensor
+        return
     seen = module.__dict__.setdefault("_fp4_moe_unloaded_filled", set())
     if name in seen:  # a re-registration after loading (process_weights_after_loading)
         return
@@ -50,9 +54,10 @@ def watch(should_fill) -> None:
 
 
 def remove() -> None:
-    global _should_fill
+    global _should_fill, _dummy_logged
     _watch.remove()
     _should_fill = None
+    _dummy_logged = False
 
 
 def repaired_by_plugin_class(layer) -> bool:
@@ -65,6 +70,42 @@ def repaired_by_plugin_class(layer) -> bool:
 def any_layer(_layer) -> bool:
     """The oracle design: the wrapped oracle helpers repair every NVFP4 MoE layer's scales
     (Marlin, which does not pass through them, never reads activation scales)."""
+    return True
+
+
+def _dummy_load_format() -> bool:
+    """Is vLLM building this model for ``--load-format dummy`` (random weights, no checkpoint;
+    how vLLM's benchmarks run)? Read from the config vLLM sets while it constructs the model
+    (``set_current_vllm_config``, v0110 model_loader/utils.py:60; the same in 0.34.0)."""
+    import sys
+
+    try:
+        from vllm.config import get_current_vllm_config
+    except ImportError:
+        return False
+    config = getattr(sys.modules.get(get_current_vllm_config.__module__), "_current_vllm_config",
+                     None)
+    fmt = getattr(getattr(config, "load_config", None), "load_format", None)
+    return str(getattr(fmt, "value", fmt)).lower() == "dummy"
+
+
+_dummy_logged = False
+
+
+def dummy_weights(layer) -> bool:
+    """Was ``layer`` loaded with vLLM's dummy weights? Then there is no checkpoint scale to
+    check or repair: the plugin leaves every value as vLLM set it (one INFO per process)."""
+    global _dummy_logged
+    if not layer.__dict__.get("_fp4_moe_dummy_weights"):
+        return False
+    if not _dummy_logged:
+        _dummy_logged = True
+        from vllm_fp4_moe_plugin.log import get_logger
+
+        get_logger("unloaded").info(
+            "vllm-fp4-moe-plugin: --load-format dummy: the weights are random, not a "
+            "checkpoint's, so no NVFP4 scale is checked or repaired (the layers are served as "
+            "vLLM set them)")
     return True
 
 

@@ -135,3 +135,26 @@ def test_ct_dp2_ep_plugin_matches_reference_stock_diverges(ct_checkpoint):
     stock_off = [s["tokens"] != r["tokens"] or max_logprob_gap(s, r) > STOCK_MIN_GAP
                  for s, r in zip(stock, ref)]
     assert all(stock_off), (stock, ref)
+
+
+def test_dummy_weights_serve_as_stock_with_the_switch_on(world):
+    """``--load-format dummy`` (how vLLM's benchmarks run: random weights, no checkpoint) on the
+    DeepSeek-V3-shaped compressed-tensors checkpoint: with the switch on the server starts, logs
+    the plugin's one INFO line and gives stock's greedy tokens (vLLM seeds its dummy weights);
+    no scale of the random weights is refused or repaired."""
+    model = server.REPO_ROOT / "accuracy/models/deepseekv3-add-nvfp4-ct-routed"
+    dummy = ("--load-format", "dummy") + MOE_BACKEND
+    prompts = [[1, 5, 9, 33, 10, 7], [2, 40, 41, 42, 30, 17]]  # its vocabulary has 64 tokens
+
+    def serve(plugin):
+        with server.serve(model, world=WORLD, plugin=plugin,
+                          extra_args=("--skip-tokenizer-init",) + dummy) as s:
+            return s.greedy(prompts, max_tokens=MAX_TOKENS), s.log()
+
+    plugin, log = serve("1")
+    stock, stock_log = serve("0")
+    assert "--load-format dummy: the weights are random" in log
+    assert "InvalidScaleError" not in log and "uncalibrated activation scale" not in log
+    assert ACTIVE_LINE in log and ACTIVE_LINE not in stock_log
+    for p, s in zip(plugin, stock):
+        assert p["tokens"] == s["tokens"] and max_logprob_gap(p, s) == 0

@@ -130,7 +130,9 @@ def test_the_wrapper_writes_one_row_of_the_workspace(seed):
     routes, k = local.numel(), case["k"]
     row = min(int(local.sum()), routes - 1)
     assert torch.equal(ws.view(-1)[row * k:(row + 1) * k], torch.zeros(k, dtype=ws.dtype))
-    assert torch.equal(seen["topk_weights"], torch.where(local, case["topk_weights"], 0.0))
+    masked = 2 * case["n"] > k  # only where GEMM1's output can reach the row
+    want = torch.where(local, case["topk_weights"], 0.0) if masked else case["topk_weights"]
+    assert torch.equal(seen["topk_weights"], want)
 
 
 def test_no_expert_map_is_the_original_call():

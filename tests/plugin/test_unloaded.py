@@ -80,3 +80,38 @@ def test_a_layer_without_any_activation_scale_is_refused():
     with pytest.raises(layer_scales.InvalidScaleError, match="no expert of this layer"):
         layer_scales.repair_uncalibrated(stored, reciprocal=False, layer="L", name="w2_input_scale",
                                    missing=tuple(unloaded.missing_rows(stored)))
+
+
+@pytest.mark.parametrize("load_format", ["dummy", "auto"])
+def test_dummy_weights_are_neither_checked_nor_repaired(watching, load_format, caplog_plugin,
+                                                       monkeypatch):
+    """``--load-format dummy``: vLLM fills every tensor with random values in [-1e-3, 1e-3]
+    (about half the scales negative). Created while vLLM's current config names that format
+    (the engine sets it around model construction; tests/engine runs the real one), the layer
+    is served as vLLM set it (one INFO); with a real format the same values are refused."""
+    import sys
+    from types import SimpleNamespace
+
+    from vllm.config import get_current_vllm_config
+
+    config = SimpleNamespace(load_config=SimpleNamespace(load_format=load_format))
+    monkeypatch.setattr(sys.modules[get_current_vllm_config.__module__], "_current_vllm_config",
+                        config)
+    layer = _layer()
+    for name, shape in (("w13_weight_scale_2", (4, 2)), ("w2_weight_scale_2", (4,)),
+                        ("w2_input_scale", (4,))):
+        layer.register_parameter(name, torch.nn.Parameter(torch.empty(shape),
+                                                          requires_grad=False))
+    g = torch.Generator().manual_seed(0)
+    for p in layer.parameters():  # what vLLM's dummy loader does
+        p.data.uniform_(-1e-3, 1e-3, generator=g)
+    before = [p.detach().clone() for p in layer.parameters()]
+    if load_format == "auto":
+        with pytest.raises(layer_scales.InvalidScaleError, match="negative"):
+            layer_scales.check_weight_scales(layer, "modelopt")
+        return
+    with caplog_plugin.at_level("INFO", logger="vllm.fp4_moe_plugin"):
+        layer_scales.check_weight_scales(layer, "modelopt")
+        layer_scales.repair_activation_scales(layer, "modelopt")
+    assert all(torch.equal(a, b) for a, b in zip(before, layer.parameters()))
+    assert [r.getMessage() for r in caplog_plugin.records if "dummy" in r.getMessage()]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch.nn import Parameter
 
-from vllm_fp4_moe_plugin import compat, consistency, layer_scales, scale_agreement
+from vllm_fp4_moe_plugin import compat, consistency, layer_scales, scale_agreement, unloaded
 from vllm_fp4_moe_plugin.log import get_logger, layer_label
 from vllm_fp4_moe_plugin.patching import same_named_subclass
 
@@ -42,7 +42,7 @@ class SharedGemm1ScaleForDpMixin:
 
     def process_weights_after_loading(self, layer) -> None:
         dp = self._fp4_dp_dispatch()
-        if dp:  # validate what we are about to reduce over, before upstream inverts it
+        if dp and not unloaded.dummy_weights(layer):  # validate what we reduce over, first
             for attr in _RAW["input"] + _RAW["weight"]:
                 layer_scales.check_positive_finite(getattr(layer, attr), layer=layer_label(layer),
                                              name=attr, activation=attr in _RAW["input"])

@@ -140,8 +140,10 @@ def build_agreed_prepare(original, *, agree: bool = True, repair: bool = True):
         call = sig.bind(*args, **kwargs)
         layer, a13 = call.arguments["layer"], call.arguments["a13_scale"]
         if a13 is not None:
-            validate_checkpoint_scales(layer, a13)
-            if repair:
+            checkpoint = not unloaded.dummy_weights(layer)  # --load-format dummy: none
+            if checkpoint:
+                validate_checkpoint_scales(layer, a13)
+            if repair and checkpoint:
                 a13 = call.arguments["a13_scale"] = repaired_activation_scale(layer, a13,
                                                                               "a13_scale")
                 a2 = call.arguments.get("a2_scale")

@@ -8,13 +8,13 @@ moe_data.cu ``compute_arg_sorts``); ``run_cutlass_moe_fp4`` takes that output fr
 ``workspace13``, which also holds GEMM1's output and, through vLLM's workspace manager, earlier
 layers' data (v0.34.0 FM/experts/cutlass_moe.py:643-645, FM/modular_kernel.py:1266-1273).
 
-The wrapper makes that one row finite and gives the routes that read it weight zero, so each
-adds exactly nothing: it zeroes row ``min(local routes, m * topk - 1)`` of the region (``k``
-elements; with every route local the row is one GEMM2 overwrites), and with the router weight
-applied on the input (top-1) it zeroes the output of a token whose route is not local. No host
-sync (the row index stays a device tensor, so the call captures in a CUDA graph) and no
-signature binding per call; without an expert map the original is called untouched. What it
-adds per call, measured: ``benchmarks/route_fix.py``.
+The wrapper zeroes that one row before the call (``k`` elements, row ``min(local routes,
+m * topk - 1)``: with every route local it is one GEMM2 overwrites), so each route reading it
+adds exactly nothing. Where GEMM1's output can reach the row (``w1_n > k``), it also gives
+those routes weight 0, and with the router weight applied on the input (top-1) zeroes the output
+of a token whose route is not local. No host sync (the row index stays a device tensor: the
+call captures in a CUDA graph) and no signature binding per call; without an expert map the
+original is called untouched. What it adds per call, measured: ``benchmarks/route_fix.py``.
 """
 
 from __future__ import annotations
@@ -23,11 +23,13 @@ import functools
 import inspect
 
 import torch
+import torch.nn.functional as F
 
 
 def local_routes(topk_ids: torch.Tensor, expert_map: torch.Tensor) -> torch.Tensor:
-    """True where a route's (global) expert is one of this rank's; -1 ids are invalid routes."""
-    return (topk_ids >= 0) & (expert_map[topk_ids.clamp(min=0).long()] >= 0)
+    """True where a route's (global) expert is one of this rank's; -1 ids are invalid routes
+    (they index the -1 appended to the map)."""
+    return F.pad(expert_map, (0, 1), value=-1)[topk_ids] >= 0
 
 
 def zero_route_row(workspace13: torch.Tensor, local: torch.Tensor, k: int) -> None:
@@ -38,8 +40,15 @@ def zero_route_row(workspace13: torch.Tensor, local: torch.Tensor, k: int) -> No
         workspace13.zero_()
         return
     c3 = workspace13.view(-1)[: routes * k].view(routes, k)
-    row = local.sum().clamp(max=routes - 1).reshape(1)  # stays on the device: no sync
-    c3.index_fill_(0, row, 0)
+    c3.index_fill_(0, local.sum().clamp_(max=routes - 1).reshape(1), 0)  # no host sync
+
+
+def gemm1_may_write_the_row(call: dict) -> bool:
+    """GEMM1's output (``[m * topk, w1_n]``, its first rows) shares ``workspace13``: it reaches
+    the read row only when ``w1_n > k`` (w1_n = 2n gated, n not). DeepSeek-R1 (4096 < 7168),
+    Qwen3-MoE, GLM-4.x: never; Llama-4 (16384 > 5120): yes."""
+    gated = getattr(call.get("activation"), "is_gated", True) is not False
+    return (2 * call["n"] if gated else call["n"]) > call["k"]
 
 
 def build(original):
@@ -53,14 +62,15 @@ def build(original):
         expert_map = call.get("expert_map")
         if expert_map is None:
             return original(*args, **kwargs)
-        call = dict(call)
-        topk_ids, weights = call["topk_ids"], call["topk_weights"]
-        local = local_routes(topk_ids, expert_map)
-        call["topk_weights"] = torch.where(local, weights, 0.0)
+        local = local_routes(call["topk_ids"], expert_map)
         zero_route_row(call["workspace13"], local, call["k"])
+        if not gemm1_may_write_the_row(call):  # the row stays zero: routes reading it add 0
+            return original(**call)
+        call = dict(call)  # GEMM1 may leave finite data there: give those routes weight 0
+        call["topk_weights"] = call["topk_weights"] * local
         result = original(**call)
         if call.get("apply_router_weight_on_input"):  # top-1, the output not weighted
-            call["output"].masked_fill_(~local.any(dim=1, keepdim=True), 0)
+            call["output"].masked_fill_(~local, 0)
         return result
 
     return run_cutlass_moe_fp4

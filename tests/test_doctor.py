@@ -252,3 +252,23 @@ def test_uncalibrated_experts_are_named_also_when_fine(blackwell_env, tmp_path, 
     r = doctor.run_doctor(str(tmp_path), tp2_ep, capability="10.0")
     assert r["verdict"] == doctor.AT_RISK
     assert any("refuses to load it" in w for w in r["reasons"]), r["reasons"]
+
+
+@pytest.mark.parametrize("plugin", ["0", "1"])
+def test_split_gate_up_weight_scales_are_never_fine(blackwell_env, tmp_path, plugin):
+    """A checkpoint whose experts carry gate and up weight global scales of their own (the up
+    half 4x): vLLM reads the up half with the gate's scale, with the plugin on or off, in every
+    layout: at risk, with the layer and the ratio named (it was FINE before)."""
+    from safetensors.torch import load_file, save_file
+
+    blackwell_env.setenv("VLLM_FP4_MOE_PLUGIN", plugin)
+    write_checkpoint(tmp_path, fmt="modelopt", arch="qwen3_moe", input_scale_spread=1.0)
+    shard = next(tmp_path.glob("*.safetensors"))
+    tensors = load_file(str(shard))
+    name = next(n for n in sorted(tensors) if n.endswith("experts.1.up_proj.weight_scale_2"))
+    tensors[name] = tensors[name] * 4
+    save_file(tensors, str(shard))
+    r = doctor.run_doctor(str(tmp_path), doctor.deployed_layout(tp=2, ep=True), capability="10.0")
+    assert r["verdict"] == doctor.AT_RISK
+    why = [line for line in r["reasons"] if "gate and up weight global scales differ" in line]
+    assert why and "expert(s) [1]" in why[0] and "4x" in why[0]

@@ -262,6 +262,7 @@ def reasons(report: dict) -> list:
     out += [f"the installed readers get the checkpoint's config wrong: {w}"
             for w in misread_config(report)]
     out += uncalibrated_reasons(report)
+    out += gate_up_reasons(report)
     if report["verdict"] == FINE:
         return out
     if not report["checkpoint"]:
@@ -282,6 +283,24 @@ def reasons(report: dict) -> list:
         elif state is None and row["note"]:
             out.append(f"{row['layer']}: {row['note']}")
     return out
+
+
+def gate_up_reasons(report: dict) -> list[str]:
+    """Per layer whose experts have gate and up weight global scales of their own: what vLLM
+    computes there (the gate's scale for both halves), with the plugin on or off."""
+    ckpt = report.get("checkpoint")
+    if not ckpt:
+        return []
+    design = (report.get("probes") or {}).get("design")
+    fixed = bool(report["plugin"]["would_be_active"] and design is not None
+                 and support.plugin_fixes_gate_up_split(design, ckpt["format"]))
+    return [f"{e['layer']}: gate and up weight global scales differ for expert(s) "
+            f"{e['weight_gate_up_split'][:8]}, up to {e['weight_gate_up_worst']:.4g}x: vLLM keeps "
+            "the gate's for both halves, so those experts' outputs are off by that factor "
+            + ("(the plugin computes each half with its own)" if fixed else
+               "(the plugin does not fix this yet; re-export with one weight global scale shared "
+               "by gate and up, from the larger amax of the two)")
+            for e in ckpt["layers"] if e.get("weight_gate_up_split")] if not fixed else []
 
 
 def uncalibrated_reasons(report: dict) -> list[str]:
@@ -342,6 +361,8 @@ def _verdict(report: dict) -> int:
         return AT_RISK  # vLLM would refuse to load the checkpoint
     if report["layout"]["kernel"] == support.FAILS_TO_START:
         return AT_RISK  # vLLM would not serve this model on this GPU
+    if gate_up_reasons(report):
+        return AT_RISK  # every layout: the up half read with the gate's global scale
     if not report["layers"]:
         return CANNOT_TELL
     states = [r["plugin_consistent"] if report["plugin"]["would_be_active"]

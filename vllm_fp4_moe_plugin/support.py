@@ -329,6 +329,28 @@ def plugin_repairs_uncalibrated(design_key: str | Design, fmt: str) -> bool:
     return fmt in ("modelopt", "compressed-tensors")
 
 
+# --- gate and up with their own weight global scales ------------------------------------------
+# vLLM keeps one GEMM1 weight global scale per expert, the gate's, and warns when the up half's
+# differs by torch.allclose (rtol 1e-5; every release 0.11.0-0.34.0, both formats: v0110
+# Q/modelopt.py:1299-1305, v0.34.0 Q/modelopt.py:1090-1098, CT w4a4_nvfp4.py:232-240). The up
+# half is then dequantized with the gate's scale: the expert's output is off by their ratio.
+GATE_UP_RTOL = 1e-5
+
+
+def gate_up_split(gate: Sequence[float], up: Sequence[float]) -> dict[int, float]:
+    """Per expert whose gate and up weight global scales differ as vLLM tests it, the factor its
+    output is off by on stock vLLM (``gate / up`` of the global scales: the up half is read with
+    the gate's; ModelOpt's ``weight_scale_2`` is the inverse, pass ``1 / value``)."""
+    return {e: g / u for e, (g, u) in enumerate(zip(gate, up))
+            if abs(g - u) > GATE_UP_RTOL * abs(u) + 1e-8}
+
+
+def plugin_fixes_gate_up_split(design_key: str | Design, fmt: str) -> bool:
+    """Does the plugin compute split gate/up weight global scales right? Not yet on any design:
+    the plugin, like stock, keeps the gate's (ROOT-CAUSE §14)."""
+    return False
+
+
 # --- which NVFP4 MoE kernel a release runs on which Blackwell GPU -------------------------------
 
 FAILS_TO_START = "fails_to_start"  # the kernel vLLM picks has no image for this GPU

@@ -582,3 +582,30 @@ def test_labelled_dead_scale_checkpoint_is_audited_as_uncalibrated(tmp_path, src
         assert entry["uncalibrated_w13"] == [5] and entry["uncalibrated_w2"] == [5], entry
         missing = [5] if case == "missing" else []
         assert entry["missing_w13"] == missing and entry["missing_w2"] == missing
+
+
+# --- gate and up with their own weight global scales (published GLM exports: up to 10x) ------
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("ratio", [1.1, 4.0, 10.0])
+def test_split_gate_up_weight_scales_affect_every_layout(tmp_path, fmt, ratio):
+    """vLLM keeps the gate's weight global scale for both halves: each such expert's output is
+    off by the ratio, in every layout; the audit names the experts and the worst ratio."""
+    write_scales_only(tmp_path, fmt, {LAYER: _uniform(fmt)})
+    for e, r in ((2, ratio), (5, ratio ** 0.5)):
+        gs = 2.0 ** -10 / r if fmt == "compressed-tensors" else 2.0 ** -10 * r
+        _rewrite(tmp_path, f"{LAYER}.{e}.up_proj.{WEIGHT_GLOBAL[fmt]}",
+                 np.array(gs, dtype=np.float32))
+    report = audit_checkpoint(tmp_path)
+    (layer,) = report["layers"]
+    assert layer["weight_gate_up_split"] == [2, 5]
+    assert layer["weight_gate_up_worst"] == pytest.approx(ratio, rel=1e-5)
+    assert all(layer["affected"].values()) and report["affected_layers"] == 1
+    assert report["summary"].startswith("AFFECTED: gate and up weight global scales differ")
+    assert f"{ratio:.4g}x" in report["summary"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_equal_gate_up_weight_scales_are_not_reported(tmp_path, fmt):
+    write_scales_only(tmp_path, fmt, {LAYER: _uniform(fmt)})
+    (layer,) = audit_checkpoint(tmp_path)["layers"]
+    assert layer["weight_gate_up_split"] == [] and layer["weight_gate_up_worst"] == 1.0

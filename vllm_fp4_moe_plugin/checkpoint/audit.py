@@ -19,7 +19,7 @@ from vllm_fp4_moe_plugin.support import Design
 
 from .config_lint import compressed_tensors_011_refuses, transformers4_misreads
 from .detect import detect_format
-from .scale_values import INPUT_SCALE, read_expert_scales
+from .scale_values import INPUT_SCALE, WEIGHT_SCALE, read_expert_scales
 from .tensor_index import CheckpointAuditError, CheckpointError, checkpoint_dir, read_json
 
 LAYOUTS = ("single", "pp", "tp", "tp_ep", "dp_ep_allgather", "dp_ep_all2allv", "dp")
@@ -131,9 +131,41 @@ def _layer_report(fmt: str, layer: str, shards: list[list[float]], ep_size: int,
     return report
 
 
+def _weight_name(fmt: str, input_name: str) -> str:
+    return input_name[: -len(INPUT_SCALE[fmt])] + WEIGHT_SCALE[fmt]
+
+
+def gate_up_weights(entry: dict, fmt: str, shards: list[list]) -> None:
+    """Add to a layer's report the experts whose gate and up weight global scales differ, the
+    worst factor stock is off by, and mark every layout affected (no layout re-scales them)."""
+    gate, up = ([math.nan if v is None else (1.0 / v if fmt == "modelopt" else v) for v in s]
+                for s in shards)
+    split = support.gate_up_split(gate, up)
+    entry["weight_gate_up_split"] = sorted(split)
+    entry["weight_gate_up_worst"] = max((max(f, 1 / f) for f in split.values()), default=1.0)
+    if split:
+        entry["affected"] = {lay: True for lay in entry["affected"]}
+
+
 def _summary(layers: list[dict], design: Design = Design.INIT_PREPARE_FINALIZE,
              ep_size: int = 2) -> str:
-    """The verdict: uncalibrated experts first when stock uses them, then the design's hole."""
+    """The verdict: split gate/up weight scales and uncalibrated experts first, then the
+    design's hole."""
+    verdict = _uncalibrated_summary(layers, design, ep_size)
+    split = [e for e in layers if e.get("weight_gate_up_split")]
+    if not split:
+        return verdict
+    worst = max(split, key=lambda e: e["weight_gate_up_worst"])
+    n = sum(len(e["weight_gate_up_split"]) for e in split)
+    return (f"AFFECTED: gate and up weight global scales differ for {n} expert(s) in "
+            f"{len(split)} layer(s), up to {worst['weight_gate_up_worst']:.4g}x in "
+            f"{worst['layer']}: vLLM {support.design(design).releases} keeps the gate's for both "
+            "halves, so each such expert's output is off by that factor in every layout (the "
+            f"plugin does not fix this yet). Otherwise: {verdict}")
+
+
+def _uncalibrated_summary(layers: list[dict], design: Design, ep_size: int) -> str:
+    """Uncalibrated experts first when stock uses them, then the design's hole."""
     verdict = _hole_summary(layers, design, ep_size)
     uncal = [entry for entry in layers if entry["uncalibrated_w13"] or entry["uncalibrated_w2"]]
     if not uncal:
@@ -227,6 +259,9 @@ def audit_checkpoint(path, *, ep_size: int = 2, expert_placement: str = "linear"
                                                  if n in absent})
                                       for g, shards in (("w13", ("w1", "w3")), ("w2", ("w2",)))})
                for layer, names in plan]
+    for (_, names), entry in zip(plan, reports):
+        gate_up_weights(entry, fmt, [[values.get(_weight_name(fmt, n)) for n in names[shard]]
+                                     for shard in ("w1", "w3")])
     for entry in reports:
         if entry["gate_up_mismatch"]:
             warnings.append(

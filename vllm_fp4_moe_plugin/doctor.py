@@ -293,13 +293,15 @@ def gate_up_reasons(report: dict) -> list[str]:
         return []
     design = (report.get("probes") or {}).get("design")
     fixed = bool(report["plugin"]["would_be_active"] and design is not None
-                 and support.plugin_fixes_gate_up_split(design, ckpt["format"]))
+                 and support.plugin_fixes_gate_up_split(design, ckpt["format"],
+                                                        report["layout"]["kernel"]))
     return [f"{e['layer']}: gate and up weight global scales differ for expert(s) "
             f"{e['weight_gate_up_split'][:8]}, up to {e['weight_gate_up_worst']:.4g}x: vLLM keeps "
             "the gate's for both halves, so those experts' outputs are off by that factor "
-            + ("(the plugin computes each half with its own)" if fixed else
-               "(the plugin does not fix this yet; re-export with one weight global scale shared "
-               "by gate and up, from the larger amax of the two)")
+            + ("(set VLLM_FP4_MOE_PLUGIN=1: the plugin computes each half with its own)"
+               if not report["plugin"]["would_be_active"] else
+               "(the plugin's fix does not reach this kernel; re-export with one weight global "
+               "scale shared by gate and up)")
             for e in ckpt["layers"] if e.get("weight_gate_up_split")] if not fixed else []
 
 

@@ -345,10 +345,21 @@ def gate_up_split(gate: Sequence[float], up: Sequence[float]) -> dict[int, float
             if abs(g - u) > GATE_UP_RTOL * abs(u) + 1e-8}
 
 
-def plugin_fixes_gate_up_split(design_key: str | Design, fmt: str) -> bool:
-    """Does the plugin compute split gate/up weight global scales right? Not yet on any design:
-    the plugin, like stock, keeps the gate's (ROOT-CAUSE §14)."""
-    return False
+# The kernels whose scales the plugin's carry reaches on the oracle design (its wrapped helpers,
+# ``patches/nvfp4_oracle``); B12X, Marlin and Humming prepare their layers elsewhere.
+GATE_UP_CARRIED_KERNELS = ("flashinfer_cutlass", "flashinfer_trtllm", "flashinfer_cutedsl",
+                           "vllm_cutlass")
+
+
+def plugin_fixes_gate_up_split(design_key: str | Design, fmt: str,
+                               kernel: Optional[str] = None) -> bool:
+    """Does the plugin compute split gate/up weight global scales right? On every design and
+    format: each expert's factor on the up half moves into its GEMM2 scales (``gate_up.py``);
+    on the oracle design only for the kernels its wrapped helpers prepare (None: unknown,
+    judged for the default FlashInfer CUTLASS)."""
+    d = design(design_key)
+    return d is not Design.NVFP4_ORACLE or (kernel or "flashinfer_cutlass") in \
+        GATE_UP_CARRIED_KERNELS
 
 
 # --- which NVFP4 MoE kernel a release runs on which Blackwell GPU -------------------------------

@@ -30,6 +30,8 @@ VLLM_ENVS = "vllm.envs"  # environment_variables: the registry vLLM's Ray copy a
 # by 0.34.0 in a file of its own, under the quantization package (v0.34.0 CT/...moe/__init__.py).
 CT_NVFP4_CLASS_NAMES = ("CompressedTensorsW4A4MoeMethod", "CompressedTensorsW4A4Nvfp4MoEMethod")
 CT_NVFP4_MOE_FILE = "compressed_tensors/compressed_tensors_moe/compressed_tensors_moe_w4a4_nvfp4.py"
+# ModelOpt's NVFP4 MoE method (every release read, 0.11.0-0.34.0).
+MODELOPT_NVFP4_CLASS_NAME = "ModelOptNvFp4FusedMoE"
 # The NVFP4_ORACLE design's scale-collapsing helpers, as the oracle imports them (the first is in
 # every release of the design, the CuteDSL one from 0.20.0), and the parameters the patch reads.
 ORACLE_HELPERS = ("prepare_nvfp4_moe_layer_for_fi_or_cutlass",

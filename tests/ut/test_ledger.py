@@ -141,15 +141,22 @@ def test_oracle_plan_keeps_each_hole_until_upstream_fixes_it():
         "prepare_nvfp4_moe_layer_for_fi_or_cutlass"
     stock = _oracle_plan()
     assert stock.install and set(stock.patches) == {routes, scales}
-    assert stock.reason.endswith(f"{o.ACTIVE}; {o.ROUTES}")
+    assert stock.reason.endswith(f"{o.ACTIVE}; {o.ROUTES}; {o.CARRY}")
+    carried = {"upstream_carries_gate_up": True}
+    assert _oracle_plan(**carried).reason.endswith(f"{o.ACTIVE}; {o.ROUTES}")
     both_scales = _oracle_plan(upstream_agrees_gemm1_scale=True,
-                               upstream_repairs_uncalibrated=True)
+                               upstream_repairs_uncalibrated=True, **carried)
     assert both_scales.patches == (routes,)
     assert both_scales.reason.endswith(f"{o.SCALES_FIXED}; {o.ROUTES}")
-    no_routes = _oracle_plan(upstream_zeroes_non_local_routes=True)
+    # the gate/up duty alone keeps the scale wrapper
+    gate_up_left = _oracle_plan(upstream_agrees_gemm1_scale=True,
+                                upstream_repairs_uncalibrated=True,
+                                upstream_zeroes_non_local_routes=True)
+    assert gate_up_left.patches == (scales,) and gate_up_left.reason.endswith(o.CARRY)
+    no_routes = _oracle_plan(upstream_zeroes_non_local_routes=True, **carried)
     assert no_routes.patches == (scales,) and no_routes.reason.endswith(o.ACTIVE)
-    before_0_32 = _oracle_plan(cutlass_fp4_takes_expert_map=False)
+    before_0_32 = _oracle_plan(cutlass_fp4_takes_expert_map=False, **carried)
     assert before_0_32.patches == (scales,) and before_0_32.reason.endswith(o.ACTIVE)
     fixed = _oracle_plan(upstream_agrees_gemm1_scale=True, upstream_repairs_uncalibrated=True,
-                         upstream_zeroes_non_local_routes=True)
+                         upstream_zeroes_non_local_routes=True, **carried)
     assert not fixed.install and fixed.upstream_fixed and fixed.reason.endswith(o.FIXED)

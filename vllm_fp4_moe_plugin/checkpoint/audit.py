@@ -160,8 +160,8 @@ def _summary(layers: list[dict], design: Design = Design.INIT_PREPARE_FINALIZE,
     return (f"AFFECTED: gate and up weight global scales differ for {n} expert(s) in "
             f"{len(split)} layer(s), up to {worst['weight_gate_up_worst']:.4g}x in "
             f"{worst['layer']}: vLLM {support.design(design).releases} keeps the gate's for both "
-            "halves, so each such expert's output is off by that factor in every layout (the "
-            f"plugin does not fix this yet). Otherwise: {verdict}")
+            "halves, so each such expert's output is off by that factor in every layout; the "
+            f"plugin computes each half with its own. Otherwise: {verdict}")
 
 
 def _uncalibrated_summary(layers: list[dict], design: Design, ep_size: int) -> str:

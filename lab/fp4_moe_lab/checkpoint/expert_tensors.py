@@ -39,8 +39,9 @@ def expert_tensors(experts: QuantizedExperts, fmt: str, prefix: str) -> dict[str
         per_proj = {
             "gate_proj": (experts.w1[e], experts.w1_sf[e], experts.w13_weight_gs[e],
                           experts.w13_input_gs[e]),
-            "up_proj": (experts.w3[e], experts.w3_sf[e], experts.w13_weight_gs[e],
-                        experts.w13_input_gs[e]),
+            "up_proj": (experts.w3[e], experts.w3_sf[e],
+                        (experts.w13_weight_gs if experts.w3_weight_gs is None
+                         else experts.w3_weight_gs)[e], experts.w13_input_gs[e]),
             "down_proj": (experts.w2[e], experts.w2_sf[e], experts.w2_weight_gs[e],
                           experts.w2_input_gs[e]),
         }
@@ -63,8 +64,8 @@ def expert_tensors(experts: QuantizedExperts, fmt: str, prefix: str) -> dict[str
 
 def experts_from_tensors(tensors, fmt: str, prefix: str, num_experts: int) -> QuantizedExperts:
     """The inverse of :func:`expert_tensors`: one layer's experts from checkpoint tensors
-    (``tensors[name]`` -> torch tensor), e.g. what llmcompressor wrote. Gate and up must share
-    the weight global scale (both exporters write them so); GEMM1's activation scale per expert
+    (``tensors[name]`` -> torch tensor), e.g. what llmcompressor wrote. Gate and up may each
+    have their own weight global scale (``w3_weight_gs``); GEMM1's activation scale per expert
     is the larger amax of gate and up, as vLLM keeps it. Values are taken as stored: an
     uncalibrated expert's 0 or 1e-29 stays (``scale_rule.uncalibrated_experts`` judges it)."""
     _check_format(fmt)
@@ -82,13 +83,9 @@ def experts_from_tensors(tensors, fmt: str, prefix: str, num_experts: int) -> Qu
     def stack(proj: str, i: int) -> torch.Tensor:
         return torch.stack([leaf(e, proj, i) for e in range(num_experts)])
 
-    w13_weight_gs = []
-    for e in range(num_experts):
-        gate, up = gs(e, "gate_proj", 2), gs(e, "up_proj", 2)
-        if not torch.equal(gate, up):
-            raise ValueError(f"{prefix}: expert {e}'s gate and up weight global scales differ "
-                             f"({float(gate)} vs {float(up)}); vLLM needs one per expert")
-        w13_weight_gs.append(gate)
+    w13_weight_gs = [gs(e, "gate_proj", 2) for e in range(num_experts)]
+    w3_weight_gs = [gs(e, "up_proj", 2) for e in range(num_experts)]
+    split = any(not torch.equal(g, u) for g, u in zip(w13_weight_gs, w3_weight_gs))
     return QuantizedExperts(
         w1=stack("gate_proj", 0), w1_sf=stack("gate_proj", 1),
         w3=stack("up_proj", 0), w3_sf=stack("up_proj", 1),
@@ -97,7 +94,8 @@ def experts_from_tensors(tensors, fmt: str, prefix: str, num_experts: int) -> Qu
         w2_weight_gs=torch.stack([gs(e, "down_proj", 2) for e in range(num_experts)]),
         w13_input_gs=torch.stack([torch.minimum(gs(e, "gate_proj", 3), gs(e, "up_proj", 3))
                                   for e in range(num_experts)]),
-        w2_input_gs=torch.stack([gs(e, "down_proj", 3) for e in range(num_experts)]))
+        w2_input_gs=torch.stack([gs(e, "down_proj", 3) for e in range(num_experts)]),
+        w3_weight_gs=torch.stack(w3_weight_gs) if split else None)
 
 
 # Per-tensor activation scale, by format: ModelOpt stores ``amax/2688``, compressed-tensors the

@@ -38,6 +38,9 @@ class QuantizedExperts:
     w2_weight_gs: torch.Tensor  # fp32 [E]
     w13_input_gs: torch.Tensor  # fp32 [E]  activation quant scale (CT sense)
     w2_input_gs: torch.Tensor  # fp32 [E]
+    # The up half's own weight global scale where the checkpoint gives it one (published GLM
+    # exports); None: gate and up share w13_weight_gs.
+    w3_weight_gs: Optional[torch.Tensor] = None  # fp32 [E]
 
     @property
     def num_experts(self) -> int:
@@ -58,7 +61,8 @@ class QuantizedExperts:
     def dequant_w13(self) -> torch.Tensor:
         """fp32 ``[E, 2I, H]`` in checkpoint ``[w1; w3]`` (gate first) order."""
         g = self.w13_weight_gs.reshape(-1, 1)
-        return torch.cat([dequantize(self.w1, self.w1_sf, g), dequantize(self.w3, self.w3_sf, g)],
+        g3 = g if self.w3_weight_gs is None else self.w3_weight_gs.reshape(-1, 1)
+        return torch.cat([dequantize(self.w1, self.w1_sf, g), dequantize(self.w3, self.w3_sf, g3)],
                          dim=1)
 
     def dequant_w2(self) -> torch.Tensor:
@@ -68,7 +72,8 @@ class QuantizedExperts:
     def experts_slice(self, start: int, stop: int) -> QuantizedExperts:
         """Experts ``[start, stop)`` -- what one EP rank holds."""
         return dataclasses.replace(
-            self, **{f.name: getattr(self, f.name)[start:stop] for f in dataclasses.fields(self)})
+            self, **{f.name: getattr(self, f.name)[start:stop] for f in dataclasses.fields(self)
+                     if getattr(self, f.name) is not None})
 
     def intermediate_slice(self, start: int, stop: int) -> QuantizedExperts:
         """Columns ``[start, stop)`` of the intermediate dim -- what one TP rank holds. Bounds
@@ -83,23 +88,29 @@ class QuantizedExperts:
 
 
 def quantize_experts(w1, w3, w2, w13_input_amax, w2_input_amax, *,
-                     convention: str = "flashinfer") -> QuantizedExperts:
+                     convention: str = "flashinfer", split_gate_up: bool = False
+                     ) -> QuantizedExperts:
     """Quantize master weights ``w1, w3 [E, I, H]``, ``w2 [E, H, I]`` the way the exporters do:
-    per-expert global scale from the joint gate/up amax, 16-blocks along the input dim."""
+    per-expert global scale from the joint gate/up amax (``split_gate_up``: gate and up each
+    from its own, as published GLM exports are), 16-blocks along the input dim."""
     e = w1.shape[0]
-    amax13 = torch.maximum(w1.float().abs().reshape(e, -1).amax(1),
-                           w3.float().abs().reshape(e, -1).amax(1))
+    amax1 = w1.float().abs().reshape(e, -1).amax(1)
+    amax3 = w3.float().abs().reshape(e, -1).amax(1)
     amax2 = w2.float().abs().reshape(e, -1).amax(1)
-    gs13, gs2 = global_scale(amax13), global_scale(amax2)
+    gs13, gs2 = global_scale(torch.maximum(amax1, amax3)), global_scale(amax2)
+    gs3 = None
+    if split_gate_up:
+        gs13, gs3 = global_scale(amax1), global_scale(amax3)
     q1, s1 = quantize(w1, gs13.reshape(-1, 1), convention=convention)
-    q3, s3 = quantize(w3, gs13.reshape(-1, 1), convention=convention)
+    q3, s3 = quantize(w3, (gs13 if gs3 is None else gs3).reshape(-1, 1), convention=convention)
     q2, s2 = quantize(w2, gs2.reshape(-1, 1), convention=convention)
     dev = w1.device
     return QuantizedExperts(
         w1=q1, w1_sf=s1, w3=q3, w3_sf=s3, w2=q2, w2_sf=s2,
         w13_weight_gs=gs13, w2_weight_gs=gs2,
         w13_input_gs=global_scale(torch.as_tensor(w13_input_amax, dtype=torch.float32)).to(dev),
-        w2_input_gs=global_scale(torch.as_tensor(w2_input_amax, dtype=torch.float32)).to(dev))
+        w2_input_gs=global_scale(torch.as_tensor(w2_input_amax, dtype=torch.float32)).to(dev),
+        w3_weight_gs=gs3)
 
 
 # Smallest calibrated activation amax per layer in random_experts (others: up to x spread).
@@ -140,18 +151,27 @@ def random_master(shape, *, gen, outliers: bool = True, std: float = 0.1,
 
 def random_experts(num_experts: int, hidden: int, intermediate: int, *, seed: int,
                    input_scale_spread: float = 4.0, device="cpu",
-                   outliers: bool = True) -> QuantizedExperts:
+                   outliers: bool = True, gate_up_split: float = 0.0) -> QuantizedExperts:
     """A random NVFP4 layer: bf16 masters ~ randn/10 (+ outlier and zero blocks), quantized with
     the flashinfer convention; per-expert input amax log-uniform with max/min ==
-    ``input_scale_spread`` exactly, drawn independently for w13 and w2."""
+    ``input_scale_spread`` exactly, drawn independently for w13 and w2. ``gate_up_split`` >= 1:
+    gate and up quantized each with its own global scale, the up masters of the experts scaled
+    by factors log-uniform in [1, gate_up_split] (the GEMM2 input amax scaled alike, as a
+    calibration of that layer would see it); 0: one joint scale (what exporters usually write)."""
     gen = torch.Generator().manual_seed(seed)
     w1 = random_master((num_experts, intermediate, hidden), gen=gen, outliers=outliers)
     w3 = random_master((num_experts, intermediate, hidden), gen=gen, outliers=outliers)
     w2 = random_master((num_experts, hidden, intermediate), gen=gen, outliers=outliers)
     a13 = _spread_amax(gen, num_experts, W13_INPUT_AMAX_BASE, input_scale_spread)
     a2 = _spread_amax(gen, num_experts, W2_INPUT_AMAX_BASE, input_scale_spread)
+    if gate_up_split:
+        up = _spread_amax(torch.Generator().manual_seed(seed + 7), num_experts, 1.0,
+                          gate_up_split)
+        w3 = (w3.float() * up.reshape(-1, 1, 1)).to(w3.dtype)
+        a2 = a2 * up
     dev = torch.device(device)
-    return quantize_experts(w1.to(dev), w3.to(dev), w2.to(dev), a13.to(dev), a2.to(dev))
+    return quantize_experts(w1.to(dev), w3.to(dev), w2.to(dev), a13.to(dev), a2.to(dev),
+                            split_gate_up=bool(gate_up_split))
 
 
 def _routes(topk_ids: torch.Tensor, e: int):

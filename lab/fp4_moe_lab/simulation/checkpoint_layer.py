@@ -61,16 +61,12 @@ def _repaired(gs: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
 
 
 def reference_experts(path: str, layer: int, ep_size: int = 1) -> QuantizedExperts:
-    """The stored experts with uncalibrated ones repaired as the plugin does: within each EP
-    rank's contiguous slice for compressed-tensors, which loads only local experts' scales."""
-    fmt, experts = stored_experts(path, layer)
-    slices = ep_size if fmt == "compressed-tensors" else 1
-
-    def repaired(gs: torch.Tensor) -> torch.Tensor:
-        return torch.cat([_repaired(part)[0] for part in gs.chunk(slices)])
-
-    return dataclasses.replace(experts, w13_input_gs=repaired(experts.w13_input_gs),
-                               w2_input_gs=repaired(experts.w2_input_gs))
+    """The stored experts with uncalibrated ones repaired as the plugin does: over the whole
+    layer in every layout (a compressed-tensors rank, which loads only its local experts'
+    scales, judges and repairs them with the EP group). ``ep_size`` changes nothing."""
+    _, experts = stored_experts(path, layer)
+    return dataclasses.replace(experts, w13_input_gs=_repaired(experts.w13_input_gs)[0],
+                               w2_input_gs=_repaired(experts.w2_input_gs)[0])
 
 
 def uncalibrated(path: str, layer: int) -> dict[str, list[int]]:

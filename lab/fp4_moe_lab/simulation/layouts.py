@@ -62,12 +62,16 @@ class Scenario:
     # sizes must match num_experts/hidden/intermediate.
     checkpoint: Optional[str] = None
     layer: int = 0
+    # >= 1: gate and up quantized each with its own weight global scale, up up to this factor
+    # larger (``random_experts``); 0: one joint scale.
+    gate_up_split: float = 0.0
 
     def _random_experts(self):
         from fp4_moe_lab.nvfp4 import random_experts
 
         return random_experts(self.num_experts, self.hidden, self.intermediate, seed=self.seed,
-                              input_scale_spread=self.input_scale_spread)
+                              input_scale_spread=self.input_scale_spread,
+                              gate_up_split=self.gate_up_split)
 
     def experts(self, ep_size: int = 1):
         """The layer the references compute with; ``ep_size``: the EP ranks a real checkpoint's

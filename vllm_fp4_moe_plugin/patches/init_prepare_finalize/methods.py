@@ -13,7 +13,14 @@ from typing import Any
 import torch
 from torch.nn import Parameter
 
-from vllm_fp4_moe_plugin import compat, consistency, layer_scales, scale_agreement
+from vllm_fp4_moe_plugin import (
+    compat,
+    consistency,
+    gate_up,
+    layer_scales,
+    scale_agreement,
+    unloaded,
+)
 from vllm_fp4_moe_plugin.log import get_logger, layer_label
 from vllm_fp4_moe_plugin.patches.init_prepare_finalize import flashinfer_cutlass
 from vllm_fp4_moe_plugin.patching import same_named_subclass
@@ -90,10 +97,11 @@ class ConsistentNvFp4MoEMixin:
         """Refuse corrupt global scales; give uncalibrated experts the calibrated max amax
         (before vLLM inverts them, and before the DP agreement could carry them)."""
         layer_scales.check_weight_scales(layer, self._fp4_moe_format)
-        if self.use_marlin:  # Marlin never reads activation scales
-            return
-        layer_scales.repair_activation_scales(layer, self._fp4_moe_format,
-                                                   _STOCK_UNCALIBRATED)
+        if not self.use_marlin:  # Marlin never reads activation scales
+            layer_scales.repair_activation_scales(layer, self._fp4_moe_format,
+                                                  _STOCK_UNCALIBRATED)
+        if not unloaded.dummy_weights(layer):  # split gate/up weight scales: GEMM2 carries them
+            gate_up.rewrite_raw(layer, self._fp4_moe_format, layer_label(layer))
 
     def process_weights_after_loading(self, layer) -> None:
         self._fp4_validate_checkpoint_scales(layer)

@@ -10,7 +10,14 @@ from __future__ import annotations
 import torch
 from torch.nn import Parameter
 
-from vllm_fp4_moe_plugin import compat, consistency, layer_scales, scale_agreement, unloaded
+from vllm_fp4_moe_plugin import (
+    compat,
+    consistency,
+    gate_up,
+    layer_scales,
+    scale_agreement,
+    unloaded,
+)
 from vllm_fp4_moe_plugin.log import get_logger, layer_label
 from vllm_fp4_moe_plugin.patching import same_named_subclass
 
@@ -48,6 +55,8 @@ class SharedGemm1ScaleForDpMixin:
                                              name=attr, activation=attr in _RAW["input"])
         if not getattr(self, "use_marlin", False):  # every path that reads activation scales
             self._fp4_repair_uncalibrated(layer)
+        if not unloaded.dummy_weights(layer):  # split gate/up weight scales: GEMM2 carries them
+            gate_up.rewrite_raw(layer, "compressed-tensors", layer_label(layer))
         super().process_weights_after_loading(layer)
         if dp:
             self._fp4_share_gemm1_scale(layer)

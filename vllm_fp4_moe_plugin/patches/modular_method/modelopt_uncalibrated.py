@@ -5,7 +5,8 @@ scales repaired before upstream's ``process_weights_after_loading``, as in every
 
 from __future__ import annotations
 
-from vllm_fp4_moe_plugin import layer_scales
+from vllm_fp4_moe_plugin import gate_up, layer_scales, unloaded
+from vllm_fp4_moe_plugin.log import layer_label
 from vllm_fp4_moe_plugin.patching import same_named_subclass
 
 _STOCK_UNCALIBRATED = ("Stock vLLM collapses the layer's activation scales to their max with the "
@@ -23,6 +24,8 @@ class RepairedModelOptMixin:
         layer_scales.check_weight_scales(layer, "modelopt")
         if not getattr(self, "use_marlin", False):
             layer_scales.repair_activation_scales(layer, "modelopt", _STOCK_UNCALIBRATED)
+        if not unloaded.dummy_weights(layer):  # split gate/up weight scales: GEMM2 carries them
+            gate_up.rewrite_raw(layer, "modelopt", layer_label(layer))
         super().process_weights_after_loading(layer)
 
 

@@ -21,7 +21,8 @@ NOTHING_NEEDED = "the oracle has none of the scale-collapsing helpers this plugi
 # Each duty of the wrapper and the finding that sees vLLM do it itself (upstream/0001, 0002); the
 # plan's words when vLLM does one (keyed by the duty left) or both.
 UPSTREAM_FIXES = {"agree": "upstream_agrees_gemm1_scale",
-                  "repair": "upstream_repairs_uncalibrated"}
+                  "repair": "upstream_repairs_uncalibrated",
+                  "carry": "upstream_carries_gate_up"}
 PARTLY = {"agree": "upstream repairs uncalibrated expert scales; " + ACTIVE,
           "repair": ("upstream agrees GEMM1's scale over the EP group; stock leaves uncalibrated "
                      "or missing expert activation scales as loaded")}
@@ -47,9 +48,16 @@ def routes_needed(findings) -> bool:
         "upstream_zeroes_non_local_routes")
 
 
+CARRY = ("vLLM reads the up half of GEMM1 with the gate's weight global scale where a "
+         "checkpoint gives each its own")
+
+
 def describe(findings, needed: bool) -> tuple[str, bool]:
     """The plan's words, and whether standing down means upstream computes right."""
-    left = [d for d, todo in duties(findings).items() if todo]
+    left = [d for d, todo in duties(findings).items() if todo and d != "carry"]
+    if needed and duties(findings)["carry"]:
+        words, _ = describe({**findings, "upstream_carries_gate_up": True}, needed)
+        return words + "; " + CARRY, False
     if needed:
         scales = SCALES_FIXED if not left else ACTIVE if len(left) == 2 else PARTLY[left[0]]
         return scales + ("; " + ROUTES if routes_needed(findings) else ""), False
@@ -71,15 +79,16 @@ PATCHES = tuple(ModulePatch(
     why=("vLLM 0.14.0+ collapses GEMM1's activation scales to the max over the experts a rank "
          "loaded, only its local ones for compressed-tensors (v0.34.0 FM/routed_experts.py:"
          "764-771): under DP+EP a sender-side dispatcher quantizes with the sender's max while "
-         "the owner's g1_alphas fold in its own, GEMM1 off by their ratio. " + what),
+         "the owner's g1_alphas fold in its own, GEMM1 off by their ratio. Every release also "
+         "reads a split checkpoint's up half with the gate's weight scale. " + what),
     how=("Wraps the helper where the oracle looks it up at call time: weight scales checked, "
-         "uncalibrated experts repaired; under DP+EP, sender-side dispatch, a global-scale backend "
-         "and no EPLB, a13_scale becomes the EP group's max (ep_agreed_gemm1_scale.py)."),
-    upstream=("Open as of vLLM 0.34.0 (#48355 agrees the scale only with --enable-eplb); "
-              "proposed as upstream/0001 and 0002 (docs/UPSTREAM.md)."),
-    remove_when=("findings 'upstream_agrees_gemm1_scale' and 'upstream_repairs_uncalibrated' "
-                 "true on every supported release (the plugin already stands down where they "
-                 "are), or 'oracle_helpers_take_layer_and_a13_scale' false."),
+         "uncalibrated experts repaired, a split gate/up factor carried by GEMM2's scales; under "
+         "DP+EP and sender-side dispatch, a13_scale becomes the EP group's max."),
+    upstream=("Open as of vLLM 0.34.0 (#48355 agrees the scale only with --enable-eplb; gate/up: "
+              "#54974 open); proposed as upstream/0001 and 0002 (docs/UPSTREAM.md)."),
+    remove_when=("findings 'upstream_agrees_gemm1_scale', 'upstream_repairs_uncalibrated' and "
+                 "'upstream_carries_gate_up' true on every supported release (the plugin stands "
+                 "down where they are), or 'oracle_helpers_take_layer_and_a13_scale' false."),
 ) for name, what in zip(vm.ORACLE_HELPERS, (
     "This helper serves FlashInfer TRT-LLM, CUTLASS (and B12X) in every release of the "
     "design, and CuteDSL in 0.14.x.",

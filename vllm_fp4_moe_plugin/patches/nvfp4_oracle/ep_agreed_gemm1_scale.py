@@ -16,7 +16,7 @@ import inspect
 
 import torch
 
-from vllm_fp4_moe_plugin import layer_scales, scale_agreement, support, unloaded
+from vllm_fp4_moe_plugin import gate_up, layer_scales, scale_agreement, support, unloaded
 from vllm_fp4_moe_plugin import vllm_modules as vm
 from vllm_fp4_moe_plugin.layer_scales import RAW_SCALES
 from vllm_fp4_moe_plugin.log import get_logger, layer_label
@@ -130,17 +130,47 @@ def agreed_a13_scale(layer, a13_scale: torch.Tensor) -> torch.Tensor:
     return torch.full_like(a13_scale, float(agreed))
 
 
-def build_agreed_prepare(original, *, agree: bool = True, repair: bool = True):
-    """The wrapper of one oracle helper (see the module docstring). ``agree`` / ``repair``:
-    the duties upstream does not do itself (``patches/nvfp4_oracle.duties``)."""
+def carried_gate_up(layer, call: dict) -> None:
+    """Where the checkpoint gives gate and up their own weight global scales and vLLM handed
+    the helper the gate's for both (checked here, per layer): each expert's factor on the up
+    half moves into GEMM2's scales (``gate_up.carry``), in ``call``'s arguments."""
+    fmt = layer_format(layer)
+    raw = getattr(layer, gate_up.RAW[fmt]["w13"], None) if fmt else None
+    if fmt is None or not isinstance(raw, torch.Tensor):
+        return
+    r = gate_up.up_factors(raw, fmt)
+    if r is None:
+        return
+    gate = raw.detach().float()[:, 0]
+    gate = 1.0 / gate if fmt == "compressed-tensors" else gate  # the dequantizing multiplier
+    used, w2 = call.get("w13_scale_2"), call.get("w2_scale_2")
+    if (used is None or w2 is None or used.shape != gate.shape
+            or not torch.allclose(used.detach().float().cpu(), gate.cpu())):
+        logger.warning("vllm-fp4-moe-plugin: %s: gate and up weight global scales differ, but "
+                       "vLLM did not hand the NVFP4 helper the gate's for both halves as this "
+                       "plugin expects; left as vLLM computes it", layer_label(layer))
+        return
+    a2, a13 = call.get("a2_scale"), call.get("a13_scale")
+    dynamic = a2 is None or (a13 is not None and bool((a13 == 1).all()))  # per-token: no a2
+    rows = None if a2 is None or dynamic else gate_up.local_rows(layer, r.numel(), a2.shape[0])
+    call["w2_scale_2"], new_a2 = gate_up.carry(r, w2, None if dynamic else a2, rows=rows)
+    if new_a2 is not None:
+        call["a2_scale"] = new_a2
+    gate_up.log_carried(layer_label(layer), r)
+
+
+def build_agreed_prepare(original, *, agree: bool = True, repair: bool = True,
+                         carry: bool = True):
+    """The wrapper of one oracle helper (see the module docstring). ``agree`` / ``repair`` /
+    ``carry``: the duties upstream does not do itself (``patches/nvfp4_oracle.duties``)."""
     sig = inspect.signature(original)
     per_backend = "backend" in sig.parameters
 
     def prepare(*args, **kwargs):
         call = sig.bind(*args, **kwargs)
         layer, a13 = call.arguments["layer"], call.arguments["a13_scale"]
+        checkpoint = not unloaded.dummy_weights(layer)  # --load-format dummy: none
         if a13 is not None:
-            checkpoint = not unloaded.dummy_weights(layer)  # --load-format dummy: none
             if checkpoint:
                 validate_checkpoint_scales(layer, a13)
             if repair and checkpoint:
@@ -152,6 +182,8 @@ def build_agreed_prepare(original, *, agree: bool = True, repair: bool = True):
             if agree and quantized_inputs_cross_ranks(layer, call.arguments.get("backend")
                                                       if per_backend else None):
                 call.arguments["a13_scale"] = agreed_a13_scale(layer, a13)
+        if carry and checkpoint:
+            carried_gate_up(layer, call.arguments)
         return original(*call.args, **call.kwargs)
 
     functools.update_wrapper(prepare, original)

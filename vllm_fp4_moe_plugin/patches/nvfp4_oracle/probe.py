@@ -8,6 +8,7 @@ import functools
 import importlib
 import inspect
 import logging
+import re
 
 from vllm_fp4_moe_plugin import vllm_modules as vm
 from vllm_fp4_moe_plugin.patching import original_attr
@@ -17,7 +18,8 @@ from vllm_fp4_moe_plugin.support import Design
 FINDINGS = ("oracle_helpers", "oracle_helpers_take_layer_and_a13_scale",
             "global_sf_backend_probe", "moe_parallel_config_all2all", "eplb_scale_allreduce",
             "upstream_agrees_gemm1_scale", "upstream_repairs_uncalibrated",
-            "cutlass_fp4_takes_expert_map", "upstream_zeroes_non_local_routes")
+            "cutlass_fp4_takes_expert_map", "upstream_zeroes_non_local_routes",
+            "upstream_carries_gate_up")
 
 
 def eplb_scale_allreduce() -> bool:
@@ -52,12 +54,35 @@ def probe_upstream_fixes() -> dict[str, bool]:
     that cannot run says not fixed: the plugin's duty is a no-op where vLLM computes right."""
     out = {}
     for fn in (upstream_agrees_gemm1_scale, upstream_repairs_uncalibrated,
-               upstream_zeroes_non_local_routes):
+               upstream_zeroes_non_local_routes, upstream_carries_gate_up):
         try:
             out[fn.__name__] = bool(fn())
         except Exception:
             out[fn.__name__] = False
     return out
+
+
+# GEMM1's weight global scale of one half taken for both: the gate's column (every release
+# 0.11.0-0.34.0, both formats; v0.34.0 Q/modelopt.py:1090-1098, CT w4a4_nvfp4.py:232-240).
+GATE_COLUMN_ONLY = re.compile(r"w13_weight_(?:global_)?scale(?:_2)?\[\s*:\s*,\s*0\s*\]")
+
+
+def upstream_carries_gate_up() -> bool:
+    """From the code: do both NVFP4 MoE quant methods stop reading GEMM1's weight global scale
+    from the gate's column alone? False while either's ``process_weights_after_loading`` takes
+    ``[:, 0]`` for both halves (stock 0.14.0-0.34.0); the wrapper also checks each layer's
+    ``w13_scale_2`` against the gate's column before carrying anything."""
+    sources = []
+    for module, names in ((vm.MODELOPT, (vm.MODELOPT_NVFP4_CLASS_NAME,)),
+                          (vm.COMPRESSED_TENSORS_MOE, vm.CT_NVFP4_CLASS_NAMES)):
+        mod = importlib.import_module(module)
+        for name in names:
+            method = getattr(getattr(mod, name, None), "process_weights_after_loading", None)
+            if method is not None:
+                sources.append(inspect.getsource(method))
+    if not sources:
+        raise RuntimeError("neither NVFP4 MoE quant method found")
+    return not any(GATE_COLUMN_ONLY.search(src) for src in sources)
 
 
 def upstream_agrees_gemm1_scale() -> bool:

@@ -77,20 +77,37 @@ def make_call(m: int, device, shape=R1) -> dict:
                 w2_blockscale=None, w2_alphas=None,
                 topk_weights=torch.rand(m, topk, generator=g).to(device),
                 topk_ids=ids.to(torch.int32).to(device), activation=None, workspace13=ws13,
-                workspace2=torch.empty(1, dtype=torch.bfloat16, device=device), m=m, n=n, k=k,
+                workspace2=torch.empty(m * topk * n, dtype=torch.bfloat16, device=device), m=m,
+                n=n, k=k,
                 e=local_n, device=torch.device(device), apply_router_weight_on_input=False,
                 expert_map=expert_map.to(device))
 
 
+def weights(device, shape=R1) -> dict:
+    """Uninitialised NVFP4 weights of one rank's experts, shaped as vLLM's asserts want them."""
+    e, n, k = shape["experts"] // shape["ep"], shape["n"], shape["k"]
+    u8, fp8, f32 = torch.uint8, torch.float8_e4m3fn, torch.float32
+    return dict(w1_fp4=torch.empty(e, 2 * n, k // 2, dtype=u8, device=device),
+                w1_blockscale=torch.empty(e, 2 * n, k // 16, dtype=fp8, device=device),
+                w1_alphas=torch.ones(e, dtype=f32, device=device),
+                a1_gscale=torch.ones(e, dtype=f32, device=device),
+                a2_gscale=torch.ones(e, dtype=f32, device=device),
+                w2_fp4=torch.empty(e, k, n // 2, dtype=u8, device=device),
+                w2_blockscale=torch.empty(e, k, n // 16, dtype=fp8, device=device),
+                w2_alphas=torch.ones(e, dtype=f32, device=device))
+
+
 def bytes_written(form: str, m: int, shape=R1) -> int:
-    """Device bytes the fix writes per call (workspace and the masked weights; bf16, fp32)."""
-    routes = m * shape["topk"]
-    weights_and_mask = routes * (4 + 1)
+    """Device bytes the fix writes per call: workspace rows (bf16), the route mask (bool), the
+    masked weights (fp32) where the form writes them, the row index."""
+    routes, k = m * shape["topk"], shape["k"]
     if form == "stock":
         return 0
     if form == "first":
-        return routes * shape["k"] * 2 + weights_and_mask
-    return shape["k"] * 2 + weights_and_mask + 8  # one row, the row index
+        return routes * k * 2 + routes * (1 + 4)
+    call = {"n": shape["n"], "k": k}  # gated: w1_n = 2n
+    weights = routes * 4 if non_local_routes.gemm1_may_write_the_row(call) else 0
+    return k * 2 + routes + weights + 8
 
 
 def _time(fn, call: dict, *, device: str, repeat: int, graph: bool) -> float:
@@ -182,7 +199,7 @@ def measure(device: str, tokens=TOKENS, *, graph: bool = False, host_stock: bool
                 row[f"{name}_added_us"] = row[f"{name}_us"] - row["stock_us"]
                 row[f"{name}_added_per_step_ms"] = row[f"{name}_added_us"] * R1["moe_layers"] / 1e3
             if stock_fn is not None and device == "cpu":
-                real = dict(call, activation=silu, a=call["a"].clone())
+                real = dict(call, activation=silu, a=call["a"].clone(), **weights(device))
                 row["stock_host_us"] = _time(stock_fn, real, device=device, repeat=repeat,
                                              graph=False)
                 row["now_host_us"] = _time(non_local_routes.build(stock_fn), real,

@@ -23,6 +23,7 @@ SERVING_MODULES = frozenset({
     "vllm_fp4_moe_plugin.consistency",
     "vllm_fp4_moe_plugin.doctor",
     "vllm_fp4_moe_plugin.envs",
+    "vllm_fp4_moe_plugin.gate_up",
     "vllm_fp4_moe_plugin.fleet",
     "vllm_fp4_moe_plugin.import_hook",
     "vllm_fp4_moe_plugin.layer_scales",
@@ -59,8 +60,9 @@ SERVING_MODULES = frozenset({
 })
 
 # The serving code stays small enough to review: physical lines of every Python file in the wheel
-# (4,992 with the scale fixes; 5,187 with vLLM CUTLASS's route fix and its probe).
-MAX_SERVING_LINES = 5500
+# (4,992 with the scale fixes; 5,187 with vLLM CUTLASS's route fix and its probe; 5,702 with the
+# gate/up carry, the uncalibrated rule's window and EP view, and dummy weights).
+MAX_SERVING_LINES = 6000
 
 
 def module_of(path: str) -> str:

@@ -33,7 +33,7 @@ def check_split_rows(rows) -> None:
         assert r.plugin_rel_err <= CARRY_BOUND * r.noise_floor, what
 
 
-@pytest.mark.parametrize("split", [1.1, 10.0])
+@pytest.mark.parametrize("split", [10.0])
 def test_split_gate_up_scales_stock_wrong_plugin_at_noise(split):
     check_split_rows(run_matrix(layouts=("single", "dp_ep_allgather"),
                                 scenario=Scenario(gate_up_split=split)))

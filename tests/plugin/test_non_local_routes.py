@@ -158,3 +158,15 @@ def test_positional_arguments_reach_the_same_call():
         torch.full((m * topk, n), float("nan"), dtype=torch.bfloat16), m, n, k, case["e"],
         torch.device("cpu"), False, case["expert_map"])
     assert torch.equal(out.float(), fixed_kw)
+
+
+def test_the_benchmark_measures_both_forms():
+    """benchmarks/route_fix.py (item 9) runs here and counts what each form writes."""
+    from benchmarks import route_fix
+
+    rows = route_fix.measure("cpu", (1, 64), repeat=1)
+    assert [r["tokens"] for r in rows] == [1, 64]
+    big = rows[1]
+    assert big["first_bytes"] == 64 * 8 * 7168 * 2 + 64 * 8 * 5
+    assert big["now_bytes"] == 7168 * 2 + 64 * 8 + 8
+    assert all(r["now_us"] > 0 and r["first_us"] > 0 for r in rows)

@@ -160,11 +160,18 @@ def test_positional_arguments_reach_the_same_call():
     assert torch.equal(out.float(), fixed_kw)
 
 
-def test_the_benchmark_measures_both_forms():
+def test_the_benchmark_measures_both_forms(tmp_path):
     """benchmarks/route_fix.py (item 9) runs here and counts what each form writes."""
-    from benchmarks import route_fix
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
 
-    rows = route_fix.measure("cpu", (1, 64), repeat=1)
+    out = tmp_path / "route_fix.json"
+    subprocess.run([sys.executable, "-m", "benchmarks.route_fix", "--tokens", "1", "64",
+                    "--repeat", "1", "--json", str(out)], check=True, capture_output=True,
+                   cwd=Path(__file__).resolve().parents[2], timeout=300)
+    rows = json.loads(out.read_text())["rows"]
     assert [r["tokens"] for r in rows] == [1, 64]
     big = rows[1]
     assert big["first_bytes"] == 64 * 8 * 7168 * 2 + 64 * 8 * 5

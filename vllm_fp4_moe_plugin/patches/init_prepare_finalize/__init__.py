@@ -32,8 +32,8 @@ PATCHES = (
              "(gsm8k 0.01 for DeepSeek-R1-0528-FP4-v2 at TP=4+EP). The TRT-LLM backend has the "
              "same flaw."),
         how=("Same-named subclass, rebound where get_quant_method looks it up (modelopt.py:823): "
-             "scales checked and repaired; per-expert scales for TP-like layouts, one EP-group "
-             "scalar for DP; bf16 passthrough prepare without DP (methods.py)."),
+             "scales checked, repaired, split gate/up carried by GEMM2 (gate_up.py); per-expert "
+             "scales TP-like, one EP-group scalar for DP; bf16 passthrough without DP."),
         upstream=("vllm-project/vllm#27223 (TP passthrough) and #26135 (global input scale for "
                   "DP), both first released in vLLM 0.11.1."),
         remove_when=_REMOVE_WHEN,

@@ -51,9 +51,9 @@ def _all2allv_needed(findings) -> bool:
 _CT_DP_WHY = ("vLLM 0.11.1 fixed ModelOpt's DP path (#26135) but not compressed-tensors': with DP "
               "dispatch its per-expert w13_input_scale_quant is still pre-quantized with element "
               "0 while g1_alphas stay per expert (v0111 CT:358-368, v0120 CT:378-393).")
-_CT_DP_HOW = ("Same-named subclass rebound where get_moe_method looks it up: uncalibrated or "
-              "missing input scales repaired; with DP + FlashInfer CUTLASS, w13_input_scale_quant "
-              "becomes the EP group's min and g1_alphas are rebuilt (compressed_tensors_dp.py).")
+_CT_DP_HOW = ("Same-named subclass rebound where get_moe_method looks it up: dead or missing "
+              "input scales repaired, split gate/up carried by GEMM2; with DP + FlashInfer "
+              "CUTLASS, one EP-group min scale, g1_alphas rebuilt (compressed_tensors_dp.py).")
 
 PATCHES = (
     *(ModulePatch(
@@ -77,8 +77,8 @@ PATCHES = (
              "every expert to the max (v0120 Q/modelopt.py:1348-1357): one such value becomes "
              "every token's scale (an all-zero or NaN layer, measured)."),
         how=("Same-named subclass rebound where ModelOptConfig.get_quant_method looks it up: "
-             "before upstream's process_weights_after_loading, weight scales checked and "
-             "uncalibrated or missing input scales repaired (modelopt_uncalibrated.py)."),
+             "before upstream's process_weights_after_loading, weight scales checked, dead or "
+             "missing input scales repaired, split gate/up carried by GEMM2 (gate_up.py)."),
         upstream=("vllm#45320 (open) would refuse such checkpoints with a ValueError; vllm#54444 "
                   "(open) likewise; none in 0.11.1-0.13.0."),
         remove_when=("the design goes (delete this folder when 0.13.0 is no longer supported), "

@@ -16,6 +16,9 @@ from fp4_moe_lab.simulation.gpus import DEFAULT_CAPABILITY, GPUS
 from vllm_fp4_moe_plugin.cli import FORMATS, CliParser, add_common_flags, int_in, run_command
 from vllm_fp4_moe_plugin.nvfp4_constants import MAX_INPUT_SCALE_SPREAD
 
+# the fixture's largest up/gate weight-scale ratio (the field's exports reach 10x)
+MAX_GATE_UP_SPLIT = 1000.0
+
 PROG = "vllm-fp4-moe-lab"
 ARCHS = ("qwen3_moe", "deepseek_v3")
 MAX_MATRIX_TOKENS = 8192  # per rank; the CPU emulator holds [tokens, E, I] intermediates
@@ -27,6 +30,18 @@ SET_HELP = ("override an integer config.json key of --arch, KEY=INT (repeatable)
             "n_shared_experts, n_group, topk_group, first_k_dense_replace, q_lora_rank, "
             "kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim. Any other integer key "
             "of the arch's config.json is accepted too; values are plain integers")
+
+
+def _gate_up_split(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or not 1.0 < value <= MAX_GATE_UP_SPLIT:
+        raise argparse.ArgumentTypeError(
+            f"{text} must be a number above 1 and at most {MAX_GATE_UP_SPLIT:g} (the largest "
+            "ratio of an up half's weight global scale to its gate's)")
+    return value
 
 
 def _spread(text: str) -> float:
@@ -89,10 +104,15 @@ def build_parser() -> argparse.ArgumentParser:
                    f"{', '.join(f'{c} {g}' for c, g in GPUS.items())} "
                    f"(default {DEFAULT_CAPABILITY}); vLLM's own checks then decide what it builds")
     m.add_argument("--seed", type=int_in(0, 2 ** 31 - 1), default=0)
-    m.add_argument("--spread", type=_spread, default=4.0,
-                   help="max/min of the per-expert input scales (default 4; 1 to 229376)")
+    m.add_argument("--spread", type=_spread, default=None,
+                   help="max/min of the per-expert input scales (default 4, 1 with "
+                   "--gate-up-split; 1 to 229376)")
     m.add_argument("--tokens", type=int_in(1, MAX_MATRIX_TOKENS), default=32,
                    help=f"tokens per rank (default 32; 1 to {MAX_MATRIX_TOKENS})")
+    m.add_argument("--gate-up-split", type=_gate_up_split, action="append", metavar="RATIO",
+                   help="instead: rows whose experts' up weights have their own global scale, "
+                   "up to RATIO x the gate's (repeatable; published GLM exports: up to 10; "
+                   "default layouts single and dp_ep_allgather)")
     m.add_argument("--uncalibrated", action="store_true",
                    help="instead: the uncalibrated-expert table (default layouts single and "
                    "dp_ep_allgather; one expert's input scale in each reported value class: 0, "

@@ -10,11 +10,16 @@ import argparse
 import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional, Sequence
 
 from fp4_moe_lab.simulation.gpus import DEFAULT_CAPABILITY, GPUS
 from vllm_fp4_moe_plugin.cli import EXIT_FINDING, EXIT_OK, FORMATS, UsageError, progress
+
+# where --gate-up-split rows run unless --layout names others: one rank, and every rank's
+# experts their own (the plugin's carry then rides each rank's GEMM2 scales)
+GATE_UP_SPLIT_LAYOUTS = ("single", "dp_ep_allgather")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,12 +76,26 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     _check_output_file(args.save_json, "--save-json")
     formats = tuple(dict.fromkeys(args.format or FORMATS))
     capabilities = list(dict.fromkeys(args.capability or [DEFAULT_CAPABILITY]))
+    if args.uncalibrated and args.gate_up_split:
+        raise UsageError("--uncalibrated and --gate-up-split are two tables; ask for one")
     if args.uncalibrated:
         if capabilities != [DEFAULT_CAPABILITY]:
             raise UsageError(f"--capability {capabilities[-1]}: the --uncalibrated table is "
                              f"simulated on {DEFAULT_CAPABILITY} only; drop one of the two")
         return _uncalibrated_table(args, args.layout, formats)
-    scenario = Scenario(seed=args.seed, input_scale_spread=args.spread, tokens=args.tokens)
+    scenario = Scenario(seed=args.seed, input_scale_spread=args.spread or 4.0,
+                        tokens=args.tokens)
+    # (label, fixture) per table: the default layer, or one per --gate-up-split ratio
+    cases = [(None, scenario)]
+    if args.gate_up_split:
+        # input scales shared (unless --spread): what stock gets wrong is the split's doing
+        split_base = replace(scenario, input_scale_spread=args.spread or 1.0)
+        cases = [(f"gate/up split {r:g}x", replace(split_base, gate_up_split=r))
+                 for r in dict.fromkeys(args.gate_up_split)]
+        # the label names the scales' worst ratio as quantized (the masters' amaxes add to it)
+        cases = [(f"{label} (worst {fixture.gate_up_worst_ratio():.3g})", fixture)
+                 for label, fixture in cases]
+        layouts = args.layout or list(GATE_UP_SPLIT_LAYOUTS)
     for capability in capabilities:
         _check_capability(capability)
     if {"auto", "vllm_cutlass"} & set(args.backend or ()):
@@ -96,14 +115,15 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
 
     rows = []
     start = time.monotonic()
-    jobs = [(c, name) for c in capabilities for name in layouts]
-    for i, (capability, name) in enumerate(jobs, 1):
+    jobs = [(c, case, name) for c in capabilities for case in cases for name in layouts]
+    for i, (capability, (label, fixture), name) in enumerate(jobs, 1):
         at = f"{name} at {capability}" if len(capabilities) > 1 else name
+        at = f"{at}, {label}" if label else at
         progress(f"matrix: [{i}/{len(jobs)}] {at} ...")
         t = time.monotonic()
         # every backend of that layout (or those asked for with --backend)
-        layout_rows = run_matrix([name], scenario, formats, backends=args.backend,
-                                 capability=capability)
+        layout_rows = [replace(r, case=label) for r in run_matrix(
+            [name], fixture, formats, backends=args.backend, capability=capability)]
         rows.extend(layout_rows)
         oks = ", ".join(f"{r.format}/{r.backend} {'ok' if r.ok else 'NOT ok'}"
                         for r in layout_rows)
@@ -129,9 +149,14 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         print(f"Fixture: E={scenario.num_experts} H={scenario.hidden} I={scenario.intermediate} "
               f"top-{scenario.top_k}, {scenario.tokens} tokens/rank, per-expert input scales "
               f"spread {scenario.input_scale_spread:g}x, seed {scenario.seed}.")
+        if args.gate_up_split:
+            print("Gate/up split: each half quantized from its own amax, the up masters up to "
+                  "the ratio x the gate's (each expert log-uniform in it); the reference "
+                  "dequantizes each half with its own global scale.")
         print("Errors are ||out - ref|| / ||ref|| against the ideal NVFP4 reference of the "
               "layout; 'noise floor' is that reference against fp32.\n")
-        print(format_table(rows, with_capability=len(capabilities) > 1))
+        print(format_table(rows, with_capability=len(capabilities) > 1,
+                           with_case=bool(args.gate_up_split)))
         for r in rows:
             for mode, err in (("stock", r.stock_error), ("plugin", r.plugin_error)):
                 if err:

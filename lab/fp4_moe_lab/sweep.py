@@ -45,6 +45,13 @@ NEED_GIB = 16  # a world: ~10 GiB installed, pip's temporary files besides
 # torchaudio's libraries), and transformers and vLLM's multimodal code import them when present
 # (an OSError vLLM does not catch). Its MoE code needs none: one that cannot import is removed.
 CUDA_ONLY_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
+# what a row measures: its key -> the ``matrix`` arguments (the layer matrix; one expert's
+# activation scale uncalibrated; gate and up with their own weight global scales, as published
+# GLM exports write them, up to 10x)
+STEPS = {"matrix": (), "uncalibrated": ("--uncalibrated",),
+         "gate_up_split": ("--gate-up-split", "1.1", "--gate-up-split", "4",
+                           "--gate-up-split", "10")}
+CHAIN = "vllm-chain"  # --chain's one world
 PROBE = """
 import json, importlib
 from vllm_fp4_moe_plugin import compat, patches, vllm_modules as vm
@@ -114,11 +121,15 @@ def _run(cmd: list, log, timeout: float, cwd: Path = ROOT, **kw) -> subprocess.C
 
 
 def _install(release: str, venv: Path, src: Path, log) -> Optional[str]:
-    """Build the world (vLLM and its requirements); the error line when it cannot be built."""
+    """Build the world (vLLM and its requirements), or move a chained one to ``release`` (pip
+    installs what differs); the error line when it cannot be built."""
     py = venv / "bin" / "python"
-    r = _run([sys.executable, "-m", "venv", venv], log, 300)
-    if r.returncode:
-        return "venv: " + r.stderr.strip()[-300:]
+    if not py.exists():
+        r = _run([sys.executable, "-m", "venv", venv], log, 300)
+        if r.returncode:
+            return "venv: " + r.stderr.strip()[-300:]
+    for marker in (".pinned", ".without-flashinfer"):  # a chained world's last release's
+        (venv / marker).unlink(missing_ok=True)
     pins = src / "constraints" / f"vllm-{release}.txt"
     # [flashinfer]: 0.11.x ships FlashInfer as an extra, which the 0.11.0-era seam runs with;
     # later releases require it (a missing extra only draws pip's warning)
@@ -216,19 +227,27 @@ def _json(r: subprocess.CompletedProcess):
     return None
 
 
-def measure(release: str, src: Path, commit: str, keep: bool = False) -> dict:
-    """One release's row (every cell measured in its own world; a world kept by ``--keep`` is
-    measured again as it is)."""
-    venv, t0 = WORLDS / f"vllm-{release}", time.monotonic()
+def measure(release: str, src: Path, commit: str, keep: bool = False,
+            steps: tuple = STEPS, chain: bool = False) -> dict:
+    """One release's row, ``steps`` of it (every cell measured in its own world; a world kept by
+    ``--keep`` is measured again as it is). ``chain``: one world for the releases in turn,
+    ``pip install vllm==X`` over the last (its requirements resolved again, anything it no
+    longer needs left behind), kept for the next."""
+    venv, t0 = WORLDS / (CHAIN if chain else f"vllm-{release}"), time.monotonic()
     row: dict = {"release": release, "date": time.strftime("%Y-%m-%d"), "commit": commit[:12],
                  "error": None}
     WORLDS.mkdir(exist_ok=True)
     log_path = WORLDS / f"vllm-{release}.log"
     with open(log_path, "w") as log:
         try:
-            if not (venv / ".built").exists():
-                shutil.rmtree(venv, ignore_errors=True)
+            built = (venv / ".built").read_text() if (venv / ".built").exists() else None
+            if built != release and not (built and not chain):
+                if not chain:
+                    shutil.rmtree(venv, ignore_errors=True)
+                elif built:
+                    row["install"] = f"chained: vllm=={release} over the {built} world"
                 row["error"] = _install(release, venv, src, log)
+                (venv / ".built").unlink(missing_ok=True)
                 if row["error"] is None:
                     (venv / ".built").write_text(release)
             row["error"] = row["error"] or _install_plugin(venv, src, log)
@@ -238,19 +257,19 @@ def measure(release: str, src: Path, commit: str, keep: bool = False) -> dict:
                 row["install"] = "vLLM's requirements less FlashInfer (its pin is not on the index)"
             row["install_s"] = round(time.monotonic() - t0)
             if row["error"] is None:
-                _measure_in(venv / "bin" / "python", row, src, log)
+                _measure_in(venv / "bin" / "python", row, src, log, steps)
         except subprocess.TimeoutExpired as exc:
             row["error"] = f"timed out: {exc.cmd[:4]}"
         finally:
             shutil.rmtree(_tmp(venv), ignore_errors=True)
-            if not keep:
+            if not keep and not chain:
                 shutil.rmtree(venv, ignore_errors=True)
     row["seconds"] = round(time.monotonic() - t0)
     row["log"] = str(log_path.relative_to(ROOT))
     return row
 
 
-def _measure_in(py: Path, row: dict, src: Path, log) -> None:
+def _measure_in(py: Path, row: dict, src: Path, log, steps: tuple = STEPS) -> None:
     probe = _json(_run([py, "-c", PROBE], log, 900, cwd=src))
     if probe is None:
         row["error"] = "the probe did not run (see the log)"
@@ -259,17 +278,13 @@ def _measure_in(py: Path, row: dict, src: Path, log) -> None:
     if probe["design"] == "nvfp4_oracle":  # the seam stands in for an absent FlashInfer only
         _run([py, "-m", "pip", "uninstall", "-y", "-q", "flashinfer-python", "flashinfer-cubin",
               "flashinfer-jit-cache"], log, 600)
-    t = time.monotonic()
-    # --debug: an internal error leaves its traceback (a rank's included) in the log
-    m = _run([py, "-m", "fp4_moe_lab.cli", "--debug", "matrix", "--json"], log, 3600, cwd=src)
-    rows = _json(m) or []
-    row["matrix_s"] = round(time.monotonic() - t)
-    row["matrix"] = summary(rows, m.returncode)
-    t = time.monotonic()
-    u = _run([py, "-m", "fp4_moe_lab.cli", "--debug", "matrix", "--uncalibrated", "--json"], log,
-             3600, cwd=src)
-    row["uncalibrated_s"] = round(time.monotonic() - t)
-    row["uncalibrated"] = summary(_json(u) or [], u.returncode)
+    for step in steps:
+        t = time.monotonic()
+        # --debug: an internal error leaves its traceback (a rank's included) in the log
+        r = _run([py, "-m", "fp4_moe_lab.cli", "--debug", "matrix", *STEPS[step], "--json"], log,
+                 3600, cwd=src)
+        row[f"{step}_s"] = round(time.monotonic() - t)
+        row[step] = summary(_json(r) or [], r.returncode)
 
 
 def summary(rows: list, exit_code: int) -> dict:
@@ -294,9 +309,11 @@ def summary(rows: list, exit_code: int) -> dict:
 def render(table: dict) -> str:
     """docs/SUPPORT.md's release table: one row per measured release."""
     lines = ["| vLLM | design | patches planned | matrix rows ok | stock holes | worst plugin "
-             "error | uncalibrated rows ok | measured | s |", "|---" * 9 + "|"]
+             "error | uncalibrated rows ok | gate/up split rows ok | measured | s |",
+             "|---" * 10 + "|"]
     for release, row in table.items():
         m, u = row.get("matrix") or {}, row.get("uncalibrated") or {}
+        g = row.get("gate_up_split") or {}
 
         def ok(part):
             n = part.get("vllm_refuses")
@@ -307,7 +324,7 @@ def render(table: dict) -> str:
         lines.append(" | ".join([
             f"| {release}", row.get("design") or "-", str(len(row.get("patches") or [])),
             ok(m), str(len(m.get("stock_holes", []))) if m else "-",
-            f"{worst:.2g}" if isinstance(worst, float) else "-", ok(u),
+            f"{worst:.2g}" if isinstance(worst, float) else "-", ok(u), ok(g),
             row["date"] + (f": {row['error']}" if row.get("error") else ""),
             f"{row['seconds']} |"]))
     return "\n".join(lines)
@@ -332,6 +349,12 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--force", action="store_true", help="measure releases already in the table")
     ap.add_argument("--keep", action="store_true", help="keep each world (disk!)")
     ap.add_argument("--table", type=Path, default=TABLE)
+    ap.add_argument("--only", action="append", choices=tuple(STEPS),
+                    help="measure only this part of each row (repeatable), kept beside the "
+                    "row's others; a release whose row has them is skipped (--force: not)")
+    ap.add_argument("--chain", action="store_true",
+                    help="one world moved from release to release (pip installs what differs: "
+                    "minutes less each; the row says so), deleted at the end unless --keep")
     ap.add_argument("--report", action="store_true",
                     help="only write the table into docs/SUPPORT.md, measure nothing")
     args = ap.parse_args(argv)
@@ -341,17 +364,25 @@ def main(argv: Optional[list] = None) -> int:
     todo = args.release or releases()
     table = load(args.table)
     src, commit = snapshot()
+    steps = tuple(dict.fromkeys(args.only or STEPS))
     for release in todo:
-        if release in table and not args.force:
-            print(f"[sweep] {release}: in the table ({table[release]['date']}), skipped")
+        have = table.get(release, {})
+        if not args.force and have and all(have.get(step) for step in steps):
+            print(f"[sweep] {release}: in the table ({have['date']}), skipped")
             continue
         if free_gib(ROOT) < NEED_GIB:
             print(f"[sweep] stopping before {release}: {free_gib(ROOT):.1f} GiB free, "
                   f"a world needs {NEED_GIB}", file=sys.stderr)
             return 3
         print(f"[sweep] {release}: building and measuring ...", flush=True)
-        row = measure(release, src, commit, keep=args.keep)
+        row = measure(release, src, commit, keep=args.keep, steps=steps, chain=args.chain)
         table = load(args.table)  # another sweep may have written meanwhile
+        if args.only and release in table:  # the row's other parts stay as measured
+            old = table[release]
+            parts = {k: row[k] for k in row if k.startswith(steps)}
+            row = {**old, **parts, "error": old.get("error") or row["error"],
+                   f"{'+'.join(steps)}_measured": {k: row.get(k) for k in
+                                                   ("date", "commit", "install", "error")}}
         table[release] = row
         ordered = dict(sorted(table.items(), key=lambda kv: tuple(map(int, kv[0].split(".")))))
         args.table.write_text(json.dumps(ordered, indent=1) + "\n")
@@ -360,6 +391,8 @@ def main(argv: Optional[list] = None) -> int:
         print(f"[sweep] {release}: {row.get('design')} {row['error'] or ''} matrix ok "
               f"{m.get('ok')} holes {len(m.get('stock_holes', []))} worst plugin "
               f"{m.get('worst_plugin_rel_err')} in {row['seconds']} s", flush=True)
+    if args.chain and not args.keep:
+        shutil.rmtree(WORLDS / CHAIN, ignore_errors=True)
     return 0
 
 

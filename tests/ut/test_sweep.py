@@ -87,3 +87,36 @@ def test_a_release_pinned_by_name_can_be_built_from_its_pins(tmp_path):
     loose.write_text("# torch only\ntorch==2.14.0\n")
     assert not sweep._pinned_by_name(loose)
     assert not sweep._pinned_by_name(tmp_path / "absent.txt")
+
+
+def test_measuring_one_part_keeps_the_rows_other_parts(tmp_path, monkeypatch):
+    """``--only gate_up_split`` adds that part to a measured row and leaves the rest as measured;
+    a row that has it is skipped the next time."""
+    table = tmp_path / "releases.json"
+    old = {"release": "0.11.0", "date": "2026-11-01", "commit": "aaa", "error": None,
+           "design": "init_prepare_finalize", "patches": ["a"], "seconds": 600,
+           "matrix": sweep.summary([_row("single")], 0),
+           "uncalibrated": sweep.summary([_row("single")], 0)}
+    table.write_text(sweep.json.dumps({"0.11.0": old}))
+    measured = []
+
+    def fake_measure(release, src, commit, keep=False, steps=(), chain=False):
+        measured.append((release, steps, chain))
+        return {"release": release, "date": "2026-12-06", "commit": commit[:12], "error": None,
+                "seconds": 90, "design": "init_prepare_finalize",
+                "gate_up_split": sweep.summary([_row("single", affected=True)], 0),
+                "gate_up_split_s": 80}
+
+    monkeypatch.setattr(sweep, "measure", fake_measure)
+    monkeypatch.setattr(sweep, "snapshot", lambda: (tmp_path, "b" * 40))
+    monkeypatch.setattr(sweep, "publish", lambda table: None)
+    args = ["--release", "0.11.0", "--only", "gate_up_split", "--chain", "--table", str(table)]
+    assert sweep.main(args) == 0
+    row = sweep.load(table)["0.11.0"]
+    assert row["matrix"] == old["matrix"] and row["uncalibrated"] == old["uncalibrated"]
+    assert row["date"] == "2026-11-01" and row["seconds"] == 600
+    assert row["gate_up_split"]["stock_holes"] and row["gate_up_split_s"] == 80
+    assert row["gate_up_split_measured"]["commit"] == "b" * 12
+    assert measured == [("0.11.0", ("gate_up_split",), True)]
+    assert "| 0.001 | yes (1) | yes (1) | 2026-11-01 |" in sweep.render(sweep.load(table))
+    assert sweep.main(args) == 0 and len(measured) == 1  # has it: skipped

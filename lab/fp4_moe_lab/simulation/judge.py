@@ -31,6 +31,11 @@ PLUGIN_BOUND = 1e-2
 FP32_FACTOR = 1.1
 # Stock counts as "affected" when it is this many times further from ideal than the bound.
 AFFECTED_FACTOR = 10.0
+# Split gate/up weight scales, carried in GEMM2's scales (gate_up.py): GEMM2's input is then
+# quantized at another global scale (a2 x r), another NVFP4 realization of the same layer, as
+# accurate against fp32. The plugin may be this fraction of the noise floor from the ideal one
+# (measured 0.002-0.05 of a ~0.16 floor: where vLLM shares one GEMM2 scale, it is max(a2 x r)).
+CARRY_BOUND = 0.5
 MODES = ("stock", "plugin")
 # How a rank records that vLLM's backend selection refused to build the layer (layouts.refusal).
 REFUSED = "vLLM refuses at load: "
@@ -60,6 +65,7 @@ class Row:
     plugin_check: list  # the load-time check's verdict per rank
     vllm_refuses: bool = False  # vLLM's backend selection refuses the layout, stock and plugin
     capability: str = DEFAULT_CAPABILITY  # the GPU the seam reported to vLLM (gpus.CAPABILITIES)
+    case: Optional[str] = None  # what the fixture plants, where not the matrix's default layer
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -78,11 +84,13 @@ def _nan_as_inf(err: float) -> float:
 def judge(fmt: str, layout: str, backend: str, ranks, references: Callable, *, scheme: str,
           release: tuple, check: Optional[Callable] = None,
           equally_accurate_ok: bool = False, modelled_hole: bool = False,
-          capability: str = DEFAULT_CAPABILITY) -> Row:
+          carried: bool = False, capability: str = DEFAULT_CAPABILITY) -> Row:
     """One row from every rank's stock and plugin outputs (``ranks``: ``layouts.RankOutput``)
     for ``fmt``. ``references(rank)`` gives that rank's (ideal, fp32) references; ``release``:
     ``(vLLM version, design)``; ``check(rank)``: the plugin's load-time verdict there;
-    ``capability``: the simulated GPU the ranks ran on, recorded in the row."""
+    ``capability``: the simulated GPU the ranks ran on, recorded in the row; ``carried``: the
+    plugin computes another NVFP4 realization (:data:`CARRY_BOUND`), ok where it is at the
+    floor and closer to the ideal one than stock."""
     errs = {m: [] for m in MODES}
     fp32_errs = {m: [] for m in MODES}
     failures: dict[str, Optional[str]] = dict.fromkeys(MODES)
@@ -105,7 +113,8 @@ def judge(fmt: str, layout: str, backend: str, ranks, references: Callable, *, s
     affected = stock >= AFFECTED_FACTOR * PLUGIN_BOUND
     identical = not any(failures.values()) and all(
         torch.equal(r.outputs[f"{fmt}/stock"], r.outputs[f"{fmt}/plugin"]) for r in ranks)
-    correct = plugin <= PLUGIN_BOUND and plugin_fp32 <= FP32_FACTOR * floor
+    bound = CARRY_BOUND * floor if carried else PLUGIN_BOUND
+    correct = plugin <= bound and plugin_fp32 <= FP32_FACTOR * floor
     info = ranks[0].info[f"{fmt}/plugin"]
     version, design = release
     # vLLM refuses this backend in this layout, with the plugin exactly as without it
@@ -113,14 +122,15 @@ def judge(fmt: str, layout: str, backend: str, ranks, references: Callable, *, s
         failures["stock"].startswith(REFUSED)
     return Row(
         format=fmt, layout=layout, backend=backend,
-        stock_rel_err=stock, plugin_rel_err=plugin, bound=PLUGIN_BOUND, noise_floor=floor,
+        stock_rel_err=stock, plugin_rel_err=plugin, bound=bound, noise_floor=floor,
         plugin_fp32_err=plugin_fp32, stock_fp32_err=max(fp32_errs["stock"]),
         stock_affected=affected and not refuses, bit_identical=identical,
         reference_scheme=scheme,
         vllm_version=version, design=design,
         stock_error=failures["stock"], plugin_error=failures["plugin"],
         ok=refuses or correct and (
-            affected or identical or (modelled_hole and stock > PLUGIN_BOUND) or (
+            affected or identical or (modelled_hole and stock > PLUGIN_BOUND)
+            or (carried and stock > plugin) or (
                 equally_accurate_ok and max(fp32_errs["stock"]) <= FP32_FACTOR * floor)),
         plugin_prepare_finalize=info["prepare_finalize"],
         plugin_a1_gscale_shape=info["a1_gscale_shape"],

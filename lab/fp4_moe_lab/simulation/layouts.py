@@ -73,6 +73,15 @@ class Scenario:
                               input_scale_spread=self.input_scale_spread,
                               gate_up_split=self.gate_up_split)
 
+    def gate_up_worst_ratio(self) -> float:
+        """The largest ratio, either way, of an expert's gate and up weight global scales as
+        quantized (each half from its own amax: the masters' own amaxes differ too)."""
+        e = self._random_experts()
+        if e.w3_weight_gs is None:
+            return 1.0
+        q = e.w13_weight_gs / e.w3_weight_gs
+        return float(torch.maximum(q, 1 / q).max())
+
     def experts(self, ep_size: int = 1):
         """The layer the references compute with; ``ep_size``: the EP ranks a real checkpoint's
         uncalibrated experts are repaired within (each rank sees only its own experts)."""

@@ -265,9 +265,11 @@ def rows_for_layout(layout_name: str, scenario: Scenario,
         modelled = reads_workspace and support.stock_hole(
             design, fmt, layout_name, picked, cutlass_reads_workspace=True) == \
             support.WRONG_ROUTES
+        carried = scenario.gate_up_split > 1 and design is not None and \
+            support.plugin_fixes_gate_up_split(design, fmt, picked)
         rows.append(judge(fmt, layout_name, label, ranks, refs_for(scheme), scheme=scheme,
                           release=(version, design), capability=capability,
-                          modelled_hole=modelled,
+                          modelled_hole=modelled, carried=carried,
                           check=lambda r, fmt=fmt: (r.info[f"{fmt}/plugin"].get("check")
                                                     or (None,))[0]))
     return rows
@@ -356,9 +358,10 @@ def _err(row: Row, error, rel_err: float) -> str:
     return "vLLM refuses" if row.vllm_refuses else "fails" if error else f"{rel_err:.3g}"
 
 
-def format_table(rows: list[Row], with_capability: bool = False) -> str:
+def format_table(rows: list[Row], with_capability: bool = False,
+                 with_case: bool = False) -> str:
     """The matrix as text; ``with_capability``: a first column naming each row's GPU (rows of
-    several ``--capability`` in one table)."""
+    several ``--capability`` in one table); ``with_case``: a column naming each row's fixture."""
     head = ("format", "layout", "backend", "stock err", "plugin err", "bound", "noise floor",
             "plugin vs fp32", "hole", "plugin == stock", "ok")
     body = [(r.format, r.layout, r.backend,
@@ -366,6 +369,9 @@ def format_table(rows: list[Row], with_capability: bool = False) -> str:
              f"{r.bound:.0e}", f"{r.noise_floor:.3g}", f"{r.plugin_fp32_err:.3g}",
              "yes" if r.stock_affected else "no", "bit-identical" if r.bit_identical else "no",
              "yes" if r.ok else "NO") for r in rows]
+    if with_case:
+        head = ("case",) + head
+        body = [(r.case or "-",) + b for r, b in zip(rows, body)]
     if with_capability:
         head = ("GPU",) + head
         body = [(r.capability,) + b for r, b in zip(rows, body)]

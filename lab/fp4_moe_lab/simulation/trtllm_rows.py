@@ -20,6 +20,7 @@ from fp4_moe_lab.simulation.trtllm_seam import (
     layer_kwargs,
     routing_bias,
 )
+from vllm_fp4_moe_plugin import support
 from vllm_fp4_moe_plugin.support import Design
 
 BACKEND = "flashinfer_trtllm"
@@ -85,8 +86,12 @@ def rows_for_layout(layout_name: str, scenario, ranks=None) -> list:
             refs[r.dp_rank] = references(scenario, r.dp_rank, layout.ep_size)
         return refs[r.dp_rank]
 
+    release = installed_release()
+    # split gate/up weight scales, carried in GEMM2's scales (judge.CARRY_BOUND)
+    carried = scenario.gate_up_split > 1 and release[1] is not None and \
+        support.plugin_fixes_gate_up_split(release[1], "modelopt", BACKEND)
     return [judge("modelopt", layout_name, BACKEND, ranks, rank_refs, scheme=SCHEME,
-                  release=installed_release())]
+                  release=release, carried=carried)]
 
 
 def applies(layout_name: str, formats, design) -> bool:

@@ -102,6 +102,59 @@ def world_tests(design, layouts: tuple):
     return rows, test_uncalibrated_expert
 
 
+# Half a layer uncalibrated (llmcompressor's values): under EP=2 one rank holds only dead experts
+MANY_DEAD = 4
+MANY_DEAD_PLANTS = (("w13", "tiny", MANY_DEAD), ("w2", "zero", MANY_DEAD))
+MANY_DEAD_LAYOUTS = ("single", "dp_ep_allgather")
+
+
+def check_many_dead_row(row: dict, design) -> None:
+    """Half the experts dead: the plugin loads every one of them, and only them, at the
+    calibrated experts' max amax (the ideal reference), never a calibrated expert at a dead
+    value (the layer would output nothing); stock is far off where the support model says so,
+    else the plugin is bit-identical to it; where the plugin does not repair
+    (the documented ModelOpt gap on 0.11.1-0.13.0) it is inert."""
+    import re
+
+    where = f"{row['format']}/{row['layout']}/{row['gemm']} {row['case']} x{row['count']}"
+    if not support.plugin_repairs_uncalibrated(design, row["format"]):
+        assert row["bit_identical"] and row["plugin_warnings"] == [], where
+        return
+    assert row["plugin_error"] is None, where
+    assert row["plugin_rel_err"] <= PLUGIN_BOUND, (where, row["plugin_rel_err"])
+    assert row["plugin_output"] == "finite", where
+    # one WARNING per rank that loads dead scales (ModelOpt: every rank loads every expert's),
+    # each naming the dead experts and no calibrated one
+    assert row["plugin_warnings"], where
+    for w in row["plugin_warnings"]:
+        assert len(re.findall(r"\b\d+ \((?:high|low)\b", w)) == row["count"], (where, w)
+    if support.stock_wrong_with_uncalibrated(design, row["format"],
+                                             [kind(row["format"], row["case"])]):
+        assert stock_wrong(row), (where, row["stock_rel_err"])
+    else:  # e.g. a GEMM2 scale vLLM collapses to the experts' max: the dead zeros drop out
+        assert row["bit_identical"], (where, row["stock_rel_err"])
+
+
+def many_dead_tests(design):
+    """(fixture, test) as :func:`world_tests`, for half a layer uncalibrated."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def many_dead_rows():
+        from fp4_moe_lab.simulation.uncalibrated import run_uncalibrated
+
+        return {(r["format"], r["layout"], r["gemm"]): r
+                for r in run_uncalibrated(MANY_DEAD_LAYOUTS, MANY_DEAD_PLANTS)}
+
+    @pytest.mark.parametrize("fmt", ["modelopt", "compressed-tensors"])
+    @pytest.mark.parametrize("layout", MANY_DEAD_LAYOUTS)
+    @pytest.mark.parametrize("gemm", [p[0] for p in MANY_DEAD_PLANTS])
+    def test_half_the_layer_uncalibrated(many_dead_rows, fmt, layout, gemm):
+        check_many_dead_row(many_dead_rows[(fmt, layout, gemm)], design)
+
+    return many_dead_rows, test_half_the_layer_uncalibrated
+
+
 def check_bad_scale_row(row: dict, kind: str, value: str) -> None:
     """One planted bad global scale at expert 3 (tests/layers/jobs.py ``bad_scales``): stock
     loads it silently; the plugin refuses a bad *weight* scale naming layer, tensor and expert,

@@ -57,7 +57,7 @@ class Scenario:
     input_scale_spread: float = 4.0
     # (gemm, case) of :mod:`.planted_scales`: one expert with an uncalibrated (or legitimately
     # large) activation scale; experts() is then the layer a correct loader computes with.
-    planted: Optional[tuple[str, str]] = None
+    planted: Optional[tuple] = None  # or (gemm, case, count): count experts planted
     # A real checkpoint's MoE layer instead of random experts (:mod:`.checkpoint_layer`); its
     # sizes must match num_experts/hidden/intermediate.
     checkpoint: Optional[str] = None

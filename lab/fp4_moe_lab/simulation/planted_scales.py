@@ -84,32 +84,49 @@ def planted_expert(experts: QuantizedExperts, gemm: str) -> int:
     return int(_input_gs(experts, gemm).float().argmin()) ^ 1
 
 
-def reference_experts(experts: QuantizedExperts, gemm: str, case: str) -> QuantizedExperts:
+def planted_experts(experts: QuantizedExperts, gemm: str, count: int = 1) -> list[int]:
+    """``count`` uncalibrated experts: one is :func:`planted_expert`; more are the EP=2 slice
+    (contiguous half) without the largest-amax expert, then on into the other half: with half
+    the layer dead, a rank under EP=2 holds only dead experts and must take the layer's value."""
+    n = experts.num_experts
+    if not 1 <= count < n:
+        raise ValueError(f"planted count {count} must leave a calibrated expert (1 to {n - 1})")
+    if count == 1:
+        return [planted_expert(experts, gemm)]
+    top = int(_input_gs(experts, gemm).float().argmin())
+    start = 0 if top >= n // 2 else n // 2
+    return [(start + i) % n for i in range(count)]
+
+
+def reference_experts(experts: QuantizedExperts, gemm: str, case: str,
+                      count: int = 1) -> QuantizedExperts:
     """The layer a correct loader computes with (module docstring)."""
     if case not in CASES:
         raise ValueError(f"planted case {case!r} must be one of {tuple(CASES)}")
+    if case == "large" and count != 1:
+        raise ValueError("the large case is one rare calibrated expert (count 1)")
     gs = _input_gs(experts, gemm).clone()
-    e = planted_expert(experts, gemm)
-    others = torch.cat([gs[:e], gs[e + 1:]])
+    dead = planted_experts(experts, gemm, count)
+    others = gs[[e for e in range(experts.num_experts) if e not in dead]]
     # gs = 2688 / amax: the calibrated max amax is the smallest gs; LARGE_FACTOR x it, / 20.
-    gs[e] = others.min() / (LARGE_FACTOR if case == "large" else 1.0)
+    gs[dead] = others.min() / (LARGE_FACTOR if case == "large" else 1.0)
     field = "w13_input_gs" if gemm == "w13" else "w2_input_gs"
     return dataclasses.replace(experts, **{field: gs})
 
 
 def overrides(experts: QuantizedExperts, fmt: str, prefix: str, gemm: str, case: str,
-              mode: str = "stock") -> dict:
-    """Checkpoint tensors that plant the stored uncalibrated value (empty for ``large``). For
-    ``missing`` the tensors are absent (value ``None``: not loaded) where the plugin runs, and
-    hold :data:`MISSING_MEMORY` where stock runs (what its parameter then holds)."""
+              count: int = 1, mode: str = "stock") -> dict:
+    """Checkpoint tensors that plant the stored uncalibrated value (empty for ``large``) in
+    ``count`` experts. For ``missing`` the tensors are absent (value ``None``: not loaded) where
+    the plugin runs, and hold :data:`MISSING_MEMORY` where stock runs (what its parameter then
+    holds)."""
     stored = CASES[case].stored(fmt)
     if stored is None:
         return {}
     if stored == MISSING:
         stored = None if mode == "plugin" else MISSING_MEMORY
     shape = (1,) if fmt == "compressed-tensors" else ()
-    e = planted_expert(experts, gemm)
     projs = GEMM1_PROJECTIONS if gemm == "w13" else ("down_proj",)
     return {input_scale_name(fmt, prefix, e, proj):
             None if stored is None else torch.full(shape, stored, dtype=torch.float32)
-            for proj in projs}
+            for e in planted_experts(experts, gemm, count) for proj in projs}

@@ -99,7 +99,8 @@ def run_uncalibrated(layouts: Optional[Iterable[str]] = None,
     ``gemm``, ``case``, ``stock_output``, ``plugin_output``, ``plugin_warnings``)."""
     base = base_scenario()
     scenarios = [replace(base, planted=plant) for plant in plants]
-    labels = [dict(gemm=gemm, case=case) for gemm, case in plants]
+    # (gemm, case) or (gemm, case, count): ``count`` experts planted (planted_scales)
+    labels = [dict(gemm=p[0], case=p[1], count=(p[2:] or (1,))[0]) for p in plants]
     return _rows(scenarios, labels, layouts or DEFAULT_LAYOUTS, formats, progress)
 
 

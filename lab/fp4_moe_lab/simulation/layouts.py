@@ -65,6 +65,9 @@ class Scenario:
     # >= 1: gate and up quantized each with its own weight global scale, up up to this factor
     # larger (``random_experts``); 0: one joint scale.
     gate_up_split: float = 0.0
+    # "dummy": built as ``--load-format dummy`` builds it, vLLM's random values and no checkpoint
+    # (only stock vs plugin can be compared: there is no reference layer)
+    load_format: str = "auto"
 
     def _random_experts(self):
         from fp4_moe_lab.nvfp4 import random_experts
@@ -324,6 +327,9 @@ def stock_and_plugin_outputs(ctx: RankContext, scenario: Scenario, formats: tupl
     dp = ctx.layout.dp
     across_dp = torch.tensor([scenario.tokens] * dp) if dp > 1 else None
     index = first_index
+    dummy = scenario.load_format == "dummy"
+    if dummy:  # what vLLM's config holds while its dummy loader builds the model
+        ctx.vllm_config.load_config.load_format = "dummy"
     try:
         for fmt in formats:
             for mode in modes:
@@ -340,7 +346,7 @@ def stock_and_plugin_outputs(ctx: RankContext, scenario: Scenario, formats: tupl
                 try:
                     built = moe_layer.build_layer(experts, fmt, top_k=scenario.top_k,
                                                   index=index, overrides=overrides or None,
-                                                  **dict(layer_kwargs or {}))
+                                                  dummy=dummy, **dict(layer_kwargs or {}))
                 except Exception as exc:  # vLLM refusing the backend here is a row; else a bug
                     result.errors[key] = refusal(exc)
                     result.info[key] = {"prepare_finalize": None, "a1_gscale_shape": None}

@@ -49,9 +49,18 @@ class BuiltLayer:
     prefix: str
 
 
+def fill_dummy(module: torch.nn.Module) -> None:
+    """What ``--load-format dummy`` loads instead of a checkpoint: vLLM's own dummy loader on
+    the module (random values in [-1e-3, 1e-3] on 0.11.0; by dtype and name on 0.34.0)."""
+    from vllm.config.load import LoadConfig
+    from vllm.model_executor.model_loader.dummy_loader import DummyModelLoader
+
+    DummyModelLoader(LoadConfig(load_format="dummy")).load_weights(module, None)
+
+
 def build_layer(experts: QuantizedExperts, fmt: str, *, top_k: int, index: int,
                 dtype: torch.dtype = torch.bfloat16, overrides: Optional[dict] = None,
-                process: bool = True, **layer_kwargs) -> BuiltLayer:
+                process: bool = True, dummy: bool = False, **layer_kwargs) -> BuiltLayer:
     """Construct a ``FusedMoE`` under the *current* vLLM config and load ``experts`` into it.
 
     Must be called inside ``set_current_vllm_config`` with distributed groups initialized; the
@@ -59,7 +68,8 @@ def build_layer(experts: QuantizedExperts, fmt: str, *, top_k: int, index: int,
     checkpoint tensors by name, or leaves one out (``None``; tests use it to plant bad or
     missing scales); ``layer_kwargs`` go to
     ``FusedMoE`` (e.g. grouped top-k); ``process=False`` stops before
-    ``process_weights_after_loading``.
+    ``process_weights_after_loading``; ``dummy``: no checkpoint, :func:`fill_dummy` (the
+    current config must name ``load_format="dummy"`` while the layer is built, as vLLM's does).
     """
     import inspect
 
@@ -72,7 +82,8 @@ def build_layer(experts: QuantizedExperts, fmt: str, *, top_k: int, index: int,
         factory = fused_moe_layer.FusedMoE
     if factory is not None:
         return _build_runner(factory, experts, fmt, top_k=top_k, index=index, dtype=dtype,
-                             overrides=overrides, process=process, **layer_kwargs)
+                             overrides=overrides, process=process, dummy=dummy,
+                             **layer_kwargs)
     FusedMoE = fused_moe_layer.FusedMoE
     mlp = MLP_PREFIX.format(index=index)
 
@@ -91,8 +102,10 @@ def build_layer(experts: QuantizedExperts, fmt: str, *, top_k: int, index: int,
     if "model" in inspect.signature(FusedMoE.make_expert_params_mapping).parameters:
         names = (layer,) + names  # v0.20.0: scans the model for LoRA's base_layer prefix
     mapping = FusedMoE.make_expert_params_mapping(*names)
-    tensors = expert_tensors(experts, fmt, f"{mlp}.experts")
+    tensors = {} if dummy else expert_tensors(experts, fmt, f"{mlp}.experts")
     _override(tensors, overrides)
+    if dummy:
+        fill_dummy(layer)
     for name, tensor in tensors.items():
         for param_name, weight_name, expert_id, shard_id in mapping:
             if weight_name not in name:
@@ -111,7 +124,7 @@ def build_layer(experts: QuantizedExperts, fmt: str, *, top_k: int, index: int,
 
 def _build_runner(factory, experts: QuantizedExperts, fmt: str, *, top_k: int, index: int,
                   dtype: torch.dtype, overrides: Optional[dict], process: bool,
-                  **layer_kwargs) -> BuiltLayer:
+                  dummy: bool = False, **layer_kwargs) -> BuiltLayer:
     """The NVFP4-oracle design (0.14.0+; read on 0.34.0): ``FusedMoEFactory`` returns a
     ``MoERunner`` holding a ``RoutedExperts`` (v0.34.0 FM/layer.py:93-475), as a model's MoE
     block builds it (models/qwen3_moe.py:203-217). Weights go through the runner's
@@ -133,9 +146,11 @@ def _build_runner(factory, experts: QuantizedExperts, fmt: str, *, top_k: int, i
         intermediate_size=experts.intermediate, params_dtype=dtype,
         renormalize=True, quant_config=make_quant_config(fmt), prefix=prefix,
         **layer_kwargs)
-    tensors = expert_tensors(experts, fmt, prefix)
+    tensors = {} if dummy else expert_tensors(experts, fmt, prefix)
     _override(tensors, overrides)
-    if hasattr(runner, "load_weights"):
+    if dummy:
+        fill_dummy(runner)
+    elif hasattr(runner, "load_weights"):
         list(runner.load_weights((name[len(prefix) + 1:], t) for name, t in tensors.items()))
     else:  # v0.24.0: the model's loader maps names itself (models/qwen3_moe.py:553-640)
         _load_through_mapping(runner, tensors, experts.num_experts, index)

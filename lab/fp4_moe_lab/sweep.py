@@ -367,7 +367,9 @@ def main(argv: Optional[list] = None) -> int:
     steps = tuple(dict.fromkeys(args.only or STEPS))
     for release in todo:
         have = table.get(release, {})
-        if not args.force and have and all(have.get(step) for step in steps):
+        # measured: present and run (a part that ran no row, e.g. a broken world, is redone)
+        if not args.force and have and all((have.get(step) or {}).get("rows")
+                                           for step in steps):
             print(f"[sweep] {release}: in the table ({have['date']}), skipped")
             continue
         if free_gib(ROOT) < NEED_GIB:

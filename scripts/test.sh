@@ -64,10 +64,10 @@ if [ "${FP4MOE_TEST_DROP_RELEASE_VENVS:-0}" = 1 ]; then rm -rf .venv-vllm-0.12.0
 tier layer-0.34.0 env VLLM_FP4_MOE_EXPECT_DESIGN=nvfp4_oracle \
   .venv-vllm-0.34.0/bin/python -m pytest tests/newest -p no:cacheprovider
 # The patched worlds (0.34.0 with upstream/'s patches, hard-linked copies): the plugin stands
-# down hole by hole; with all three patches, their vLLM-style tests and patched stock == the plugin.
+# down hole by hole; with every patch, their vLLM-style tests and patched stock == the plugin.
 patched_tier() {
   local which venv rc=0
-  for which in ep-scale uncalibrated all; do
+  for which in ep-scale uncalibrated gate-up all; do
     venv=$(./scripts/bootstrap-patched.sh $which)
     local what=tests/patched/test_patched_stand_down.py
     if [ $which = all ]; then what=tests/patched; fi

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The suite of the patched world: vLLM 0.34.0 with upstream/'s patches applied to its installed
 ``vllm/`` (scripts/bootstrap-patched.sh). It runs only when ``VLLM_FP4_MOE_PATCHED`` names the
-applied set (``ep-scale``, ``uncalibrated``, ``routes``, ``both`` or ``all``) and
+applied set (``ep-scale``, ``uncalibrated``, ``routes``, ``gate-up``, ``both`` or ``all``) and
 ``VLLM_FP4_MOE_EXPECT_DESIGN`` is ``nvfp4_oracle`` (scripts/test.sh sets both); elsewhere nothing
 here is collected.
 """
@@ -22,9 +22,11 @@ collect_ignore_glob = collect_ignore_for("nvfp4_oracle") if APPLIED else ["test_
 # (patches/nvfp4_oracle/probe.py: probe_upstream_fixes).
 _SCALES = {"upstream_agrees_gemm1_scale", "upstream_repairs_uncalibrated"}
 _ROUTES = "upstream_zeroes_non_local_routes"
+_CARRY = "upstream_carries_gate_up"
 FIXES = {"ep-scale": {"upstream_agrees_gemm1_scale"},
          "uncalibrated": {"upstream_repairs_uncalibrated"},
-         "routes": {_ROUTES}, "both": _SCALES, "all": _SCALES | {_ROUTES}}
+         "routes": {_ROUTES}, "gate-up": {_CARRY}, "both": _SCALES,
+         "all": _SCALES | {_ROUTES, _CARRY}}
 
 
 @pytest.fixture(scope="session")

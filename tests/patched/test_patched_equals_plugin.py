@@ -82,3 +82,24 @@ def test_uncalibrated_patched_stock_equals_plugin(fixed, stock_python, tmp_path)
     if "upstream_repairs_uncalibrated" not in fixed:
         pytest.fail("run this module in the world with every patch (VLLM_FP4_MOE_PATCHED=all)")
     _same_answers(_uncalibrated(sys.executable, tmp_path), _uncalibrated(stock_python, tmp_path))
+
+
+def test_gate_up_split_patched_stock_equals_plugin(fixed, stock_python):
+    """Gate and up with their own weight global scales: the patch folds the up half's ratio
+    into GEMM2's scales where vLLM reads the checkpoint, the plugin where vLLM hands them to
+    the helper; the same arithmetic but for the ratio's last bit on compressed-tensors (the
+    patch divides the reciprocals vLLM forms, the plugin the stored global scales)."""
+    if "upstream_carries_gate_up" not in fixed:
+        pytest.fail("run this module in the world with every patch (VLLM_FP4_MOE_PATCHED=all)")
+    args = ("--gate-up-split", "4", "--layout", "single", "--layout", "dp_ep_allgather")
+    patched, stock = _matrix(sys.executable, *args), _matrix(stock_python, *args)
+    assert patched.keys() == stock.keys() and stock
+    for key, s in stock.items():
+        p = patched[key]
+        assert p["stock_error"] is None and s["plugin_error"] is None, key
+        assert s["stock_affected"] and not s["bit_identical"], key  # stock 0.34.0 is wrong
+        assert p["ok"] and s["ok"], (key, p, s)
+        assert p["stock_rel_err"] == pytest.approx(s["plugin_rel_err"], rel=1e-3, abs=1e-6), key
+        assert p["bit_identical"] or p["plugin_rel_err"] == pytest.approx(
+            p["stock_rel_err"], rel=1e-3, abs=1e-6), key
+

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.multiproc
 TESTS = Path(sys.prefix) / "vllm-tests"
 # Per patch: its test file, and a test of it that stock must fail by assertion (not only by
 # lacking the new function): DP+EP ranks disagree on the scale; NaN reaches the kernel format; a
-# non-local route adds the workspace's leftovers.
+# non-local route adds the workspace's leftovers; GEMM2's scales do not carry the up half's.
 CASES = {"upstream_agrees_gemm1_scale": ("tests/kernels/moe/test_nvfp4_moe_ep_activation_scale.py",
                                          "test_dp_ep_agrees_gemm1_scale_over_the_ep_group"),
          "upstream_repairs_uncalibrated": (
@@ -23,7 +23,10 @@ CASES = {"upstream_agrees_gemm1_scale": ("tests/kernels/moe/test_nvfp4_moe_ep_ac
              "test_kernel_format_never_sees_an_uncalibrated_scale"),
          "upstream_zeroes_non_local_routes": (
              "tests/kernels/moe/test_cutlass_moe_fp4_expert_map.py",
-             "test_non_local_routes_add_nothing")}
+             "test_non_local_routes_add_nothing"),
+         "upstream_carries_gate_up": (
+             "tests/quantization/test_nvfp4_moe_gate_up_global_scales.py",
+             "test_quant_methods_hand_the_kernels_folded_scales")}
 
 
 def _pytest(python: str, path: str) -> subprocess.CompletedProcess:

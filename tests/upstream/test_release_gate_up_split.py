@@ -14,5 +14,5 @@ pytestmark = [pytest.mark.multiproc]
 
 @pytest.mark.parametrize("split", [4.0])
 def test_split_gate_up_scales_stock_wrong_plugin_at_noise(split):
-    check_split_rows(run_matrix(layouts=("single", "dp_ep_allgather"),
+    check_split_rows(run_matrix(layouts=("dp_ep_allgather",),
                                 scenario=Scenario(gate_up_split=split)))

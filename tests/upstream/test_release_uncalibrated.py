@@ -3,7 +3,7 @@
 
 DP=2+EP, where the plugin's EP agreement must not carry the value to every rank, runs on the
 newest design; the published docs/uncalibrated-vllm-*.json hold it for every release. Half the
-layer uncalibrated (one EP rank's every expert) runs single and DP=2+EP in every world.
+layer uncalibrated (one EP rank's every expert) runs at DP=2+EP in every world.
 """
 
 import pytest

@@ -85,7 +85,7 @@ PATCHES = tuple(ModulePatch(
          "uncalibrated experts repaired, a split gate/up factor carried by GEMM2's scales; under "
          "DP+EP and sender-side dispatch, a13_scale becomes the EP group's max."),
     upstream=("Open as of vLLM 0.34.0 (#48355 agrees the scale only with --enable-eplb; gate/up: "
-              "#54974 open); proposed as upstream/0001 and 0002 (docs/UPSTREAM.md)."),
+              "#54974 open); proposed as upstream/0001, 0002 and 0004 (docs/UPSTREAM.md)."),
     remove_when=("findings 'upstream_agrees_gemm1_scale', 'upstream_repairs_uncalibrated' and "
                  "'upstream_carries_gate_up' true on every supported release (the plugin stands "
                  "down where they are), or 'oracle_helpers_take_layer_and_a13_scale' false."),

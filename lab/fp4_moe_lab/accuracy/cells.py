@@ -39,6 +39,12 @@ CHECKPOINTS = {
     # value class the field reports (docs/SUPPORT.md): absent from a ModelOpt export, or NaN,
     # +inf, denormal, 0, negative in a compressed-tensors one
     "qwen3moe-add-nvfp4-modelopt-dead-missing": ("modelopt-dead-missing", "modelopt"),
+    # LABELLED split gate/up edits (accuracy/gate_up_split.py): the same model, each expert's up
+    # weight global scale 1, 2, 1/4 or 8 x the gate's, as published GLM exports store theirs;
+    # the second on the EP-skew edit (CI's slice: both holes in one checkpoint)
+    "qwen3moe-add-nvfp4-modelopt-gate-up-split": ("modelopt-gate-up-split", "modelopt"),
+    "qwen3moe-add-nvfp4-ct-all-ep-skew4-gate-up-split": ("ct-all-ep-skew4-gate-up-split",
+                                                          "compressed-tensors"),
     **{f"qwen3moe-add-nvfp4-ct-all-dead-{c}": (f"ct-all-dead-{c}", "compressed-tensors")
        for c in ("nan", "inf", "denormal", "zero", "negative")},
 }

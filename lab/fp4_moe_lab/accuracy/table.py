@@ -260,13 +260,15 @@ def hold_writer_lock(json_out: Path):
 
 def materialize_edits() -> None:
     """The labelled edits are generated, not committed (accuracy/skew.py,
-    accuracy/dead_scale.py)."""
-    from fp4_moe_lab.accuracy import dead_scale, skew
+    accuracy/dead_scale.py, accuracy/gate_up_split.py: after the skew, which it may edit)."""
+    from fp4_moe_lab.accuracy import dead_scale, gate_up_split, skew
 
     for src_name, factor in skew.OUTPUT_SHA256:
         skew.ensure(src_name, factor)
     for src_name, case in dead_scale.OUTPUT_SHA256:
         dead_scale.ensure(src_name, case)
+    for src_name in gate_up_split.OUTPUT_SHA256:
+        gate_up_split.ensure(src_name)
 
 
 def plan(rows_filter: list[str] | None, columns: tuple) -> list[tuple[str, str, str, str]]:

@@ -50,6 +50,9 @@ CHECKPOINTS = {
 }
 
 
+GATE_UP_SPLIT_SUFFIX = "-gate-up-split"  # accuracy/gate_up_split.py's output directories
+
+
 def bf16_of(ckpt_dir: str) -> str:
     """The unquantized model a checkpoint directory was made from."""
     return next(b for prefix, b in BF16_OF_PREFIX.items() if ckpt_dir.startswith(prefix))
@@ -106,7 +109,8 @@ def scales_info(ckpt_dir: str) -> dict:
     path = MODELS / "SCALES.json"
     if not path.exists():
         return {}
-    data = json.loads(path.read_text()).get(ckpt_dir)
+    # a split gate/up edit leaves every activation scale of GEMM1 as its source has it
+    data = json.loads(path.read_text()).get(ckpt_dir.removesuffix(GATE_UP_SPLIT_SUFFIX))
     if not data:
         return {}
     out = {}

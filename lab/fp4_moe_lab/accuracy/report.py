@@ -67,7 +67,8 @@ def edited(ckpt_dir: str) -> str | None:
     """The script that made a labelled edit (it writes its log next to the weights), or None for
     a quantizer's output."""
     for script, log in (("accuracy/skew.py", "skew-log.json"),
-                        ("accuracy/dead_scale.py", "dead-log.json")):
+                        ("accuracy/dead_scale.py", "dead-log.json"),
+                        ("accuracy/gate_up_split.py", "split-log.json")):
         if (MODELS / ckpt_dir / log).is_file():
             return script
     return None

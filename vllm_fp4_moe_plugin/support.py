@@ -346,9 +346,10 @@ def gate_up_split(gate: Sequence[float], up: Sequence[float]) -> dict[int, float
 
 
 # The kernels whose scales the plugin's carry reaches on the oracle design (its wrapped helpers,
-# ``patches/nvfp4_oracle``); B12X, Marlin and Humming prepare their layers elsewhere.
+# ``patches/nvfp4_oracle``; Marlin's weight-only one where the probe finds it taking the layer,
+# as in 0.32.0 and 0.34.0); B12X and Humming prepare their layers elsewhere.
 GATE_UP_CARRIED_KERNELS = ("flashinfer_cutlass", "flashinfer_trtllm", "flashinfer_cutedsl",
-                           "vllm_cutlass")
+                           "vllm_cutlass", "marlin")
 
 
 def plugin_fixes_gate_up_split(design_key: str | Design, fmt: str,

@@ -37,6 +37,10 @@ MODELOPT_NVFP4_CLASS_NAME = "ModelOptNvFp4FusedMoE"
 ORACLE_HELPERS = ("prepare_nvfp4_moe_layer_for_fi_or_cutlass",
                   "prepare_nvfp4_moe_layer_for_flashinfer_cutedsl")
 ORACLE_HELPER_PARAMS = ("layer", "a13_scale")
+# The weight-only (W4A16) helper the oracle calls where the GPU has no FP4 compute (Hopper) or
+# --moe-backend marlin: no activation scale, GEMM2's weight scale alone carries a split gate/up.
+ORACLE_MARLIN_HELPER = "prepare_nvfp4_moe_layer_for_marlin"
+ORACLE_MARLIN_HELPER_PARAMS = ("layer", "w13_scale_2", "w2_scale_2")
 
 # The tensors by which an NVFP4 MoE layer is recognised when it is built, whatever the design:
 # the first weight global scale each format's create_weights registers (ModelOpt,

@@ -4,7 +4,7 @@ scale-collapsing helper the oracle has, with two duties (the EP-agreed GEMM1 sca
 uncalibrated expert scales), each dropped where the probe sees upstream do it; and, from 0.32.0,
 one on vLLM's own CUTLASS NVFP4 MoE under EP (routes to other ranks' experts add zero). vLLM-free.
 The folder: this record, its probe (``probe.py``), the wrappers (``ep_agreed_gemm1_scale.py``,
-``non_local_routes.py``).
+``non_local_routes.py``, ``weight_only_gate_up.py``: the weight-only helper's split gate/up).
 """
 
 from __future__ import annotations
@@ -65,6 +65,12 @@ def describe(findings, needed: bool) -> tuple[str, bool]:
     return (FIXED, True) if not left else (NOTHING_NEEDED, False)
 
 
+def marlin_needed(findings) -> bool:
+    """The oracle calls the weight-only helper with the layer and GEMM2's weight scale, and
+    upstream does not carry a split gate/up itself (upstream/0004 not in)."""
+    return bool(findings.get("marlin_helper_takes_layer_and_scales")) and duties(findings)["carry"]
+
+
 def _helper_needed(name: str):
     def needed(findings) -> bool:
         """The oracle has this helper (0.20.0+ for the CuteDSL one), and upstream has not
@@ -111,5 +117,19 @@ PATCHES = tuple(ModulePatch(
     remove_when=("finding 'upstream_zeroes_non_local_routes' true on every supported release "
                  "from 0.32.0 (the plugin already stands down where it is), or "
                  "'cutlass_fp4_takes_expert_map' false."),
+), ModulePatch(
+    module=vm.NVFP4_ORACLE, attr=vm.ORACLE_MARLIN_HELPER,
+    build=f"{__name__}.weight_only_gate_up:build", needed=marlin_needed,
+    why=("Where the GPU has no FP4 compute (Hopper) or --moe-backend marlin, the oracle prepares "
+         "NVFP4 MoE layers for Marlin's weight-only kernel, outside the helpers above, with the "
+         "gate's weight global scale for both halves (v0.34.0 FM/oracle/nvfp4.py:447-465): a "
+         "split gate/up checkpoint's up half is off by the ratio there too."),
+    how=("Wraps the weight-only helper where the oracle looks it up at call time: each expert's "
+         "gate/up factor divides GEMM2's weight scale (weight_only_gate_up.py; no activation "
+         "scale: the kernel quantizes nothing)."),
+    upstream=("Open as of vLLM 0.34.0 (#54974); proposed as upstream/0004 (docs/UPSTREAM.md), "
+              "which folds before any backend's helper."),
+    remove_when=("finding 'upstream_carries_gate_up' true on every supported release, or "
+                 "'marlin_helper_takes_layer_and_scales' false."),
 ),)
 SLICE = Slice(Design.NVFP4_ORACLE, PATCHES, probe.FINDINGS, probe.observe, describe=describe)

@@ -19,7 +19,7 @@ FINDINGS = ("oracle_helpers", "oracle_helpers_take_layer_and_a13_scale",
             "global_sf_backend_probe", "moe_parallel_config_all2all", "eplb_scale_allreduce",
             "upstream_agrees_gemm1_scale", "upstream_repairs_uncalibrated",
             "cutlass_fp4_takes_expert_map", "upstream_zeroes_non_local_routes",
-            "upstream_carries_gate_up")
+            "upstream_carries_gate_up", "marlin_helper_takes_layer_and_scales")
 
 
 def eplb_scale_allreduce() -> bool:
@@ -247,6 +247,10 @@ def observe(findings: dict) -> Observation:
     fields = getattr(parallel_config, "__dataclass_fields__", {})  # all2all_backend is a field
     findings["moe_parallel_config_all2all"] = (hasattr(parallel_config, "use_all2all_kernels")
                                                and "all2all_backend" in fields)
+    marlin = getattr(oracle, vm.ORACLE_MARLIN_HELPER, None)
+    findings["marlin_helper_takes_layer_and_scales"] = callable(marlin) and all(
+        p in inspect.signature(original_attr(vm.NVFP4_ORACLE, vm.ORACLE_MARLIN_HELPER)).parameters
+        for p in vm.ORACLE_MARLIN_HELPER_PARAMS)
     findings["eplb_scale_allreduce"] = eplb_scale_allreduce()
     findings["cutlass_fp4_takes_expert_map"] = cutlass_fp4_takes_expert_map()
     findings.update(probe_upstream_fixes())  # a copy: the cache's dict stays as computed

@@ -31,7 +31,6 @@ Usage: python accuracy/dead_scale.py CASE [--src DIR] [--out DIR]
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import re
 import shutil
@@ -40,6 +39,7 @@ import sys
 from pathlib import Path
 
 from fp4_moe_lab.accuracy.experts_only import read_header
+from fp4_moe_lab.accuracy.scalar_edits import sha256
 from fp4_moe_lab.checkout import ROOT
 
 HERE = ROOT / "accuracy"  # the models live there
@@ -65,10 +65,6 @@ OUTPUT_SHA256: dict[tuple[str, str], str] = {
     ("qwen3moe-add-nvfp4-ct-all", "negative"):
         "aef590319e80135fe6f94bb5850159fb6bec21ce41b21589bbd1123ee0307d3e",
 }
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def default_out(src: Path, case: str) -> Path:

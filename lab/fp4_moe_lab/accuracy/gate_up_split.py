@@ -27,15 +27,12 @@ Usage: python accuracy/gate_up_split.py [--src DIR] [--out DIR]
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import re
-import shutil
-import struct
 import sys
 from pathlib import Path
 
-from fp4_moe_lab.accuracy.experts_only import read_header
+from fp4_moe_lab.accuracy.scalar_edits import rewrite_scalars, sha256
 from fp4_moe_lab.checkout import ROOT
 
 HERE = ROOT / "accuracy"  # the models live there
@@ -57,10 +54,6 @@ OUTPUT_SHA256: dict[str, str] = {
     "qwen3moe-add-nvfp4-ct-all-ep-skew4":
         "bf134379e4a847a485380088165d171e09754a7cb46feb8d1d3750133b5236bb",
 }
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def default_out(src: Path = SRC) -> Path:
@@ -87,31 +80,16 @@ def factor(expert: int) -> float:
 
 def split(src: Path, out: Path) -> dict:
     src = src.resolve()
-    data = bytearray((src / "model.safetensors").read_bytes())
-    header, base = read_header(src / "model.safetensors")
-    edits = []
-    for key, meta in sorted(header.items()):
+
+    def new_value(key):
         m = KEY.match(key)
-        if not m or (m[3], m[4]) not in EDIT:
-            continue
-        f = factor(int(m[2]))
-        if f == 1.0:
-            continue
-        if meta["dtype"] != "F32" or meta["shape"] not in ([1], []):
-            raise SystemExit(f"{key}: expected one F32 scalar, "
-                             f"found {meta['dtype']} {meta['shape']}")
-        begin = base + meta["data_offsets"][0]
-        (old,) = struct.unpack_from("<f", data, begin)
-        struct.pack_into("<f", data, begin, old * f ** EDIT[m[3], m[4]])
-        (new,) = struct.unpack_from("<f", data, begin)
-        edits.append({"tensor": key, "old": old, "new": new})
+        if not m or (m[3], m[4]) not in EDIT or factor(int(m[2])) == 1.0:
+            return None
+        return lambda old: old * factor(int(m[2])) ** EDIT[m[3], m[4]]
+
+    edits = rewrite_scalars(src, out, new_value)
     if not edits:
         raise SystemExit(f"{src}: no expert up/down_proj scale to edit")
-    out.mkdir(parents=True, exist_ok=True)
-    for f in sorted(src.iterdir()):
-        if f.is_file() and f.name != "model.safetensors":
-            shutil.copy2(f, out / f.name)
-    (out / "model.safetensors").write_bytes(bytes(data))
     log = {
         "label": "EDITED: each expert's up_proj scaled by f and down_proj by 1/f (the same "
                  "model), stored as a split gate/up export stores it: up's weight global scale "

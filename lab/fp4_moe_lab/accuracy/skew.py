@@ -37,15 +37,13 @@ Usage: python accuracy/skew.py FACTOR [--src DIR] [--out DIR]
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import re
-import shutil
-import struct
 import sys
 from pathlib import Path
 
 from fp4_moe_lab.accuracy.experts_only import read_header
+from fp4_moe_lab.accuracy.scalar_edits import rewrite_scalars, sha256
 from fp4_moe_lab.checkout import ROOT
 
 HERE = ROOT / "accuracy"  # the models live there
@@ -64,10 +62,6 @@ OUTPUT_SHA256 = {
     ("deepseekv3-add-nvfp4-ct-routed", 4.0):
         "e178ebd0ead2af2c3d360ff8362d7e0af7dd13939c6bf9222df248477430e9e5",
 }
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def ensure(src_name: str, factor: float) -> Path:
@@ -91,30 +85,17 @@ def default_out(factor: float, src: Path = SRC) -> Path:
 def skew(src: Path, out: Path, factor: float) -> dict:
     if not factor > 1.0:
         raise SystemExit(f"FACTOR must be > 1 (got {factor})")
-    data = bytearray((src / "model.safetensors").read_bytes())
-    header, base = read_header(src / "model.safetensors")
+    header, _ = read_header(src / "model.safetensors")
     experts = sorted({int(m[2]) for m in map(KEY.match, header) if m})
     rank1 = experts[len(experts) // 2:]  # vLLM's linear placement over 2 EP ranks
-    edits = []
-    for key, meta in sorted(header.items()):
+
+    def new_value(key):
         m = KEY.match(key)
-        if not m or int(m[2]) not in rank1:
-            continue
-        if meta["dtype"] != "F32" or meta["shape"] not in ([1], []):
-            raise SystemExit(f"{key}: expected one F32 scalar, "
-                             f"found {meta['dtype']} {meta['shape']}")
-        begin = base + meta["data_offsets"][0]
-        (old,) = struct.unpack_from("<f", data, begin)
-        struct.pack_into("<f", data, begin, old / factor)
-        (new,) = struct.unpack_from("<f", data, begin)
-        edits.append({"tensor": key, "old": old, "new": new})
+        return (lambda old: old / factor) if m and int(m[2]) in rank1 else None
+
+    edits = rewrite_scalars(src, out, new_value)
     if not edits:
         raise SystemExit(f"{src}: no gate/up input_global_scale of rank 1's experts")
-    out.mkdir(parents=True, exist_ok=True)
-    for f in sorted(src.iterdir()):
-        if f.is_file() and f.name != "model.safetensors":
-            shutil.copy2(f, out / f.name)
-    (out / "model.safetensors").write_bytes(bytes(data))
     log = {
         "label": f"EDITED: experts {rank1[0]}-{rank1[-1]}'s gate/up input_global_scale / "
                  f"{factor:g} (the EP=2 GEMM1 slice-max ratio times the factor); "

@@ -50,12 +50,7 @@ def dummy_outputs(ctx: RankContext, formats: tuple) -> list:
                                          first_index=index)
             index += 2
             r.info[f"{fmt}/log"] = list(lines)
-            if result is None:
-                result = r
-            else:
-                result.outputs.update(r.outputs)
-                result.info.update(r.info)
-                result.errors.update(r.errors)
+            result = r.merged(result)
         return result
     finally:
         logger.removeHandler(handler)

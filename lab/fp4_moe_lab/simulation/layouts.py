@@ -133,6 +133,14 @@ class RankOutput:
     info: dict[str, Any] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)  # "fmt/mode" -> why forward failed
 
+    def merged(self, other: Optional[RankOutput]) -> RankOutput:
+        """This rank's outputs with ``other``'s (another format's layers) added; None: self."""
+        if other is not None:
+            self.outputs.update(other.outputs)
+            self.info.update(other.info)
+            self.errors.update(other.errors)
+        return self
+
 
 def _free_port() -> int:
     with socket.socket() as s:

@@ -70,12 +70,7 @@ def planted_outputs(ctx: RankContext, scenarios: tuple, formats: tuple) -> list:
                                                   first_index=index)
                 index += 2
                 result.info[f"{fmt}/warnings"] = list(lines)
-                if merged is None:
-                    merged = result
-                else:
-                    merged.outputs.update(result.outputs)
-                    merged.info.update(result.info)
-                    merged.errors.update(result.errors)
+                merged = result.merged(merged)
             out.append(merged)
     finally:
         logger.removeHandler(handler)

@@ -377,6 +377,7 @@ def main(argv: Optional[list] = None) -> int:
                   f"a world needs {NEED_GIB}", file=sys.stderr)
             return 3
         print(f"[sweep] {release}: building and measuring ...", flush=True)
+        started = time.monotonic()
         row = measure(release, src, commit, keep=args.keep, steps=steps, chain=args.chain)
         table = load(args.table)  # another sweep may have written meanwhile
         if args.only and release in table:  # the row's other parts stay as measured
@@ -389,10 +390,11 @@ def main(argv: Optional[list] = None) -> int:
         ordered = dict(sorted(table.items(), key=lambda kv: tuple(map(int, kv[0].split(".")))))
         args.table.write_text(json.dumps(ordered, indent=1) + "\n")
         publish(ordered)
-        m = row.get("matrix") or {}
-        print(f"[sweep] {release}: {row.get('design')} {row['error'] or ''} matrix ok "
-              f"{m.get('ok')} holes {len(m.get('stock_holes', []))} worst plugin "
-              f"{m.get('worst_plugin_rel_err')} in {row['seconds']} s", flush=True)
+        parts = ", ".join(f"{step} ok {(row.get(step) or {}).get('ok')} "
+                          f"({(row.get(step) or {}).get('rows', 0)} rows, worst plugin "
+                          f"{(row.get(step) or {}).get('worst_plugin_rel_err')})" for step in steps)
+        print(f"[sweep] {release}: {row.get('design')} {row['error'] or ''} {parts}; "
+              f"{round(time.monotonic() - started)} s", flush=True)
     if args.chain and not args.keep:
         shutil.rmtree(WORLDS / CHAIN, ignore_errors=True)
     return 0

@@ -609,3 +609,44 @@ def test_equal_gate_up_weight_scales_are_not_reported(tmp_path, fmt):
     write_scales_only(tmp_path, fmt, {LAYER: _uniform(fmt)})
     (layer,) = audit_checkpoint(tmp_path)["layers"]
     assert layer["weight_gate_up_split"] == [] and layer["weight_gate_up_worst"] == 1.0
+
+
+def test_labelled_gate_up_split_keeps_the_model_and_audit_names_it(tmp_path):
+    """accuracy/gate_up_split.py: per split expert, up's weight global scale x f, down's / f and
+    down's activation scale x f (the same model); only those scalars change, and the audit finds
+    the split with its worst ratio (8x) in both layers, affected in every layout."""
+    from fp4_moe_lab.accuracy import gate_up_split
+    from fp4_moe_lab.accuracy.experts_only import read_header
+
+    src, out = MODELS / "qwen3moe-add-nvfp4-modelopt", tmp_path / "split"
+    log = gate_up_split.split(src, out)
+    split = [e for e in range(8) if gate_up_split.factor(e) != 1.0]
+    assert len(log["edits"]) == 2 * len(split) * 3  # layers x split experts x 3 scalars
+    a, b = (src / "model.safetensors").read_bytes(), (out / "model.safetensors").read_bytes()
+    header, base = read_header(src / "model.safetensors")
+    edited = {header[e["tensor"]]["data_offsets"][0] + base for e in log["edits"]}
+    assert len(a) == len(b) and {i - i % 4 for i in range(len(a)) if a[i] != b[i]} <= edited
+    for e in log["edits"]:  # the model is unchanged: up x f pairs with down / f
+        f = gate_up_split.factor(int(e["tensor"].split(".")[5]))
+        want = e["old"] * (f if e["tensor"].endswith(("up_proj.weight_scale_2",
+                                                      "down_proj.input_scale")) else 1 / f)
+        assert e["new"] == pytest.approx(want, rel=1e-7), e
+    report = audit_checkpoint(out, design="nvfp4_oracle")
+    assert report["summary"].startswith("AFFECTED: gate and up weight global scales differ for "
+                                        f"{2 * len(split)} expert(s) in 2 layer(s), up to 8x")
+
+
+@pytest.mark.parametrize("src_name", ["qwen3moe-add-nvfp4-modelopt",
+                                      "qwen3moe-add-nvfp4-ct-all-ep-skew4"])
+def test_labelled_gate_up_split_is_regenerated_byte_for_byte(tmp_path, src_name):
+    """Not committed either: gate_up_split.py must rewrite the bytes the table and CI's slice
+    were measured on (its source for the second is the skew edit, regenerated first)."""
+    from fp4_moe_lab.accuracy import gate_up_split, skew
+
+    src = MODELS / src_name
+    if src_name.endswith("-ep-skew4"):
+        src = tmp_path / src_name
+        skew.skew(MODELS / "qwen3moe-add-nvfp4-ct-all", src, 4.0)
+    out = tmp_path / "split"
+    gate_up_split.split(src, out)
+    assert gate_up_split.sha256(out / "model.safetensors") == gate_up_split.OUTPUT_SHA256[src_name]

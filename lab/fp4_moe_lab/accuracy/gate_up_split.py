@@ -74,6 +74,11 @@ def ensure(src_name: str) -> Path:
     return out
 
 
+def _shown(path: Path) -> str:
+    """A path as the log names it: from the repository root where it is inside."""
+    return str(path.relative_to(HERE.parent)) if path.is_relative_to(HERE.parent) else str(path)
+
+
 def factor(expert: int) -> float:
     return FACTORS[expert % len(FACTORS)]
 
@@ -94,12 +99,11 @@ def split(src: Path, out: Path) -> dict:
         "label": "EDITED: each expert's up_proj scaled by f and down_proj by 1/f (the same "
                  "model), stored as a split gate/up export stores it: up's weight global scale "
                  "f x the gate's; not a quantizer's output",
-        "source": str(src.relative_to(HERE.parent)),
+        "source": _shown(src),
         "source_sha256": sha256(src / "model.safetensors"),
         "factors_by_expert_index": list(FACTORS), "edits": edits,
         "command": "python accuracy/gate_up_split.py"
-                   + ("" if src.resolve() == SRC.resolve()
-                      else f" --src {src.relative_to(HERE.parent)}"),
+                   + ("" if src.resolve() == SRC.resolve() else f" --src {_shown(src)}"),
     }
     (out / "split-log.json").write_text(json.dumps(log, indent=1) + "\n")
     return log

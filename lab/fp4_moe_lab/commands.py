@@ -146,9 +146,10 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         print(f"NVFP4 MoE consistency matrix: real vLLM {version} code on CPU ("
               f"{design.label if design else 'a design the plugin does not know: inactive'}), "
               f"{_gpus_line(capabilities)} simulated, {_emulated(args.backend)} emulated.")
-        print(f"Fixture: E={scenario.num_experts} H={scenario.hidden} I={scenario.intermediate} "
-              f"top-{scenario.top_k}, {scenario.tokens} tokens/rank, per-expert input scales "
-              f"spread {scenario.input_scale_spread:g}x, seed {scenario.seed}.")
+        shown = cases[0][1]  # the split tables' input scales are shared unless --spread
+        print(f"Fixture: E={shown.num_experts} H={shown.hidden} I={shown.intermediate} "
+              f"top-{shown.top_k}, {shown.tokens} tokens/rank, per-expert input scales "
+              f"spread {shown.input_scale_spread:g}x, seed {shown.seed}.")
         if args.gate_up_split:
             print("Gate/up split: each half quantized from its own amax, the up masters up to "
                   "the ratio x the gate's (each expert log-uniform in it); the reference "

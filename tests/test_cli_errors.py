@@ -57,6 +57,11 @@ def test_matrix_unknown_layout_is_refused_before_spawning(capsys, tmp_path, monk
     # --moe-backend auto is a KernelConfig field of 0.20.0+, not of this design's releases
     code, _, err = run(capsys, "matrix", "--layout", "single", "--backend", "auto")
     assert_bad_input(code, err, "--backend auto", "name the backend")
+    # non-gated experts: only FlashInfer CUTLASS's Relu2 contract is emulated
+    code, _, err = run(capsys, "matrix", "--non-gated", "--backend", "flashinfer_trtllm")
+    assert_bad_input(code, err, "--non-gated", "--backend flashinfer_cutlass")
+    code, _, err = run(capsys, "matrix", "--non-gated", "--gate-up-split", "4")
+    assert_bad_input(code, err, "--non-gated", "no gate/up pair")
 
 
 # --- 2. bad checkpoints: exit 2, the file or tensor named --------------------------------

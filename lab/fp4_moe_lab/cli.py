@@ -113,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="instead: rows whose experts' up weights have their own global scale, "
                    "up to RATIO x the gate's (repeatable; published GLM exports: up to 10; "
                    "default layouts single and dp_ep_allgather)")
+    m.add_argument("--non-gated", action="store_true",
+                   help="the experts non-gated relu2 (Nemotron-H: up_proj and down_proj, "
+                   "vLLM's activation relu2_no_mul; vLLM 0.34.0's MoE factory); FlashInfer "
+                   "CUTLASS only, the TRT-LLM kernel's non-gated path is not emulated")
     m.add_argument("--uncalibrated", action="store_true",
                    help="instead: the uncalibrated-expert table (default layouts single and "
                    "dp_ep_allgather; one expert's input scale in each reported value class: 0, "

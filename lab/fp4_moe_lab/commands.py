@@ -64,6 +64,10 @@ def _gpus_line(capabilities: Sequence[str]) -> str:
     return " and ".join(f"SM{c.replace('.', '')} ({GPUS[c]})" for c in capabilities)
 
 
+# The one kernel whose non-gated (relu2) contract is emulated (nvfp4/fused_moe_emulator.py).
+NON_GATED_BACKEND = "flashinfer_cutlass"
+
+
 def _cmd_matrix(args: argparse.Namespace) -> int:
     from fp4_moe_lab.simulation.layouts import Scenario, default_layouts
 
@@ -78,13 +82,21 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     capabilities = list(dict.fromkeys(args.capability or [DEFAULT_CAPABILITY]))
     if args.uncalibrated and args.gate_up_split:
         raise UsageError("--uncalibrated and --gate-up-split are two tables; ask for one")
+    if args.non_gated and (args.uncalibrated or args.gate_up_split):
+        raise UsageError("--non-gated: non-gated experts have no gate/up pair, and their "
+                         "uncalibrated rows are not a table yet; drop one of the two")
     if args.uncalibrated:
         if capabilities != [DEFAULT_CAPABILITY]:
             raise UsageError(f"--capability {capabilities[-1]}: the --uncalibrated table is "
                              f"simulated on {DEFAULT_CAPABILITY} only; drop one of the two")
         return _uncalibrated_table(args, args.layout, formats)
+    if args.non_gated:
+        if set(args.backend or ()) - {NON_GATED_BACKEND}:
+            raise UsageError(f"--non-gated: only --backend {NON_GATED_BACKEND} is emulated for "
+                             "non-gated experts (FlashInfer 0.7.4's Relu2 path, read)")
+        args.backend = [NON_GATED_BACKEND]
     scenario = Scenario(seed=args.seed, input_scale_spread=args.spread or 4.0,
-                        tokens=args.tokens)
+                        tokens=args.tokens, gated=not args.non_gated)
     # (label, fixture) per table: the default layer, or one per --gate-up-split ratio
     cases = [(None, scenario)]
     if args.gate_up_split:

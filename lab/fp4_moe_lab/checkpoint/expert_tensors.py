@@ -30,21 +30,32 @@ def _check_format(fmt: str) -> None:
         raise ValueError(f"unknown checkpoint format {fmt!r}; expected one of {FORMATS}")
 
 
+def _gated(experts: QuantizedExperts, e: int) -> dict:
+    return {
+        "gate_proj": (experts.w1[e], experts.w1_sf[e], experts.w13_weight_gs[e],
+                      experts.w13_input_gs[e]),
+        "up_proj": (experts.w3[e], experts.w3_sf[e],
+                    (experts.w13_weight_gs if experts.w3_weight_gs is None
+                     else experts.w3_weight_gs)[e], experts.w13_input_gs[e]),
+        "down_proj": (experts.w2[e], experts.w2_sf[e], experts.w2_weight_gs[e],
+                      experts.w2_input_gs[e]),
+    }
+
+
 def expert_tensors(experts: QuantizedExperts, fmt: str, prefix: str) -> dict[str, torch.Tensor]:
     """``{checkpoint_name: tensor}`` for every expert of one layer (``prefix.3.up_proj.weight``)."""
     _check_format(fmt)
     ct = fmt == "compressed-tensors"
     out: dict[str, torch.Tensor] = {}
     for e in range(experts.num_experts):
-        per_proj = {
-            "gate_proj": (experts.w1[e], experts.w1_sf[e], experts.w13_weight_gs[e],
-                          experts.w13_input_gs[e]),
-            "up_proj": (experts.w3[e], experts.w3_sf[e],
-                        (experts.w13_weight_gs if experts.w3_weight_gs is None
-                         else experts.w3_weight_gs)[e], experts.w13_input_gs[e]),
-            "down_proj": (experts.w2[e], experts.w2_sf[e], experts.w2_weight_gs[e],
-                          experts.w2_input_gs[e]),
-        }
+        if not experts.gated:  # Nemotron-H: up_proj (vLLM's one w13 shard) and down_proj
+            per_proj = {
+                "up_proj": (experts.w1[e], experts.w1_sf[e], experts.w13_weight_gs[e],
+                            experts.w13_input_gs[e]),
+                "down_proj": (experts.w2[e], experts.w2_sf[e], experts.w2_weight_gs[e],
+                              experts.w2_input_gs[e])}
+        else:
+            per_proj = _gated(experts, e)
         for proj, (packed, sf, wgs, igs) in per_proj.items():
             base = f"{prefix}.{e}.{proj}"
             wgs = wgs.float().reshape(())

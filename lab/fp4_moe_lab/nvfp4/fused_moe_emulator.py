@@ -21,7 +21,12 @@ What the kernel does, per routed (token, k) pair whose GLOBAL expert id falls in
    ``moe_kernels.h:576``).
 3. SwiGLU: rows ``[0, I)`` are the linear (w3/up) half, ``[I, 2I)`` the gate (w1) half;
    ``silu(gate) * up`` in fp32 (fi.kern:2233-2250, ``GLUAdaptor`` 2018-2029; ``swiglu_alpha/
-   beta/limit`` select ``SwigluBiasAdaptor`` 2031-2044, fi.ops:304-324).
+   beta/limit`` select ``SwigluBiasAdaptor`` 2031-2044, fi.ops:304-324). Non-gated Relu2
+   (FlashInfer 0.7.4, read: ``activation="relu2"`` here): fc1 has ``I`` rows (the binding's
+   ``fc1_n_mult`` is 1, flashinfer_cutlass_fused_moe_binding.cu:1496-1521) and ``relu(h)^2`` is
+   applied to each GEMM1 output (``IdentityAdaptor<Relu2>``, ``doActivationKernel`` with
+   ``IsGated`` false: no gate offset, cutlass_fused_moe_kernels.cuh:2452-2560, fused_activations.h
+   ``Relu2``); alphas and the FC2 quantization are the gated path's.
 4. The fp32 activation is cast to the output dtype and FP4-quantized with
    ``fc2_act_global[e if dim()==1 else 0]`` (fi.kern:2197-2201, ``quantizePackedFPXValue``
    957-975 converts to ``GemmOutputType`` first).
@@ -120,15 +125,18 @@ def _bytes_behind_pointer(input_sf: torch.Tensor, m: int, ks: int) -> torch.Tens
         storage, raw.storage_offset(), (need,))
 
 
-def _nvfp4_operands(input, input_sf, fc1, fc2, quant_scales, e_local):
+def _nvfp4_operands(input, input_sf, fc1, fc2, quant_scales, e_local, gated=True):
     """Validate like fi.ops:914-969 and return decoded weights + scales."""
     w1 = fc1.view(torch.uint8) if fc1.dtype == torch.int64 else fc1
     w2 = fc2.view(torch.uint8) if fc2.dtype == torch.int64 else fc2
     _check(w1.dtype == torch.uint8 and w2.dtype == torch.uint8,
            f"NVFP4 weights must be int64 (or uint8) views, got {fc1.dtype}/{fc2.dtype}")
     hidden, inter = w2.shape[1], w2.shape[2] * 2
-    _check(w1.shape[1] == 2 * inter,
-           "fc1_expert_weights inter size must be 2 times fc2_expert_weights inter size.")
+    mult = 2 if gated else 1  # the binding's fc1_n_mult
+    _check(w1.shape[1] == mult * inter,
+           "fc1_expert_weights inter size must be 2 times fc2_expert_weights inter size."
+           if gated else
+           "fc1_expert_weights inter size must be equal to fc2_expert_weights inter size.")
     _check(w1.shape[2] * 2 == hidden, "fc1 K (packed) must equal hidden_size / 2")
     _check(quant_scales is not None and len(quant_scales) == 6,
            "Expecting 6 quant scales for nvfp4 quantization")
@@ -146,14 +154,14 @@ def _nvfp4_operands(input, input_sf, fc1, fc2, quant_scales, e_local):
                f"{name} size must be (num_experts_on_rank,)")
     # fi.ops:932-961: SF rows/cols padded to the SF atom (128 rows, 64 elements of K).
     _check(w1_block.dim() == 3 and tuple(w1_block.shape) == (
-        e_local, _align(inter, 64) * 2, _align(hidden, 64) // 64),
-        "fc1 weight block size must be (num_experts_on_rank, inter_size * 2, hidden_size // 4 // "
-        "block_scale_vector_size)")
+        e_local, _align(inter, 64) * mult, _align(hidden, 64) // 64),
+        f"fc1 weight block size must be (num_experts_on_rank, inter_size{' * 2' * gated}, "
+        "hidden_size // 4 // block_scale_vector_size)")
     _check(w2_block.dim() == 3 and tuple(w2_block.shape) == (
         e_local, _align(hidden, 128), _align(inter, 64) // 64),
         "fc2 weight block size must be (num_experts_on_rank, hidden_size, inter_size // 4 // "
         "block_scale_vector_size)")
-    w1_sf = unswizzle_128x4(w1_block.view(torch.uint8), 2 * inter, hidden // BLOCK_SIZE)
+    w1_sf = unswizzle_128x4(w1_block.view(torch.uint8), mult * inter, hidden // BLOCK_SIZE)
     w2_sf = unswizzle_128x4(w2_block.view(torch.uint8), hidden, inter // BLOCK_SIZE)
     w1_vals = _block_values(unpack_fp4(w1), w1_sf.view(torch.float8_e4m3fn))
     w2_vals = _block_values(unpack_fp4(w2), w2_sf.view(torch.float8_e4m3fn))
@@ -202,11 +210,16 @@ def cutlass_fused_moe(
     min_latency_mode: bool = False,
     tune_max_num_tokens: int = 8192,
     enable_pdl: Optional[bool] = None,
+    activation: str = "swiglu",
 ) -> list[torch.Tensor]:
-    """Same signature as FlashInfer 0.3.1 (fi.core:709-734). Like the real function it returns
-    a one-element LIST ``[output]`` (fi.core:653, despite its ``-> torch.Tensor`` annotation).
+    """Same signature as FlashInfer 0.3.1 (fi.core:709-734), plus ``activation`` ("swiglu", or
+    "relu2": non-gated, what FlashInfer 0.7.x's ``activation_type=Relu2`` selects). Like the real
+    function it returns a one-element LIST ``[output]`` (fi.core:653, despite its annotation).
     ``tune_max_num_tokens`` / ``enable_pdl`` are perf-only; ``tp_size/tp_rank`` only gate biases
     (fi.kern:1936-1937), which are not emulated, so weights must already be TP-sharded."""
+    if activation not in ("swiglu", "relu2"):
+        raise NotImplementedError(f"activation {activation!r} is not emulated")
+    gated = activation == "swiglu"
     if use_deepseek_fp8_block_scale:
         raise NotImplementedError(
             "DeepSeek FP8 Block Scaling is not yet implemented in CUTLASS for Blackwell.")
@@ -245,14 +258,15 @@ def cutlass_fused_moe(
     if nvfp4:
         _check(output_dtype in _HALF_TYPES, f"Invalid output type {output_dtype} for NVFP4 MoE")
         w1_vals, w2_vals, in_vals, (a1, g1, a2, g2), inter = _nvfp4_operands(
-            input, input_sf, fc1_expert_weights, fc2_expert_weights, quant_scales, e_local)
+            input, input_sf, fc1_expert_weights, fc2_expert_weights, quant_scales, e_local,
+            gated)
     else:
         _check(input.dtype in _HALF_TYPES and fc1_expert_weights.dtype == input.dtype
                and fc2_expert_weights.dtype == input.dtype and output_dtype == input.dtype,
                "Could not construct fused moe op with the requested input combination")
         _check(not quant_scales, "unquantized MoE takes no quant_scales")
         inter = fc2_expert_weights.shape[2]
-        _check(fc1_expert_weights.shape[1] == 2 * inter,
+        _check(fc1_expert_weights.shape[1] == (2 if gated else 1) * inter,
                "fc1_expert_weights inter size must be 2 times fc2_expert_weights inter size.")
 
     act_dtype = output_dtype  # GemmOutputType == OutputType for every emulated runner
@@ -275,8 +289,11 @@ def cutlass_fused_moe(
             h = _scaled_gemm(a_vals, w1_vals[e], g1[e]).to(act_dtype).float()
         else:
             h = (input[tok].float() @ fc1_expert_weights[e].float().t()).to(act_dtype).float()
-        up, gate = h[:, :inter], h[:, inter:]
-        act = _swiglu(gate, up, e, swiglu_alpha, swiglu_beta, swiglu_limit).to(act_dtype)
+        if gated:
+            up, gate = h[:, :inter], h[:, inter:]
+            act = _swiglu(gate, up, e, swiglu_alpha, swiglu_beta, swiglu_limit).to(act_dtype)
+        else:
+            act = torch.relu(h).square().to(act_dtype)
         if nvfp4:
             codes2, sf2 = quantize_codes(act, _act_scale(a2, e))
             y = _scaled_gemm(_block_values(codes2, sf2), w2_vals[e], g2[e])

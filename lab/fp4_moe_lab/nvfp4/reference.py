@@ -30,8 +30,10 @@ class QuantizedExperts:
 
     w1: torch.Tensor  # uint8 [E, I, H/2]  gate, packed
     w1_sf: torch.Tensor  # float8_e4m3fn [E, I, H/16]
-    w3: torch.Tensor  # uint8 [E, I, H/2]  up
-    w3_sf: torch.Tensor  # float8_e4m3fn [E, I, H/16]
+    # up; None for non-gated experts (Nemotron-H's relu2): w1 is then the one GEMM1 projection
+    # (the checkpoint's up_proj, which vLLM loads as its only w13 shard)
+    w3: Optional[torch.Tensor]  # uint8 [E, I, H/2]
+    w3_sf: Optional[torch.Tensor]  # float8_e4m3fn [E, I, H/16]
     w2: torch.Tensor  # uint8 [E, H, I/2]  down
     w2_sf: torch.Tensor  # float8_e4m3fn [E, H, I/16]
     w13_weight_gs: torch.Tensor  # fp32 [E]
@@ -41,6 +43,11 @@ class QuantizedExperts:
     # The up half's own weight global scale where the checkpoint gives it one (published GLM
     # exports); None: gate and up share w13_weight_gs.
     w3_weight_gs: Optional[torch.Tensor] = None  # fp32 [E]
+
+    @property
+    def gated(self) -> bool:
+        """SwiGLU experts (gate and up); False: non-gated relu2 (``relu(x @ w1.T)^2``)."""
+        return self.w3 is not None
 
     @property
     def num_experts(self) -> int:
@@ -59,8 +66,11 @@ class QuantizedExperts:
         return self.w1.device
 
     def dequant_w13(self) -> torch.Tensor:
-        """fp32 ``[E, 2I, H]`` in checkpoint ``[w1; w3]`` (gate first) order."""
+        """fp32 ``[E, 2I, H]`` in checkpoint ``[w1; w3]`` (gate first) order; ``[E, I, H]``
+        for non-gated experts."""
         g = self.w13_weight_gs.reshape(-1, 1)
+        if not self.gated:
+            return dequantize(self.w1, self.w1_sf, g)
         g3 = g if self.w3_weight_gs is None else self.w3_weight_gs.reshape(-1, 1)
         return torch.cat([dequantize(self.w1, self.w1_sf, g), dequantize(self.w3, self.w3_sf, g3)],
                          dim=1)
@@ -81,9 +91,10 @@ class QuantizedExperts:
         if start % BLOCK_SIZE or stop % BLOCK_SIZE:
             raise ValueError("TP shard bounds must be multiples of 16")
         b0, b1 = start // BLOCK_SIZE, stop // BLOCK_SIZE
+        up = {} if not self.gated else dict(w3=self.w3[:, start:stop],
+                                            w3_sf=self.w3_sf[:, start:stop])
         return dataclasses.replace(
-            self, w1=self.w1[:, start:stop], w1_sf=self.w1_sf[:, start:stop],
-            w3=self.w3[:, start:stop], w3_sf=self.w3_sf[:, start:stop],
+            self, w1=self.w1[:, start:stop], w1_sf=self.w1_sf[:, start:stop], **up,
             w2=self.w2[..., start // 2:stop // 2], w2_sf=self.w2_sf[..., b0:b1])
 
 
@@ -92,8 +103,22 @@ def quantize_experts(w1, w3, w2, w13_input_amax, w2_input_amax, *,
                      ) -> QuantizedExperts:
     """Quantize master weights ``w1, w3 [E, I, H]``, ``w2 [E, H, I]`` the way the exporters do:
     per-expert global scale from the joint gate/up amax (``split_gate_up``: gate and up each
-    from its own, as published GLM exports are), 16-blocks along the input dim."""
+    from its own, as published GLM exports are), 16-blocks along the input dim. ``w3=None``:
+    non-gated experts, ``w1`` the one GEMM1 projection."""
     e = w1.shape[0]
+    if w3 is None:
+        gs1, gs2 = global_scale(w1.float().abs().reshape(e, -1).amax(1)), \
+            global_scale(w2.float().abs().reshape(e, -1).amax(1))
+        q1, s1 = quantize(w1, gs1.reshape(-1, 1), convention=convention)
+        q2, s2 = quantize(w2, gs2.reshape(-1, 1), convention=convention)
+        dev = w1.device
+        return QuantizedExperts(
+            w1=q1, w1_sf=s1, w3=None, w3_sf=None, w2=q2, w2_sf=s2, w13_weight_gs=gs1,
+            w2_weight_gs=gs2,
+            w13_input_gs=global_scale(torch.as_tensor(w13_input_amax,
+                                                      dtype=torch.float32)).to(dev),
+            w2_input_gs=global_scale(torch.as_tensor(w2_input_amax,
+                                                     dtype=torch.float32)).to(dev))
     amax1 = w1.float().abs().reshape(e, -1).amax(1)
     amax3 = w3.float().abs().reshape(e, -1).amax(1)
     amax2 = w2.float().abs().reshape(e, -1).amax(1)
@@ -151,13 +176,15 @@ def random_master(shape, *, gen, outliers: bool = True, std: float = 0.1,
 
 def random_experts(num_experts: int, hidden: int, intermediate: int, *, seed: int,
                    input_scale_spread: float = 4.0, device="cpu",
-                   outliers: bool = True, gate_up_split: float = 0.0) -> QuantizedExperts:
+                   outliers: bool = True, gate_up_split: float = 0.0,
+                   gated: bool = True) -> QuantizedExperts:
     """A random NVFP4 layer: bf16 masters ~ randn/10 (+ outlier and zero blocks), quantized with
     the flashinfer convention; per-expert input amax log-uniform with max/min ==
     ``input_scale_spread`` exactly, drawn independently for w13 and w2. ``gate_up_split`` >= 1:
     gate and up quantized each with its own global scale, the up masters of the experts scaled
     by factors log-uniform in [1, gate_up_split] (the GEMM2 input amax scaled alike, as a
-    calibration of that layer would see it); 0: one joint scale (what exporters usually write)."""
+    calibration of that layer would see it); 0: one joint scale (what exporters usually write).
+    ``gated=False``: non-gated relu2 experts (w1 only; the same draws otherwise, w3's unused)."""
     gen = torch.Generator().manual_seed(seed)
     w1 = random_master((num_experts, intermediate, hidden), gen=gen, outliers=outliers)
     w3 = random_master((num_experts, intermediate, hidden), gen=gen, outliers=outliers)
@@ -170,6 +197,10 @@ def random_experts(num_experts: int, hidden: int, intermediate: int, *, seed: in
         w3 = (w3.float() * up.reshape(-1, 1, 1)).to(w3.dtype)
         a2 = a2 * up
     dev = torch.device(device)
+    if not gated:
+        if gate_up_split:
+            raise ValueError("non-gated experts have no gate/up pair to split")
+        return quantize_experts(w1.to(dev), None, w2.to(dev), a13.to(dev), a2.to(dev))
     return quantize_experts(w1.to(dev), w3.to(dev), w2.to(dev), a13.to(dev), a2.to(dev),
                             split_gate_up=bool(gate_up_split))
 
@@ -196,8 +227,11 @@ def _moe_loop(x, experts, topk_weights, topk_ids, act_in, act_mid, round_to):
         if tok.numel() == 0:
             continue
         h = round_to(act_in(x[tok].float(), e) @ w13[e].t())
-        gate, up = h[:, :inter], h[:, inter:]
-        a = round_to(torch.nn.functional.silu(gate) * up)
+        if experts.gated:
+            gate, up = h[:, :inter], h[:, inter:]
+            a = round_to(torch.nn.functional.silu(gate) * up)
+        else:
+            a = round_to(torch.relu(h).square())
         y = round_to(act_mid(a, e) @ w2[e].t())
         out.index_add_(0, tok, topk_weights[tok, kk].float().unsqueeze(1) * y)
     return out

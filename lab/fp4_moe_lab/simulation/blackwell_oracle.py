@@ -27,6 +27,12 @@ vLLM 0.34.0 symbol replaced                            why it has to be replaced
                                                        answers as on that GPU (platforms/
                                                        interface.py:541-598 read only this);
                                                        ``is_cuda()`` stays False everywhere else
+``fused_moe.config.current_platform``                 ``FusedMoEConfig`` refuses non-gated experts
+                                                       (``is_act_and_mul=False``) off CUDA, XPU
+                                                       and ROCm (FM/config.py:1456-1461): the
+                                                       module sees a platform that answers
+                                                       ``is_cuda_alike()`` as the GPU would, the
+                                                       rest delegated to the real one
 ``FlashInferExperts._supports_current_device``        capability probe (:134-146): keeps its
                                                        family checks (9.0, 10.x, 12.x) and the
                                                        FlashInfer check, drops ``is_cuda()``
@@ -329,6 +335,20 @@ def _probes_0_14(p: _Patcher) -> None:
               _fi_fp4_cutlass_moe_available_0_14, only_if_present=True)
 
 
+class _CudaAlike:
+    """The platform as ``FusedMoEConfig``'s non-gated check sees it on a GPU: CUDA-alike; every
+    other attribute is the real platform's."""
+
+    def __init__(self, real):
+        self._real = real
+
+    def is_cuda_alike(self) -> bool:
+        return True
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
 def _reported_capability(major: int, minor: int):
     """What ``get_device_capability`` answers: NVML's compute capability of GPU 0 on a real
     machine (v0.34.0 platforms/cuda.py:803-813), here the simulated GPU's."""
@@ -421,6 +441,8 @@ def simulated_blackwell(*, backend: str = "throughput", kernel: str = "emulator"
         p.set_cls(platform_cls, "get_device_capability", _reported_capability(major, minor))
         p.set_cls(platform_cls, "get_device_communicator_cls",
                   classmethod(lambda cls: communicator))
+        p.set(f"{_FM}.config", "current_platform", _CudaAlike(current_platform),
+              only_if_present=True)
         fx = experts_module()
         if hasattr(fx.FlashInferExperts, "_supports_current_device"):  # e.g. 0.34.0
             p.set_cls(fx.FlashInferExperts, "_supports_current_device",

@@ -68,13 +68,15 @@ class Scenario:
     # "dummy": built as ``--load-format dummy`` builds it, vLLM's random values and no checkpoint
     # (only stock vs plugin can be compared: there is no reference layer)
     load_format: str = "auto"
+    # False: non-gated relu2 experts (Nemotron-H), built as its model file builds them
+    gated: bool = True
 
     def _random_experts(self):
         from fp4_moe_lab.nvfp4 import random_experts
 
         return random_experts(self.num_experts, self.hidden, self.intermediate, seed=self.seed,
                               input_scale_spread=self.input_scale_spread,
-                              gate_up_split=self.gate_up_split)
+                              gate_up_split=self.gate_up_split, gated=self.gated)
 
     def gate_up_worst_ratio(self) -> float:
         """The largest ratio, either way, of an expert's gate and up weight global scales as

@@ -141,6 +141,12 @@ def _build_runner(factory, experts: QuantizedExperts, fmt: str, *, top_k: int, i
     layer_kwargs.setdefault("custom_routing_function", cpu_topk_softmax_routing)
     if "reduce_results" in inspect.signature(factory).parameters:  # v0.24.0's always reduces
         layer_kwargs.setdefault("reduce_results", True)  # (FM/runner/moe_runner.py:451)
+    if not experts.gated:  # Nemotron-H's experts (v0.34.0 models/nemotron_h.py:229-254)
+        if "ckpt_names" not in inspect.signature(factory).parameters:
+            raise NotImplementedError("this vLLM's MoE factory takes no ckpt_names: non-gated "
+                                      "experts are built on 0.34.0's only")
+        layer_kwargs.setdefault("activation", "relu2_no_mul")
+        layer_kwargs.setdefault("ckpt_names", ("up_proj", "down_proj", None))
     runner = factory(
         num_experts=experts.num_experts, top_k=top_k, hidden_size=experts.hidden,
         intermediate_size=experts.intermediate, params_dtype=dtype,

@@ -31,25 +31,36 @@ class ActivationType(enum.IntEnum):
     InvalidType = 11
 
 
+# vLLM's MoEActivation name -> FlashInfer's type, for the activations the emulator covers
+# (v0.34.0 Q/utils/flashinfer_utils.py:39-70: SILU -> Swiglu, RELU2_NO_MUL -> Relu2)
+_EMULATED = {"SILU": ActivationType.Swiglu, "RELU2_NO_MUL": ActivationType.Relu2}
+_KERNEL_ACTIVATION = {ActivationType.Swiglu: "swiglu", ActivationType.Relu2: "relu2"}
+
+
 def activation_to_flashinfer_type(activation) -> ActivationType:
-    """v0.34.0 Q/utils/flashinfer_utils.py:39-70 for the one activation the emulator covers."""
-    if getattr(activation, "name", None) != "SILU":
-        raise NotImplementedError(f"emulator covers SiLU (SwiGLU) only, not {activation!r}")
-    return ActivationType.Swiglu
+    """v0.34.0 Q/utils/flashinfer_utils.py:39-70 for the activations the emulator covers."""
+    kind = _EMULATED.get(getattr(activation, "name", None))
+    if kind is None:
+        raise NotImplementedError(f"emulator covers SiLU (SwiGLU) and non-gated relu2 only, "
+                                  f"not {activation!r}")
+    return kind
 
 
 def fi_cutlass_fused_moe(*, activation_type=ActivationType.Swiglu,
                           swizzled_input_sf: bool = True, use_packed_weights: bool = False,
                           use_wfp4afp8_humming: bool = False, **kwargs):
     """FlashInfer 0.7.3 ``cutlass_fused_moe`` (fi 0.6.18 flashinfer/fused_moe/core.py:1180-1217)
-    for NVFP4 + SwiGLU, on the emulator. Anything the emulator does not model is refused."""
-    if activation_type != ActivationType.Swiglu:
-        raise NotImplementedError(f"emulator covers SwiGLU only, not {activation_type!r}")
+    for NVFP4 with SwiGLU or non-gated Relu2, on the emulator (or the reference loop). Anything
+    the emulator does not model is refused."""
+    if activation_type not in _KERNEL_ACTIVATION:
+        raise NotImplementedError(f"emulator covers SwiGLU and Relu2 only, not "
+                                  f"{activation_type!r}")
     if not swizzled_input_sf or use_packed_weights or use_wfp4afp8_humming:
         raise NotImplementedError("linear input SF, packed weights and the Humming path are "
                                   "not emulated")
     kwargs.pop("use_fused_finalize", None)  # a kernel-fusion choice; the result is the same
-    return _KERNEL["cutlass"](**kwargs)
+    return _KERNEL["cutlass"](activation=_KERNEL_ACTIVATION[ActivationType(activation_type)],
+                              **kwargs)
 
 
 # What ``fi_cutlass_fused_moe`` runs: the emulator, or (``simulated_blackwell(kernel=

@@ -126,7 +126,9 @@ def overrides(experts: QuantizedExperts, fmt: str, prefix: str, gemm: str, case:
     if stored == MISSING:
         stored = None if mode == "plugin" else MISSING_MEMORY
     shape = (1,) if fmt == "compressed-tensors" else ()
-    projs = GEMM1_PROJECTIONS if gemm == "w13" else ("down_proj",)
+    # non-gated experts' one GEMM1 projection is their up_proj (expert_tensors)
+    gemm1 = GEMM1_PROJECTIONS if experts.gated else ("up_proj",)
+    projs = gemm1 if gemm == "w13" else ("down_proj",)
     return {input_scale_name(fmt, prefix, e, proj):
             None if stored is None else torch.full(shape, stored, dtype=torch.float32)
             for e in planted_experts(experts, gemm, count) for proj in projs}

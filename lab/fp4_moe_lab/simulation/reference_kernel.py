@@ -50,15 +50,18 @@ def experts_from_kernel_args(fc1, fc2, quant_scales) -> QuantizedExperts:
     a1_gs, w1_sf, g1_alpha, a2_gs, w2_sf, g2_alpha = quant_scales
     w13 = fc1.view(torch.uint8)
     w2 = fc2.view(torch.uint8)
-    e, two_i, h_half = w13.shape
-    inter, hidden = two_i // 2, w2.shape[1]
-    sf13 = unswizzle_128x4(w1_sf.view(torch.float8_e4m3fn), two_i, hidden // 16)
+    e, rows, h_half = w13.shape
+    inter, hidden = w2.shape[2] * 2, w2.shape[1]
+    sf13 = unswizzle_128x4(w1_sf.view(torch.float8_e4m3fn), rows, hidden // 16)
     sf2 = unswizzle_128x4(w2_sf.view(torch.float8_e4m3fn), hidden, inter // 16)
     a1 = _per_expert(a1_gs, e)
     a2 = _per_expert(a2_gs, e)
+    gated = rows == 2 * inter  # else non-gated: fc1 is the one GEMM1 projection
+    halves = (dict(w1=w13[:, inter:], w1_sf=sf13[:, inter:], w3=w13[:, :inter],
+                   w3_sf=sf13[:, :inter]) if gated
+              else dict(w1=w13, w1_sf=sf13, w3=None, w3_sf=None))
     return QuantizedExperts(
-        w1=w13[:, inter:], w1_sf=sf13[:, inter:], w3=w13[:, :inter], w3_sf=sf13[:, :inter],
-        w2=w2, w2_sf=sf2,
+        **halves, w2=w2, w2_sf=sf2,
         w13_weight_gs=1.0 / (g1_alpha.float() * a1), w2_weight_gs=1.0 / (g2_alpha.float() * a2),
         w13_input_gs=a1, w2_input_gs=a2)
 

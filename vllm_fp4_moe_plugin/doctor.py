@@ -269,6 +269,7 @@ def reasons(report: dict) -> list:
     out += uncalibrated_reasons(report)
     out += gate_up_reasons(report)
     out += non_gated_reasons(report)
+    out += router_on_input_reasons(report)
     if report["verdict"] == FINE:
         return out
     if not report["checkpoint"]:
@@ -324,6 +325,28 @@ def non_gated_reasons(report: dict) -> list[str]:
             "(vLLM #52308, open; not a scale the plugin repairs): serve with "
             "--moe-backend flashinfer_cutlass (before vLLM 0.20.0: "
             "VLLM_FLASHINFER_MOE_BACKEND=throughput)"]
+
+
+# Kernels whose experts class hands the router weights to the kernel's output although vLLM's
+# prepare step already scaled the input by them (v0.34.0 FM/experts/flashinfer_cutlass_moe.py:
+# 375, vllm#43694 for its own CUTLASS): measured in the lab on vLLM 0.34.0 (docs/SUPPORT.md).
+ROUTER_ON_INPUT_TWICE = ("flashinfer_cutlass", "vllm_cutlass")
+
+
+def router_on_input_reasons(report: dict) -> list[str]:
+    """Llama-4 (top-1, the router weight applied to the input) on a kernel that applies it a
+    second time on the output: not a scale this plugin repairs."""
+    ckpt = report.get("checkpoint")
+    design = (report.get("probes") or {}).get("design")
+    if not ckpt or design is not Design.NVFP4_ORACLE or \
+            report["layout"]["kernel"] not in ROUTER_ON_INPUT_TWICE or \
+            not any(a.startswith("Llama4") for a in ckpt.get("architectures", [])):
+        return []
+    return [f"Llama-4 applies the router weight to the MoE input; on {report['layout']['kernel']} "
+            "this vLLM also applies it to each expert's output, so every routed output is "
+            "weighted twice (measured on vLLM 0.34.0 in this project's simulation; vllm#43694; "
+            "not a scale the plugin repairs): FlashInfer TRT-LLM (SM100's default) takes the "
+            "weight itself"]
 
 
 def uncalibrated_reasons(report: dict) -> list[str]:
@@ -386,8 +409,8 @@ def _verdict(report: dict) -> int:
         return AT_RISK  # vLLM would not serve this model on this GPU
     if gate_up_reasons(report):
         return AT_RISK  # every layout: the up half read with the gate's global scale
-    if non_gated_reasons(report):
-        return AT_RISK  # a kernel reported wrong for these experts
+    if non_gated_reasons(report) or router_on_input_reasons(report):
+        return AT_RISK  # a kernel reported or measured wrong for this model
     if not report["layers"]:
         return CANNOT_TELL
     states = [r["plugin_consistent"] if report["plugin"]["would_be_active"]

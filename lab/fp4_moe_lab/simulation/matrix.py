@@ -131,12 +131,20 @@ def _oracle_reference_scheme(fmt: str, layout) -> str:
     sender quantizes before dispatch (naive_dp_ep.py:26-54, flashinfer_nvlink_two_sided.py:
     150-173, flashinfer_nvlink_one_sided.py:126-147): there a correct layer needs one GEMM1
     scale on every rank, the max over ALL experts (what ModelOpt has, and what the plugin's
-    EP-group MAX all-reduce gives)."""
-    if fmt == "modelopt" or layout.ep_size == 1:
+    EP-group MAX all-reduce gives). Where compressed-tensors too loads every expert's input
+    scales (upstream/0001 applied: the plugin's probe reads it), it collapses as ModelOpt does."""
+    if fmt == "modelopt" or layout.ep_size == 1 or _ct_loads_every_experts_input_scales():
         return "shared_gemm1_gemm2"
     if layout.dispatches_quantized:
         return "shared_gemm1_rank_gemm2"
     return "rank_gemm1_gemm2"
+
+
+def _ct_loads_every_experts_input_scales() -> bool:
+    from vllm_fp4_moe_plugin.patches.nvfp4_oracle import probe
+
+    return probe.probe_upstream_fixes()["upstream_agrees_gemm1_scale"] and \
+        probe.ct_loads_every_experts_input_scales()
 
 
 def reference_scheme(design: Optional[Design], fmt: str, layout,

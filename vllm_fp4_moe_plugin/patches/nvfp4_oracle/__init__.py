@@ -24,15 +24,15 @@ UPSTREAM_FIXES = {"agree": "upstream_agrees_gemm1_scale",
                   "repair": "upstream_repairs_uncalibrated",
                   "carry": "upstream_carries_gate_up"}
 PARTLY = {"agree": "upstream repairs uncalibrated expert scales; " + ACTIVE,
-          "repair": ("upstream agrees GEMM1's scale over the EP group; stock leaves uncalibrated "
+          "repair": ("upstream gives every EP rank the same GEMM1 scale; stock leaves uncalibrated "
                      "or missing expert activation scales as loaded")}
-FIXED = ("upstream already computes right: it agrees the GEMM1 activation scale over the EP "
-         "group and repairs uncalibrated expert activation scales itself")
+FIXED = ("upstream already computes right: it gives every EP rank the same GEMM1 activation "
+         "scale and repairs uncalibrated expert activation scales itself")
 
 
 ROUTES = ("vLLM's own CUTLASS NVFP4 MoE under EP reads an unzeroed workspace row for routes to "
           "other ranks' experts")
-SCALES_FIXED = ("upstream agrees GEMM1's scale over the EP group and repairs uncalibrated expert "
+SCALES_FIXED = ("upstream gives every EP rank the same GEMM1 scale and repairs uncalibrated expert "
                 "scales")
 
 
@@ -91,7 +91,8 @@ PATCHES = tuple(ModulePatch(
          "uncalibrated experts repaired, a split gate/up factor carried by GEMM2's scales; under "
          "DP+EP and sender-side dispatch, a13_scale becomes the EP group's max."),
     upstream=("Open as of vLLM 0.34.0 (#48355 agrees the scale only with --enable-eplb; gate/up: "
-              "#54974 open); proposed as upstream/0001, 0002 and 0004 (docs/UPSTREAM.md)."),
+              "#54974 open); proposed as upstream/0001 (compressed-tensors loads every expert's "
+              "input scales, as ModelOpt does since #26135), 0002 and 0004 (docs/UPSTREAM.md)."),
     remove_when=("findings 'upstream_agrees_gemm1_scale', 'upstream_repairs_uncalibrated' and "
                  "'upstream_carries_gate_up' true on every supported release (the plugin stands "
                  "down where they are), or 'oracle_helpers_take_layer_and_a13_scale' false."),
@@ -111,9 +112,10 @@ PATCHES = tuple(ModulePatch(
     how=("Wraps run_cutlass_moe_fp4 where CutlassExpertsFp4.apply looks it up at call time: "
          "with an expert map, zeroes the one workspace13 row non-local routes read (no sync) "
          "and gives them weight 0 (non_local_routes.py; cost: benchmarks/route_fix.py)."),
-    upstream=("Open as of vLLM 0.34.0; proposed as upstream/0003 (docs/UPSTREAM.md): zero GEMM2's "
-              "output under an expert map, as vLLM's FP8 path did for the same contract "
-              "(#20167)."),
+    upstream=("Open as of vLLM 0.34.0; proposed as upstream/0003 (docs/UPSTREAM.md): zero the "
+              "row of GEMM2's output non-local routes read, under an expert map, in the NVFP4 "
+              "and MXFP4 functions (vLLM's FP8 path zeroed its whole output for the same "
+              "contract, #20167)."),
     remove_when=("finding 'upstream_zeroes_non_local_routes' true on every supported release "
                  "from 0.32.0 (the plugin already stands down where it is), or "
                  "'cutlass_fp4_takes_expert_map' false."),

@@ -86,6 +86,27 @@ def upstream_carries_gate_up() -> bool:
 
 
 def upstream_agrees_gemm1_scale() -> bool:
+    """Do all EP ranks collapse compressed-tensors' GEMM1 scale to the same value at DP+EP
+    without EPLB? Either way upstream/0001 has been written: every expert's input scales loaded
+    on every rank (:func:`ct_loads_every_experts_input_scales`, its current form), or the
+    oracle's FlashInfer helper asking ``amax_for_moe_activation_quant`` to reduce over the EP
+    group (:func:`helper_reduces_gemm1_scale`, its first). False on stock 0.14.0-0.34.0."""
+    return ct_loads_every_experts_input_scales() or helper_reduces_gemm1_scale()
+
+
+def ct_loads_every_experts_input_scales() -> bool:
+    """Read from the source (vLLM may still be importing these modules): does
+    compressed-tensors' NVFP4 MoE size its input global scales by ``global_num_experts`` (as
+    ModelOpt's since #26135), and does RoutedExperts' loader route ``input_global_scale`` by the
+    global expert id? Stock 0.14.0-0.34.0: neither (CT w4a4_nvfp4.py:189-208,
+    FM/routed_experts.py:764-771)."""
+    return (_function_names(vm.QUANTIZATION, vm.CT_NVFP4_MOE_FILE, "create_weights",
+                            "global_num_experts", vm.CT_NVFP4_CLASS_NAMES)
+            and _function_names(vm.FUSED_MOE, vm.ROUTED_EXPERTS_FILE, "weight_loader",
+                                "input_global_scale"))
+
+
+def helper_reduces_gemm1_scale() -> bool:
     """Behavioural: at DP+EP without EPLB, does the oracle's FlashInfer helper ask
     ``amax_for_moe_activation_quant`` to reduce GEMM1's collapsed scale (3.0 here; GEMM2's is
     5.0) over the EP group? False before 0.28.0 (no such helper) and on stock 0.28.0-0.34.0."""
@@ -127,24 +148,28 @@ def upstream_repairs_uncalibrated() -> bool:
         quiet.disabled = was
     return (all(isinstance(seen.get(k), torch.Tensor) and bool(torch.isfinite(seen[k]).all())
                 for k in ("a13_scale", "a2_scale"))
-            and _initialises_nan("modelopt.py", ("ModelOptNvFp4FusedMoE",))
-            and _initialises_nan(vm.CT_NVFP4_MOE_FILE, vm.CT_NVFP4_CLASS_NAMES))
+            and _function_names(vm.QUANTIZATION, "modelopt.py", "create_weights", "nan",
+                                ("ModelOptNvFp4FusedMoE",))
+            and _function_names(vm.QUANTIZATION, vm.CT_NVFP4_MOE_FILE, "create_weights", "nan",
+                                vm.CT_NVFP4_CLASS_NAMES))
 
 
-def _initialises_nan(path: str, cls_names) -> bool:
-    """Does ``create_weights`` of one of ``cls_names``, in the quantization package's file
-    ``path``, name NaN? Read from the source: vLLM may still be importing that module."""
+def _function_names(package: str, path: str, function: str, word: str, cls_names=None) -> bool:
+    """Does ``function`` (a method of one of ``cls_names``, or any function of that name) in
+    ``package``'s file ``path`` name ``word`` (an attribute, a name or a string)? Read from the
+    source: vLLM may still be importing that module."""
     import ast
     import os
 
-    root = importlib.import_module(vm.QUANTIZATION).__path__[0]
+    root = importlib.import_module(package).__path__[0]
     with open(os.path.join(root, path), encoding="utf-8") as f:
         tree = ast.parse(f.read())
-    return any(isinstance(fn, ast.FunctionDef) and fn.name == "create_weights"
-               and any("nan" in (getattr(n, "attr", None), getattr(n, "id", None),
-                                 getattr(n, "value", None)) for n in ast.walk(fn))
-               for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name in cls_names
-               for fn in c.body)
+    owners = [c for c in ast.walk(tree) if isinstance(c, ast.ClassDef)
+              and (cls_names is None or c.name in cls_names)]
+    return any(isinstance(fn, ast.FunctionDef) and fn.name == function
+               and any(word in (getattr(n, "attr", None), getattr(n, "id", None),
+                                getattr(n, "value", None)) for n in ast.walk(fn))
+               for c in owners for fn in c.body)
 
 
 def cutlass_fp4_takes_expert_map() -> bool:

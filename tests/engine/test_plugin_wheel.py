@@ -28,11 +28,17 @@ def test_source_hash_covers_the_package_and_its_metadata():
                 or ".egg-info" in n]
 
 
-@pytest.mark.parametrize("world", sorted(server.WORLDS))
+# The worlds scripts/test.sh builds before this tier. The patched engine world
+# (``0.32.0-patched``) is built on demand by scripts/bootstrap-patched.sh, and its wheel checked
+# by ``server.start`` each time it serves.
+BUILT_FOR_THE_TIER = ("0.11.0", "0.32.0")
+
+
+@pytest.mark.parametrize("world", BUILT_FOR_THE_TIER)
 def test_built_world_imports_the_current_wheel(world):
     venv = server.REPO_ROOT / server.WORLDS[world]
-    if server.world_python(world) is None:
-        pytest.skip(f"{venv} not built")
+    assert server.world_python(world) is not None, \
+        f"{venv} not built: ./scripts/bootstrap-engine.sh {world}"
     # Reference check: the stamp bootstrap-engine.sh wrote names the wheel it installed.
     stamp = json.loads((venv / plugin_wheel.STAMP).read_text())
     assert stamp["wheel"].endswith(".whl") and stamp["lab_wheel"].endswith(".whl")

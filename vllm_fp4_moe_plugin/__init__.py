@@ -13,10 +13,10 @@ import contextlib
 import importlib
 import os
 
+# What register() imports, the switch on or off: these three and nothing else of the plugin
+# (tests/ut/test_import_budget.py); the rest comes in import hooks' callbacks and on-paths.
 from vllm_fp4_moe_plugin import envs, import_hook  # cheap, vLLM-free
 from vllm_fp4_moe_plugin import vllm_modules as vm  # vLLM-free
-from vllm_fp4_moe_plugin.log import get_logger
-from vllm_fp4_moe_plugin.param_watch import ParamWatch  # cheap: torch's hook, installed lazily
 
 __version__ = "0.1.0"
 
@@ -25,6 +25,12 @@ __version__ = "0.1.0"
 _state: str | None = None
 _reason: str = ""
 _design = None  # support.Design the probe saw when the switch is on (None: unknown / not yet)
+
+
+def get_logger():
+    from vllm_fp4_moe_plugin.log import get_logger as plugin_logger
+
+    return plugin_logger()
 
 
 class PluginInactiveError(RuntimeError):
@@ -50,10 +56,9 @@ def register() -> None:
                 "environment overrides it (for Ray: where `ray start` ran), so it computes as "
                 "stock vLLM. Unset the variable there or set it to 1 (docs/DEPLOYING.md).",
                 "VLLM_FP4_MOE_PLUGIN unset" if switch is None else f"VLLM_FP4_MOE_PLUGIN={switch}")
-        if "VLLM_FP4_MOE_PLUGIN" not in os.environ:  # unset: watch (read-only) and warn once
-            from vllm_fp4_moe_plugin import off_warning
-
-            off_warning.install()
+        if "VLLM_FP4_MOE_PLUGIN" not in os.environ:  # unset: watch (read-only) and warn once,
+            # from when vLLM can build an NVFP4 MoE layer
+            import_hook.run_after_first_import(vm.TRIGGER_MODULES, _install_off_warning)
         _join_fleet()  # off too: a rank that runs the fix must know it is next to this one
         return
     _state, _reason = "pending", "waiting for vLLM to import its NVFP4 MoE modules"
@@ -61,19 +66,25 @@ def register() -> None:
         os.environ["VLLM_FP4_MOE_PLUGIN_LAUNCHER"] = "1"
     import_hook.run_after_first_import(vm.TRIGGER_MODULES, _install)
     _join_fleet()
-    _unchecked_watch.install()
+
+
+def _install_off_warning() -> None:
+    from vllm_fp4_moe_plugin import off_warning
+
+    off_warning.install()
 
 
 def _join_fleet() -> None:
-    from vllm_fp4_moe_plugin import fleet  # cheap: no torch, no vLLM at import
-
-    fleet.use_reporter(_report)
+    """Off too: a rank that runs the fix must know it is next to this one. From when vLLM
+    imports its parallel state (the world group is built after)."""
     import_hook.run_after_first_import((vm.PARALLEL_STATE,), _install_fleet_rendezvous)
 
 
 def _install_fleet_rendezvous() -> None:
     """Never stops a process: where it cannot be installed, only a rank that is on says so."""
-    from vllm_fp4_moe_plugin import patches
+    from vllm_fp4_moe_plugin import fleet, patches  # fleet: no torch, no vLLM at import
+
+    fleet.use_reporter(_report)
 
     try:
         if patches.install_fleet_rendezvous():
@@ -113,17 +124,27 @@ def _report():
 
 def _on_parameter(module, name: str, param) -> None:
     """The first NVFP4 MoE layer, switch on: warn if the fleet check never ran."""
-    if name in vm.NVFP4_MOE_MARKERS:
+    if name in vm.NVFP4_MOE_MARKERS and _unchecked_watch is not None:
         _unchecked_watch.stop()
         from vllm_fp4_moe_plugin import fleet
 
         fleet.warn_if_unchecked()
 
 
-_unchecked_watch = ParamWatch(_on_parameter)
+_unchecked_watch = None  # param_watch.ParamWatch(_on_parameter), switch on, once vLLM can build
+
+
+def _watch_unchecked() -> None:
+    global _unchecked_watch
+    from vllm_fp4_moe_plugin.param_watch import ParamWatch
+
+    if _unchecked_watch is None:
+        _unchecked_watch = ParamWatch(_on_parameter)
+    _unchecked_watch.install()
 
 
 def _install() -> None:
+    _watch_unchecked()  # one hook per module set: import_hook's hooks do not chain
     # vLLM must know the plugin's variables before it starts workers (up to 0.13.x Ray copies
     # only what it lists): vLLM imports the trigger modules while it builds its config, before
     # any executor exists (a config unpickled in an engine core imports them too)
@@ -201,7 +222,8 @@ def _reset_for_tests() -> None:
     import_hook.remove()
     off_warning.remove()
     patches.revert_all()
-    _unchecked_watch.remove()
+    if _unchecked_watch is not None:
+        _unchecked_watch.remove()
     fleet._reset_for_tests()
     unloaded.remove()
     _state, _reason, _design = None, "", None

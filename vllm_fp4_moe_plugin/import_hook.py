@@ -95,6 +95,9 @@ def run_after_first_import(modules: Iterable[str],
     if any(m in sys.modules for m in modules):
         callback()
         return None
+    if any(h.modules & set(modules) for h in _hooks):  # each would search the other: recursion
+        raise ValueError(f"an import hook already waits for one of {modules}: give it one "
+                         "callback that does both")
     hook = _AfterImport(modules, callback)
     _hooks.append(hook)
     sys.meta_path.insert(0, hook)

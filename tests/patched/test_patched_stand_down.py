@@ -9,6 +9,8 @@ line, nothing patched); with some, the plan names what is left and only its wrap
 import importlib
 import logging
 
+import pytest
+
 from vllm_fp4_moe_plugin import compat, patches
 from vllm_fp4_moe_plugin import vllm_modules as vm
 from vllm_fp4_moe_plugin.patches import nvfp4_oracle
@@ -53,3 +55,19 @@ def test_plugin_keeps_only_the_duties_upstream_lacks(fixed, fresh_plugin, monkey
     assert (cutlass is not cutlass_before) == routes_left
     assert (nvfp4_oracle.ROUTES in words) == routes_left
     assert (nvfp4_oracle.CARRY in words) == ("carry" in left)
+
+
+def test_plugin_repairs_in_front_of_upstreams_refusal(fixed, refusing, fresh_plugin,
+                                                      monkeypatch):
+    """0005 off: vLLM refuses uncalibrated expert scales (0002), and the plugin, switched on,
+    wraps that refusal with its repair (the helpers' wrapper then repairs nothing)."""
+    if "upstream_repairs_uncalibrated" not in fixed:
+        pytest.skip("this world lacks upstream/0002")
+    findings = compat.probe().findings
+    assert findings["upstream_refuses_uncalibrated"]
+    assert not findings["upstream_repairs_uncalibrated"]
+    assert nvfp4_oracle.helper_duties(findings)["repair"] is False
+    monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN", "1")
+    fresh_plugin.register()
+    assert fresh_plugin.state()[0] == "active"
+    assert f"{vm.NVFP4_ORACLE}.{vm.ORACLE_INPUT_SCALE_CHECK}" in patches.applied_targets()

@@ -409,10 +409,14 @@ def stock_and_plugin_outputs(ctx: RankContext, scenario: Scenario, formats: tupl
 def refusal(exc: Exception) -> str:
     """The row's error when vLLM's own NVFP4 backend selection refused the requested backend in
     this layout (e.g. 0.15.0's FlashInfer CUTLASS without EP at DP=2, ``is_supported_config``:
-    a real deployment is refused the same way, or auto-selects another kernel); anything else
-    raised while building the layer is re-raised (a harness gap must stay loud)."""
+    a real deployment is refused the same way, or auto-selects another kernel), or when vLLM
+    refused the checkpoint's activation scales (upstream/0002); anything else raised while
+    building the layer is re-raised (a harness gap must stay loud)."""
+    from vllm_fp4_moe_plugin import vllm_modules as vm
+
     frames = {f.name for f in traceback.extract_tb(exc.__traceback__)}
-    if isinstance(exc, ValueError) and "select_nvfp4_moe_backend" in frames:
+    if isinstance(exc, ValueError) and frames & {"select_nvfp4_moe_backend",
+                                                  vm.ORACLE_INPUT_SCALE_CHECK}:
         from fp4_moe_lab.simulation.judge import REFUSED
 
         return REFUSED + str(exc)

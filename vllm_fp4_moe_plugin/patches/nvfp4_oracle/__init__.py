@@ -41,6 +41,21 @@ def duties(findings) -> dict[str, bool]:
     return {duty: not findings.get(finding) for duty, finding in UPSTREAM_FIXES.items()}
 
 
+def helper_duties(findings) -> dict[str, bool]:
+    """:func:`duties` as the helpers' wrapper does them: where vLLM refuses uncalibrated
+    expert scales before its helpers (upstream/0002), the repair runs in front of that refusal
+    instead (:func:`repair_before_refusal`)."""
+    out = duties(findings)
+    out["repair"] = out["repair"] and not findings.get("upstream_refuses_uncalibrated")
+    return out
+
+
+def repair_before_refusal(findings) -> bool:
+    """vLLM refuses uncalibrated expert activation scales (upstream/0002) without repairing
+    them itself (0005 absent or off): the plugin's repair goes in front of the refusal."""
+    return bool(findings.get("upstream_refuses_uncalibrated")) and duties(findings)["repair"]
+
+
 def routes_needed(findings) -> bool:
     """vLLM's CUTLASS NVFP4 MoE takes the expert map (0.32.0+) and still reads the unzeroed
     workspace row for non-local routes (upstream/0003 not in)."""
@@ -75,7 +90,7 @@ def _helper_needed(name: str):
     def needed(findings) -> bool:
         """The oracle has this helper (0.20.0+ for the CuteDSL one), and upstream has not
         fixed both holes itself."""
-        return name in findings["oracle_helpers"] and any(duties(findings).values())
+        return name in findings["oracle_helpers"] and any(helper_duties(findings).values())
     return needed
 
 
@@ -100,6 +115,22 @@ PATCHES = tuple(ModulePatch(
     "This helper serves FlashInfer TRT-LLM, CUTLASS (and B12X) in every release of the "
     "design, and CuteDSL in 0.14.x.",
     "This helper serves FlashInfer CuteDSL from vLLM 0.20.0 on."))) + (ModulePatch(
+    module=vm.NVFP4_ORACLE, attr=vm.ORACLE_INPUT_SCALE_CHECK,
+    build=f"{__name__}.ep_agreed_gemm1_scale:build_check", needed=repair_before_refusal,
+    why=("A vLLM with upstream/0002 refuses a checkpoint whose expert activation scales are NaN, "
+         "inf, non-positive or missing, in check_nvfp4_moe_input_scales, before the helpers "
+         "above run; the plugin's repair in their wrapper would come too late, and the model "
+         "would not load where the plugin serves it on stock."),
+    how=("Wraps the check where the conversion looks it up at call time: the plugin's repair "
+         "(scale_rule: each value judged alone, a calibrated expert never touched) runs first, "
+         "then vLLM's check sees calibrated scales; the helpers' wrapper then repairs nothing."),
+    upstream=("Proposed as upstream/0002 (the refusal, vLLM's default) and 0005 (the same repair "
+              "in vLLM, opt-in: VLLM_NVFP4_MOE_REPAIR_INPUT_SCALES=1, where the plugin stands "
+              "down); neither is in vLLM 0.34.0, where this entry is never applied."),
+    remove_when=("finding 'upstream_repairs_uncalibrated' true wherever "
+                 "'upstream_refuses_uncalibrated' is (vLLM repairing by default), or "
+                 "'upstream_refuses_uncalibrated' false on every supported release."),
+), ModulePatch(
     module=vm.CUTLASS_MOE, attr=vm.CUTLASS_MOE_FP4,
     build=f"{__name__}.non_local_routes:build", needed=routes_needed,
     why=("vLLM 0.32.0+ runs its own CUTLASS NVFP4 MoE (--moe-backend cutlass) under EP with an "

@@ -21,7 +21,7 @@ from vllm_fp4_moe_plugin import vllm_modules as vm
 from vllm_fp4_moe_plugin.layer_scales import RAW_SCALES
 from vllm_fp4_moe_plugin.log import get_logger, layer_label
 from vllm_fp4_moe_plugin.nvfp4_constants import E4M3_MAX, FP4_MAX
-from vllm_fp4_moe_plugin.patches.nvfp4_oracle import duties, probe
+from vllm_fp4_moe_plugin.patches.nvfp4_oracle import helper_duties, probe
 
 logger = get_logger("oracle")
 
@@ -193,7 +193,25 @@ def build_agreed_prepare(original, *, agree: bool = True, repair: bool = True,
 
 def build(original):
     """The ledger's builder: the wrapper with the duties this vLLM still needs."""
-    return build_agreed_prepare(original, **duties(probe.probe_upstream_fixes()))
+    findings = {**probe.probe_upstream_fixes(),
+                "upstream_refuses_uncalibrated": probe.upstream_refuses_uncalibrated()}
+    return build_agreed_prepare(original, **helper_duties(findings))
+
+
+def build_check(original):
+    """The ledger's builder for vLLM's refusal of uncalibrated activation scales (upstream/0002):
+    the plugin's repair in front of it, so vLLM checks what the plugin loads."""
+
+    @functools.wraps(original)
+    def check_nvfp4_moe_input_scales(layer, a13_scale, a2_scale, *args, **kwargs):
+        if not unloaded.dummy_weights(layer):  # --load-format dummy: nothing to repair
+            validate_checkpoint_scales(layer, a13_scale)
+            a13_scale = repaired_activation_scale(layer, a13_scale, "a13_scale")
+            a2_scale = repaired_activation_scale(layer, a2_scale, "a2_scale")
+        return original(layer, a13_scale, a2_scale, *args, **kwargs)
+
+    check_nvfp4_moe_input_scales.__module__ = __name__
+    return check_nvfp4_moe_input_scales
 
 
 def _reset_for_tests() -> None:

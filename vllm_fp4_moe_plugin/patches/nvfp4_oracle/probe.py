@@ -18,6 +18,7 @@ from vllm_fp4_moe_plugin.support import Design
 FINDINGS = ("oracle_helpers", "oracle_helpers_take_layer_and_a13_scale",
             "global_sf_backend_probe", "moe_parallel_config_all2all", "eplb_scale_allreduce",
             "upstream_agrees_gemm1_scale", "upstream_repairs_uncalibrated",
+            "upstream_refuses_uncalibrated",
             "cutlass_fp4_takes_expert_map", "upstream_zeroes_non_local_routes",
             "upstream_carries_gate_up", "marlin_helper_takes_layer_and_scales")
 
@@ -131,27 +132,54 @@ def helper_reduces_gemm1_scale() -> bool:
 def upstream_repairs_uncalibrated() -> bool:
     """Behavioural for the values: does ``convert_to_nvfp4_moe_kernel_format`` hand FlashInfer
     CUTLASS's helper (a recorder) finite scales for an expert whose are NaN? Read for missing
-    ones: do both formats' ``create_weights`` initialise the input scales with NaN?"""
+    ones: do both formats' ``create_weights`` initialise the input scales with NaN? (upstream/0002
+    with 0005 and ``VLLM_NVFP4_MOE_REPAIR_INPUT_SCALES=1``; stock 0.14.0-0.34.0: no.)"""
+    return (uncalibrated_conversion() == "repairs"
+            and _function_names(vm.QUANTIZATION, "modelopt.py", "create_weights", "nan",
+                                ("ModelOptNvFp4FusedMoE",))
+            and _function_names(vm.QUANTIZATION, vm.CT_NVFP4_MOE_FILE, "create_weights", "nan",
+                                vm.CT_NVFP4_CLASS_NAMES))
+
+
+def upstream_refuses_uncalibrated() -> bool:
+    """Does ``convert_to_nvfp4_moe_kernel_format`` refuse an expert whose activation scales are
+    NaN before any helper runs? (upstream/0002, the default; stock 0.14.0-0.34.0: no.) The
+    plugin's repair must then run in front of that refusal."""
+    return uncalibrated_conversion() == "refuses"
+
+
+@functools.cache  # asked by two findings; vLLM and its environment do not change
+def uncalibrated_conversion() -> str:
+    """What the oracle's conversion does with a two-expert layer whose second expert's
+    activation scales are NaN: ``"repairs"`` (finite scales reach the helper, a recorder),
+    ``"refuses"`` (a ValueError before the helper), or ``"passes"`` (NaN reaches it: stock)."""
     import torch
 
     oracle, seen, nan = importlib.import_module(vm.NVFP4_ORACLE), {}, float("nan")
     convert = on_cpu(original_attr(vm.NVFP4_ORACLE, "convert_to_nvfp4_moe_kernel_format"),
                       **{vm.ORACLE_HELPERS[0]: lambda **kw: seen.update(kw) or 1 / 0})
     quiet = logging.getLogger(vm.NVFP4_ORACLE)  # the probe layer's repair is no news
-    was, quiet.disabled = quiet.disabled, True
+    was, quiet.disabled, refused = quiet.disabled, True, False
     try:
         convert(nvfp4_backend=oracle.NvFp4MoeBackend.FLASHINFER_CUTLASS, **_probe_layer(
             torch.tensor([[1.0, 1.0], [nan, nan]]), torch.tensor([1.0, nan])))
+    except ValueError:
+        refused = not seen  # vLLM's refusal, before the helper
     except Exception:
-        pass  # the recorder's ZeroDivisionError, or vLLM refusing: read what reached it
+        pass  # the recorder's ZeroDivisionError: read what reached it
     finally:
         quiet.disabled = was
-    return (all(isinstance(seen.get(k), torch.Tensor) and bool(torch.isfinite(seen[k]).all())
-                for k in ("a13_scale", "a2_scale"))
-            and _function_names(vm.QUANTIZATION, "modelopt.py", "create_weights", "nan",
-                                ("ModelOptNvFp4FusedMoE",))
-            and _function_names(vm.QUANTIZATION, vm.CT_NVFP4_MOE_FILE, "create_weights", "nan",
-                                vm.CT_NVFP4_CLASS_NAMES))
+    if refused:
+        return "refuses"
+    finite = all(isinstance(seen.get(k), torch.Tensor) and bool(torch.isfinite(seen[k]).all())
+                 for k in ("a13_scale", "a2_scale"))
+    return "repairs" if finite else "passes"
+
+
+def _reset_for_tests() -> None:
+    """Forget the cached probes (a test that changes vLLM's environment)."""
+    probe_upstream_fixes.cache_clear()
+    uncalibrated_conversion.cache_clear()
 
 
 def _function_names(package: str, path: str, function: str, word: str, cls_names=None) -> bool:
@@ -279,6 +307,12 @@ def observe(findings: dict) -> Observation:
     findings["eplb_scale_allreduce"] = eplb_scale_allreduce()
     findings["cutlass_fp4_takes_expert_map"] = cutlass_fp4_takes_expert_map()
     findings.update(probe_upstream_fixes())  # a copy: the cache's dict stays as computed
+    findings["upstream_refuses_uncalibrated"] = upstream_refuses_uncalibrated()
+    if findings["upstream_refuses_uncalibrated"] and not callable(
+            getattr(oracle, vm.ORACLE_INPUT_SCALE_CHECK, None)):
+        return Observation(d, False, "vLLM refuses uncalibrated expert activation scales before "
+                           f"its helpers, but not in {vm.ORACLE_INPUT_SCALE_CHECK}, where this "
+                           "plugin repairs them; see docs/SUPPORT.md", findings)
     required = ("oracle_helpers_take_layer_and_a13_scale", "global_sf_backend_probe",
                 "moe_parallel_config_all2all")
     missing = [k for k in required if not findings[k]]

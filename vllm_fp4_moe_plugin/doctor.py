@@ -327,26 +327,35 @@ def non_gated_reasons(report: dict) -> list[str]:
             "VLLM_FLASHINFER_MOE_BACKEND=throughput)"]
 
 
-# Kernels whose experts class hands the router weights to the kernel's output although vLLM's
-# prepare step already scaled the input by them (v0.34.0 FM/experts/flashinfer_cutlass_moe.py:
-# 375, vllm#43694 for its own CUTLASS): measured in the lab on vLLM 0.34.0 (docs/SUPPORT.md).
-ROUTER_ON_INPUT_TWICE = ("flashinfer_cutlass", "vllm_cutlass")
+# Kernels whose experts class weights a token again although vLLM's prepare step already scaled
+# the input by the router weight (v0.34.0 FM/experts/flashinfer_cutlass_moe.py:375,
+# flashinfer_cutedsl_moe.py:289; vllm#43694 for its own CUTLASS): measured in the lab on vLLM
+# 0.34.0 (docs/SUPPORT.md); TRT-LLM takes the flag itself.
+ROUTER_ON_INPUT_TWICE = ("flashinfer_cutlass", "vllm_cutlass", "flashinfer_cutedsl")
 
 
 def router_on_input_reasons(report: dict) -> list[str]:
     """Llama-4 (top-1, the router weight applied to the input) on a kernel that applies it a
-    second time on the output: not a scale this plugin repairs."""
+    second time: wrong unless the plugin, active, applies it once here (its ledger entry on the
+    modular kernel, where this vLLM has one the probe recognises)."""
     ckpt = report.get("checkpoint")
-    design = (report.get("probes") or {}).get("design")
-    if not ckpt or design is not Design.NVFP4_ORACLE or \
+    probes = report.get("probes") or {}
+    if not ckpt or probes.get("design") is not Design.NVFP4_ORACLE or \
             report["layout"]["kernel"] not in ROUTER_ON_INPUT_TWICE or \
             not any(a.startswith("Llama4") for a in ckpt.get("architectures", [])):
         return []
+    findings = probes.get("findings") or {}
+    if not findings.get("nvfp4_experts_weight_again"):
+        return []  # this vLLM's experts weight once
+    fixable = bool(findings.get("modular_kernel_class"))
+    if fixable and report["plugin"]["would_be_active"]:
+        return []
     return [f"Llama-4 applies the router weight to the MoE input; on {report['layout']['kernel']} "
-            "this vLLM also applies it to each expert's output, so every routed output is "
-            "weighted twice (measured on vLLM 0.34.0 in this project's simulation; vllm#43694; "
-            "not a scale the plugin repairs): FlashInfer TRT-LLM (SM100's default) takes the "
-            "weight itself"]
+            "this vLLM weights each routed token a second time (measured on vLLM 0.34.0 in this "
+            "project's simulation; vllm#43694), so every expert output is off by its weight: "
+            + ("set VLLM_FP4_MOE_PLUGIN=1 (the plugin applies it once)" if fixable else
+               "the plugin does not recognise this vLLM's modular kernel; FlashInfer TRT-LLM "
+               "(SM100's default) takes the weight itself")]
 
 
 def uncalibrated_reasons(report: dict) -> list[str]:

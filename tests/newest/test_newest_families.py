@@ -45,18 +45,38 @@ def test_doctor_judges_each_family_at_dp_ep(blackwell_env, family_checkpoints, f
     assert r["verdict"] == doctor.FINE, r["reasons"]
 
 
-@pytest.mark.parametrize("plugin", ["0", "1"])
-def test_llama4_on_a_kernel_that_weights_twice_is_at_risk(blackwell_env, family_checkpoints,
-                                                          plugin):
-    """Llama-4's router weight on the input is applied again on the output by FlashInfer
-    CUTLASS (matrix --router-weight-on-input): doctor names it with the plugin on or off (it is
-    not a scale the plugin repairs); on TRT-LLM, which takes the weight itself, it does not."""
+@pytest.mark.parametrize("kernel", ["flashinfer_cutlass", "cutlass"])  # --moe-backend
+def test_llama4_on_a_kernel_that_weights_twice(blackwell_env, family_checkpoints, kernel):
+    """Llama-4's router weight on the input is applied again by FlashInfer CUTLASS and vLLM's
+    CUTLASS (matrix --router-weight-on-input): doctor says AT RISK with the plugin off and
+    names the switch; with it on, the plugin applies the weight once: FINE. On TRT-LLM, which
+    takes the weight itself, nothing to say."""
     path = family_checkpoints["llama4_text"]["out_dir"]
-    blackwell_env.setenv("VLLM_FP4_MOE_PLUGIN", plugin)
-    r = doctor.run_doctor(path, L(tp=2, ep=True), capability="10.0",
-                          moe_backend="flashinfer_cutlass")
+    r = doctor.run_doctor(path, L(tp=2, ep=True), capability="10.0", moe_backend=kernel)
     assert r["verdict"] == doctor.AT_RISK
-    assert any("weighted twice" in w for w in r["reasons"]), r["reasons"]
+    assert any("a second time" in w and "VLLM_FP4_MOE_PLUGIN=1" in w for w in r["reasons"]), \
+        r["reasons"]
+    blackwell_env.setenv("VLLM_FP4_MOE_PLUGIN", "1")
+    r = doctor.run_doctor(path, L(tp=2, ep=True), capability="10.0", moe_backend=kernel)
+    assert r["verdict"] == doctor.FINE, r["reasons"]
     r = doctor.run_doctor(path, L(tp=2, ep=True), capability="10.0")
     assert r["layout"]["kernel"] == "flashinfer_trtllm"
-    assert not any("weighted twice" in w for w in r["reasons"]), r["reasons"]
+    assert not any("a second time" in w for w in r["reasons"]), r["reasons"]
+
+
+def test_llama4_router_weight_counted_once_by_the_plugin():
+    """The layer itself (matrix --router-weight-on-input, vLLM 0.34.0's real Llama-4 MoE layer,
+    top-1): stock weights each token twice, far from the reference that applies the weight
+    once; the plugin is at it, on both kernels that weight again and on every layout kind."""
+    from fp4_moe_lab.simulation.layouts import Scenario
+    from fp4_moe_lab.simulation.matrix import run_matrix
+
+    rows = [r.as_dict() for r in run_matrix(
+        layouts=("single", "tp_ep", "dp_ep_allgather"),
+        backends=("flashinfer_cutlass", "vllm_cutlass"),
+        scenario=Scenario(router_weight_on_input=True, top_k=1))]
+    assert len(rows) == 12
+    for r in rows:
+        assert r["ok"] and r["plugin_error"] is None and r["stock_error"] is None, r
+        assert r["plugin_rel_err"] <= 1e-4, r  # the reference, to fp32 rounding
+        assert r["stock_rel_err"] >= 0.2, r  # every token off by its router weight

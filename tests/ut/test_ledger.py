@@ -26,6 +26,7 @@ SAMPLES = {
     "oracle_helpers": ((), ("prepare_nvfp4_moe_layer_for_fi_or_cutlass",),
                        ("prepare_nvfp4_moe_layer_for_fi_or_cutlass",
                         "prepare_nvfp4_moe_layer_for_flashinfer_cutedsl")),
+    "modular_kernel_class": ("", "FusedMoEKernelModularImpl", "FusedMoEModularKernel"),
 }
 
 

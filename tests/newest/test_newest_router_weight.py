@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from vllm.model_executor.layers.fused_moe.prepare_finalize import naive_dp_ep, no_dp_ep, passthrough
+
 from vllm_fp4_moe_plugin.patches.nvfp4_oracle import router_weight_once
 
 

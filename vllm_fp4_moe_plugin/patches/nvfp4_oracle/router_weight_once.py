@@ -33,17 +33,22 @@ _APPLIES = re.compile(r"\*\s*topk_weights|\.mul_?\(\s*topk_weights|_apply_router
 _logged = False
 
 
-@functools.cache
+_APPLIES_BY_CLASS: dict[type, bool] = {}
+
+
 def prepare_applies_weight(cls: type) -> bool:
     """Does this prepare/finalize class scale its input by the router weight under the flag?
     Read from the source of the module that defines its ``prepare`` (the passthrough prepare
     hands the input on as it is, mori's refuses the flag: no)."""
-    owner = next((c for c in cls.__mro__ if "prepare" in vars(c)), None)
-    module = sys.modules.get(getattr(owner, "__module__", ""))
-    try:
-        return bool(_APPLIES.search(inspect.getsource(module)))
-    except (OSError, TypeError):
-        return False
+    if cls not in _APPLIES_BY_CLASS:
+        owner = next((c for c in cls.__mro__ if "prepare" in vars(c)), None)
+        module = sys.modules.get(getattr(owner, "__module__", ""))
+        try:
+            found = module is not None and bool(_APPLIES.search(inspect.getsource(module)))
+        except (OSError, TypeError):
+            found = False
+        _APPLIES_BY_CLASS[cls] = found
+    return _APPLIES_BY_CLASS[cls]
 
 
 def weights_once(kernel) -> bool:

@@ -6,8 +6,8 @@ tests/engine/test_engine32_e2e.py serves Qwen3-MoE: the reference (plugin on, th
 kernel), the plugin (emulated FlashInfer CUTLASS) and stock. The plugin must give the
 reference's greedy tokens, stock must diverge on at least one prompt. ~3-4 min per family on
 2 cores: ``-m deploy`` (docs/ACCURACY.md, families). Llama-4's router weight on the input is
-applied by vLLM's experts call on both the reference's and the plugin's side: this test does
-not see that hole (the layer rows of ``matrix --router-weight-on-input`` do)."""
+counted once by the plugin on both the reference's and the plugin's side and twice by stock;
+the layer rows of ``matrix --router-weight-on-input`` measure that hole against its reference."""
 
 from __future__ import annotations
 

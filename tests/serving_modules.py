@@ -1,65 +1,26 @@
 # SPDX-License-Identifier: Apache-2.0
 """What the wheel users install may hold: the serving code and the operator commands (audit,
-doctor), nothing of the development package (lab/fp4_moe_lab). One allow-list, read by
-tests/test_wheel.py (the built wheel's files) and tests/plugin/test_serving_imports.py (what a
-vLLM process with the plugin on imports). A new serving module is added here on purpose."""
+doctor), nothing of the development package (lab/fp4_moe_lab). The allow-list is the serving
+package's source tree, derived, read by tests/test_wheel.py (the built wheel's files, both ways)
+and tests/plugin/test_serving_imports.py (what a vLLM process with the plugin on imports); what
+keeps lab code out of that tree is the import-layer test (tests/ut) and review."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 PACKAGE = "vllm_fp4_moe_plugin"
 LAB_PACKAGE = "fp4_moe_lab"
 
-SERVING_MODULES = frozenset({
-    "vllm_fp4_moe_plugin",
-    "vllm_fp4_moe_plugin.checkpoint",
-    "vllm_fp4_moe_plugin.checkpoint.audit",
-    "vllm_fp4_moe_plugin.checkpoint.config_lint",
-    "vllm_fp4_moe_plugin.checkpoint.detect",
-    "vllm_fp4_moe_plugin.checkpoint.render",
-    "vllm_fp4_moe_plugin.checkpoint.scale_values",
-    "vllm_fp4_moe_plugin.checkpoint.tensor_index",
-    "vllm_fp4_moe_plugin.cli",
-    "vllm_fp4_moe_plugin.compat",
-    "vllm_fp4_moe_plugin.consistency",
-    "vllm_fp4_moe_plugin.doctor",
-    "vllm_fp4_moe_plugin.envs",
-    "vllm_fp4_moe_plugin.gate_up",
-    "vllm_fp4_moe_plugin.fleet",
-    "vllm_fp4_moe_plugin.import_hook",
-    "vllm_fp4_moe_plugin.layer_scales",
-    "vllm_fp4_moe_plugin.log",
-    "vllm_fp4_moe_plugin.nvfp4_constants",
-    "vllm_fp4_moe_plugin.off_warning",
-    "vllm_fp4_moe_plugin.param_watch",
-    "vllm_fp4_moe_plugin.patches",
-    "vllm_fp4_moe_plugin.patches.bf16_passthrough",
-    "vllm_fp4_moe_plugin.patches.fleet_rendezvous",
-    "vllm_fp4_moe_plugin.patches.fleet_rendezvous.trigger",
-    "vllm_fp4_moe_plugin.patches.init_prepare_finalize",
-    "vllm_fp4_moe_plugin.patches.init_prepare_finalize.flashinfer_cutlass",
-    "vllm_fp4_moe_plugin.patches.init_prepare_finalize.methods",
-    "vllm_fp4_moe_plugin.patches.init_prepare_finalize.probe",
-    "vllm_fp4_moe_plugin.patches.modular_method",
-    "vllm_fp4_moe_plugin.patches.modular_method.all2allv_passthrough",
-    "vllm_fp4_moe_plugin.patches.modular_method.compressed_tensors_dp",
-    "vllm_fp4_moe_plugin.patches.modular_method.modelopt_uncalibrated",
-    "vllm_fp4_moe_plugin.patches.modular_method.probe",
-    "vllm_fp4_moe_plugin.patches.nvfp4_oracle",
-    "vllm_fp4_moe_plugin.patches.nvfp4_oracle.ep_agreed_gemm1_scale",
-    "vllm_fp4_moe_plugin.patches.nvfp4_oracle.non_local_routes",
-    "vllm_fp4_moe_plugin.patches.nvfp4_oracle.router_weight_once",
-    "vllm_fp4_moe_plugin.patches.nvfp4_oracle.probe",
-    "vllm_fp4_moe_plugin.patches.nvfp4_oracle.weight_only_gate_up",
-    "vllm_fp4_moe_plugin.patches.plugin_env",
-    "vllm_fp4_moe_plugin.patches.registry",
-    "vllm_fp4_moe_plugin.patching",
-    "vllm_fp4_moe_plugin.probing",
-    "vllm_fp4_moe_plugin.scale_agreement",
-    "vllm_fp4_moe_plugin.scale_rule",
-    "vllm_fp4_moe_plugin.support",
-    "vllm_fp4_moe_plugin.unloaded",
-    "vllm_fp4_moe_plugin.vllm_modules",
-})
+
+def _package_modules(root: Path) -> frozenset:
+    """Every module of the serving package's source tree (what its wheel must hold)."""
+    return frozenset(".".join(p.relative_to(root.parent).with_suffix("").parts)
+                     .removesuffix(".__init__") for p in root.rglob("*.py")
+                     if "__pycache__" not in p.parts)
+
+
+SERVING_MODULES = _package_modules(Path(__file__).resolve().parents[1] / PACKAGE)
 
 # The serving code stays small enough to review: physical lines of every Python file in the wheel
 # (4,992 with the scale fixes; 5,187 with vLLM CUTLASS's route fix and its probe; 5,702 with the

@@ -4,10 +4,10 @@
 # constraints/vllm-$WORLD.txt, plus this plugin (--no-deps: its runtime needs nothing that vLLM
 # does not bring). Usage: bootstrap-release.sh [WORLD]   (WORLD: 0.12.0, the default, or 0.34.0)
 #   0.12.0  stock vLLM 0.12.0 (CUDA wheel, run on the CPU like .venv) with its torch 2.9.0 and
-#           FlashInfer 0.5.3; used by tests/upstream.
+#           FlashInfer 0.5.3; used by tests/modular_method.
 #   0.34.0  vLLM 0.34.0 installed --no-deps with torch 2.14.0 and only the pure-Python packages
 #           its MoE/quantization/distributed code imports (the constraints file says why),
-#           plus FlashInfer 0.7.x wheels kept beside it, not installed; used by tests/newest.
+#           plus FlashInfer 0.7.x wheels kept beside it, not installed; used by tests/nvfp4_oracle.
 # Re-running is cheap: it reinstalls only when the pins or the package metadata changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,7 +39,7 @@ then
     # ...then vLLM without its requirements (flashinfer-python==0.7.3 is not on the index).
     $VENV/bin/python -m pip install -q --no-deps -c $PINS vllm
     # FlashInfer 0.7.x wheels, downloaded, NOT installed (that would switch the TRT-LLM seam
-    # off): tests/newest/test_newest_trtllm_layout.py runs their weight-shuffle helpers from
+    # off): tests/nvfp4_oracle/test_trtllm_layout.py runs their weight-shuffle helpers from
     # the zip. 0.7.2.post1 and 0.7.4 bracket vLLM's pin 0.7.3 (~62 + ~101 MB).
     for v in 0.7.2.post1 0.7.4; do
       $VENV/bin/python -m pip download -q --no-deps -d $VENV/flashinfer-wheels \

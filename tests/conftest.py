@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 # The tiers are folders (scripts/test.sh): tests/ut (no vLLM, no torch), the vLLM-layer tier (the
-# other folders, in the default world; tests/upstream, tests/newest and tests/patched in their
-# release worlds), tests/engine (real vLLM CPU engines), tests/accuracy (lm-eval cells).
+# other folders, in the default world; tests/modular_method, tests/nvfp4_oracle and tests/patched
+# in their release worlds), tests/engine (real vLLM CPU engines), tests/accuracy (lm-eval cells).
 _UNIT_DIR = Path(__file__).resolve().parent / "ut"
 
 

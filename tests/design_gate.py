@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The gate of the focused suites (tests/upstream, tests/newest): each runs only in a world of
-its own MoE design, asked for with ``VLLM_FP4_MOE_EXPECT_DESIGN`` (``scripts/test.sh``)."""
+"""The gate of the focused suites (tests/modular_method, tests/nvfp4_oracle): each runs only in a
+world of its own MoE design, asked for with ``VLLM_FP4_MOE_EXPECT_DESIGN``
+(``scripts/test.sh``)."""
 
 import os
 

@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """What the wheel users install may hold: the serving code and the operator commands (audit,
 doctor), nothing of the development package (lab/fp4_moe_lab). The allow-list is the serving
-package's source tree, derived, read by tests/test_wheel.py (the built wheel's files, both ways)
-and tests/plugin/test_serving_imports.py (what a vLLM process with the plugin on imports); what
-keeps lab code out of that tree is the import-layer test (tests/ut) and review."""
+package's source tree, derived, read by tests/tools/test_wheel.py (the built wheel's files, both
+ways) and tests/plugin/test_serving_imports.py (what a vLLM process with the plugin on imports);
+what keeps lab code out of that tree is the import-layer test (tests/ut) and review."""
 
 from __future__ import annotations
 

@@ -156,7 +156,7 @@ def many_dead_tests(design):
 
 
 def check_bad_scale_row(row: dict, kind: str, value: str) -> None:
-    """One planted bad global scale at expert 3 (tests/layers/jobs.py ``bad_scales``): stock
+    """One planted bad global scale at expert 3 (tests/layer_jobs.py ``bad_scales``): stock
     loads it silently; the plugin refuses a bad *weight* scale naming layer, tensor and expert,
     and loads any activation scale no calibration produced (NaN, inf, 0, negative: what
     llmcompressor writes for an uncalibrated expert) with the calibrated experts' max amax."""

@@ -14,10 +14,10 @@ checked before each world. Standard library only: it drives the worlds, it runs 
 
 Usage: ``python -m fp4_moe_lab.sweep [--release X ...] [--force] [--keep] [--table PATH]``
 (``scripts/sweep.sh`` runs it with the lab on the path). A world kept by ``--keep`` holds the
-snapshot's plugin and lab: before running the checkout's tests in it (``tests/newest``), install
-the checkout's over them (``.sweep/vllm-X/bin/python -m pip install --no-deps -e . -e ./lab``),
-or pytest mixes the checkout's plugin (on the path from the repository root) with the snapshot's
-lab.
+snapshot's plugin and lab: before running the checkout's tests in it (``tests/nvfp4_oracle``),
+install the checkout's over them (``.sweep/vllm-X/bin/python -m pip install --no-deps -e . -e
+./lab``), or pytest mixes the checkout's plugin (on the path from the repository root) with the
+snapshot's lab.
 """
 
 from __future__ import annotations

@@ -29,8 +29,8 @@ pytestmark = [pytest.mark.multiproc, pytest.mark.slow, pytest.mark.deploy]
 
 # The families the CPU engine runs: the writer's five but Nemotron-H, whose hybrid model vLLM
 # 0.32.0 refuses without a Mamba layer ("no mamba layers in the model", measured) while the
-# writer leaves Mamba out (its layer rows are in tests/newest). Gated-delta-net layers are left
-# out of Qwen3-Next's config too. MiniMax-M2 needs the seam's CPU-router shim (cpu_shims.py).
+# writer leaves Mamba out (its layer rows are in tests/nvfp4_oracle). Gated-delta-net layers are
+# left out of Qwen3-Next's config too. MiniMax-M2 needs the seam's CPU-router shim (cpu_shims.py).
 FAMILIES = ("glm4_moe", "minimax_m2", "llama4_text", "qwen3_next")
 
 

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """vLLM 0.34.0 with every patch computes, with the plugin off, what stock 0.34.0 computes with
 the plugin on: the same layers (real vLLM code in real gloo ranks; SM100 and FlashInfer
-simulated as in tests/newest), the same seeds, the errors equal to the last bit.
+simulated as in tests/nvfp4_oracle), the same seeds, the errors equal to the last bit.
 
 Rows where stock 0.34.0 is wrong (compressed-tensors under DP+EP, uncalibrated experts, vLLM's
 own CUTLASS kernel under DP+EP) are among those compared; elsewhere stock, patched and the

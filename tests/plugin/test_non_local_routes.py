@@ -5,7 +5,7 @@ into ``workspace13`` as ``[m * topk, w1_n]``, GEMM2 writes the local routes' row
 memory as ``[m * topk, k]``, and every non-local route reads row ``expert_offsets[E]`` (the
 number of local routes), which nobody writes. The stand-in below keeps exactly that contract,
 so generated shapes, routes and expert maps run here in torch alone; the real function under
-the seam: tests/newest/test_newest_vllm_cutlass.py."""
+the seam: tests/nvfp4_oracle/test_vllm_cutlass.py."""
 
 import random
 

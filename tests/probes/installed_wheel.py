@@ -2,7 +2,7 @@
 """What a fresh virtualenv with only the plugin's wheel (and a view of vLLM) sees: the plugin's
 distributions, its entry point, the module vLLM's plugin loader loads, and the state after
 register() and after vLLM's NVFP4 MoE import. Run from outside the checkout, with no PYTHONPATH,
-by tests/test_wheel.py. Prints ``PROBE {json}``."""
+by tests/tools/test_wheel.py. Prints ``PROBE {json}``."""
 
 import importlib.metadata as md
 import json

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """A fresh worker-like vLLM process: vLLM's logging setup, then its plugin loader, then the
 compressed-tensors NVFP4 MoE method's module. Prints ``RESULT {json}``: the plugin's state and
-which helper the method's conversion would call. Run by tests/newest/test_plugin_loading.py.
+which helper the method's conversion would call. Run by tests/nvfp4_oracle/test_plugin_loading.py.
 
 Usage: python plugin_loader_worker.py CT_MODULE ORACLE_MODULE HELPER_NAME"""
 

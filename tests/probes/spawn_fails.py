@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Ranks whose job fails after vLLM's groups are up: spawn() raises the rank's error and leaves
 no log folder or shared memory behind. Prints ``FAILED AS INJECTED``. Run (with the checkout on
-PYTHONPATH) by tests/test_cli_errors.py."""
+PYTHONPATH) by tests/tools/test_cli_errors.py."""
 
 from fp4_moe_lab.simulation.layouts import LAYOUTS, spawn
 

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The CLI's argument checks: bad arguments and missing paths are exit 2 with one line naming
 the input, before any slow work (no vLLM, no torch: the unit tier runs these), and the exit codes
-are distinct. The rest of the exit-code contract: tests/test_cli_errors.py."""
+are distinct. The rest of the exit-code contract: tests/tools/test_cli_errors.py."""
 
 import os
 import subprocess

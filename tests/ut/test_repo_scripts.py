@@ -32,8 +32,8 @@ def test_readme_opens_with_demo_and_test_commands():
     for step in ("./scripts/bootstrap.sh", "./scripts/bootstrap-engine.sh",
                  "./scripts/bootstrap-engine.sh 0.32.0", "./scripts/bootstrap-release.sh",
                  ".venv/bin/python -m pytest", "VLLM_FP4_MOE_EXPECT_DESIGN=modular_method",
-                 "tests/upstream", "./scripts/bootstrap-release.sh 0.34.0",
-                 "VLLM_FP4_MOE_EXPECT_DESIGN=nvfp4_oracle", "tests/newest"):
+                 "tests/modular_method", "./scripts/bootstrap-release.sh 0.34.0",
+                 "VLLM_FP4_MOE_EXPECT_DESIGN=nvfp4_oracle", "tests/nvfp4_oracle"):
         assert step in test_sh
 
 
@@ -101,7 +101,7 @@ def test_disk_check_names_what_to_free(tmp_path):
 
 @pytest.mark.parametrize("layout,expect", [("dp4_ep", "--data-parallel-size 4"),
                                            ("tp4_ep", "--tensor-parallel-size 4")])
-def test_newest_eval_script_dry_run(layout, expect):
+def test_eval_script_dry_run(layout, expect):
     """The Blackwell confirmation on the newest release: stock then plugin, same serve command,
     a compressed-tensors NVFP4 MoE checkpoint, vLLM's default backend and dispatch."""
     r = subprocess.run(["bash", str(ROOT / "examples" / "eval_gsm8k_newest.sh")],
@@ -115,7 +115,7 @@ def test_newest_eval_script_dry_run(layout, expect):
     assert r.stdout.count("lm_eval") == 2 and "gsm8k" in r.stdout
 
 
-def test_newest_eval_script_rejects_unknown_layout():
+def test_eval_newest_script_rejects_unknown_layout():
     r = subprocess.run(["bash", str(ROOT / "examples" / "eval_gsm8k_newest.sh")],
                        capture_output=True, text=True,
                        env={"LAYOUT": "dp3", "PATH": "/usr/bin:/bin", "OUT": "/tmp"})

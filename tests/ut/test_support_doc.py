@@ -75,3 +75,14 @@ def test_published_real_checkpoint_rows_hold(path):
     rows = json.loads(path.read_text())
     assert {r["layout"] for r in rows} == {"single", "dp_ep_allgather"}
     real_quantizer_checks.check_dead_rows(rows)
+
+
+def test_published_router_weight_rows_hold():
+    """docs/router-weight-vllm-0.34.0.json (Llama-4's router weight on the input, SUPPORT.md):
+    stock weights each token twice, far from the weight-once reference; the plugin is at it."""
+    rows = json.loads((Path(__file__).parents[2] / "docs/router-weight-vllm-0.34.0.json")
+                      .read_text())
+    assert {r["backend"] for r in rows} == {"flashinfer_cutlass", "vllm_cutlass"}
+    for r in rows:
+        assert r["ok"] and r["stock_error"] is None and r["plugin_error"] is None, r
+        assert r["stock_rel_err"] >= 0.2 and r["plugin_rel_err"] <= 1e-4, r

@@ -48,7 +48,7 @@ def w3_w1_permute_indices(cache, dst_w3_w1_weight: torch.Tensor, epilogue_tile_m
     (``get_shuffle_matrix_sf_a_row_indices`` permutes whole rows too). FlashInfer computes it
     with device kernels; :mod:`nvfp4.trtllm_layout` computes the same indices on CPU (checked
     byte for byte against FlashInfer 0.3.1's shuffles in tests/nvfp4, and against FlashInfer
-    0.7.2.post1's and 0.7.4's own helpers in tests/newest/test_newest_trtllm_layout.py)."""
+    0.7.2.post1's and 0.7.4's own helpers in tests/nvfp4_oracle/test_trtllm_layout.py)."""
     from fp4_moe_lab.nvfp4 import trtllm_layout as tl
 
     rows = dst_w3_w1_weight.shape[0]

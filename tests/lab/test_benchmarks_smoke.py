@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """`python -m benchmarks.run --smoke --worlds here` runs in the vLLM 0.11.0 world
-and its structural targets hold. (The 0.34.0 world's smoke test is tests/newest's.)
+and its structural targets hold. (The 0.34.0 world's smoke test is tests/nvfp4_oracle's.)
 
 Timing targets are not asserted tightly (CI machines are noisy); only loose sanity bounds.
 """
@@ -17,7 +17,7 @@ import pytest
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TP_LIKE = ("single", "tp")
 DP = ("dp_ep_allgather",)
 

@@ -38,7 +38,7 @@ from tests.serving_modules import (
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "vllm_fp4_moe_plugin"
 DIST_NAME = "vllm-fp4-moe-plugin"
 # Test-only modules that need a checkout (.venv-engine) or only serve tests; never in the wheel.

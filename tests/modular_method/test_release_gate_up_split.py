@@ -1,13 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """Gate and up with their own weight global scales on vLLM 0.12.0 (modular_method design): stock
 reads the up half with the gate's scale, the plugin carries each expert's factor in GEMM2's
-scales (what and why: tests/layers/test_gate_up_split.py)."""
+scales (what and why: tests/init_prepare_finalize/test_gate_up_split.py)."""
 
 import pytest
 
 from fp4_moe_lab.simulation.layouts import Scenario
 from fp4_moe_lab.simulation.matrix import run_matrix
-from tests.layers.test_gate_up_split import check_split_rows
+from tests.gate_up_checks import check_split_rows
 
 pytestmark = [pytest.mark.multiproc]
 

@@ -11,24 +11,11 @@ instead of ``up`` (CUTLASS; TRT-LLM requantizes from fp32)."""
 
 import pytest
 
-from fp4_moe_lab.simulation.judge import CARRY_BOUND
 from fp4_moe_lab.simulation.layouts import Scenario
 from fp4_moe_lab.simulation.matrix import run_matrix
-from tests.pass_marks import AFFECTED_FACTOR, FP32_FACTOR, PLUGIN_BOUND
+from tests.gate_up_checks import check_split_rows
 
 pytestmark = [pytest.mark.multiproc]
-
-
-
-def check_split_rows(rows) -> None:
-    assert rows
-    for r in rows:
-        what = (r.format, r.layout, r.backend, r.stock_rel_err, r.plugin_rel_err, r.noise_floor)
-        assert r.stock_error is None and r.plugin_error is None, what
-        assert r.stock_rel_err >= AFFECTED_FACTOR * PLUGIN_BOUND, what  # stock: far above noise
-        assert r.plugin_fp32_err <= FP32_FACTOR * r.noise_floor, what  # the plugin: at it
-        assert r.plugin_rel_err <= CARRY_BOUND * r.noise_floor, what
-        assert r.ok, what  # the matrix's own verdict on a split row agrees
 
 
 @pytest.mark.parametrize("split", [10.0])

@@ -4,7 +4,7 @@
 ``--moe-backend flashinfer_trtllm`` (vLLM's default NVFP4 MoE backend on SM100): the oracle
 picks FLASHINFER_TRTLLM, vLLM shuffles the weights into the TRT-LLM layout
 (Q/utils/flashinfer_fp4_moe.py:327-441, FlashInfer's permute-index helpers and SF interleave
-stood in for on CPU; test_newest_trtllm_layout.py checks those against FlashInfer 0.7's own).
+stood in for on CPU; test_trtllm_layout.py checks those against FlashInfer 0.7's own).
 Without all-to-all kernels it builds the self-routing ``TrtLlmNvFp4ExpertsMonolithic``
 (``trtllm_fp4_block_scale_moe``), here on a DeepSeek-V3-style layer (grouped top-k with
 correction bias); under DP+EP ``TrtLlmNvFp4ExpertsModular``
@@ -22,7 +22,7 @@ import pytest
 
 from fp4_moe_lab.simulation.layouts import LAYOUTS, Scenario, run_layout
 from fp4_moe_lab.simulation.matrix import trtllm_layer_kwargs, trtllm_routes_itself
-from tests.newest.features import skip_unless_matrix_has
+from tests.nvfp4_oracle.features import skip_unless_matrix_has
 from tests.pass_marks import AFFECTED_FACTOR, FP32_FACTOR, PLUGIN_BOUND
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]

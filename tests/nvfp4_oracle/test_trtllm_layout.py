@@ -15,7 +15,7 @@ scale matrix goes through ``flashinfer.nvfp4_block_scale_interleave`` (the 128x4
 In the matrix (simulation/oracle_trtllm.py) those three FlashInfer names are the seam's CPU
 stand-ins, and the emulator reads the result back with ``nvfp4.trtllm_layout.unshuffle_gemm1``/
 ``unshuffle_gemm2``. Here vLLM's own function runs once with FlashInfer 0.7.x's helpers, executed
-from the released wheel (tests/newest/flashinfer_wheel.py: 0.7.3, vLLM's pin, is not on the
+from the released wheel (tests/nvfp4_oracle/flashinfer_wheel.py: 0.7.3, vLLM's pin, is not on the
 package index; 0.7.2.post1 and 0.7.4 bracket it), and once with the seam's stand-ins. Only
 ``nvfp4_block_scale_interleave`` cannot be FlashInfer's on CPU (an SM100 JIT module): the
 project's mirror stands in for it both times, and FlashInfer 0.7's own pure-torch reader of the

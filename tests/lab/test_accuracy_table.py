@@ -8,7 +8,7 @@ from pathlib import Path
 
 from fp4_moe_lab.accuracy import table as run_table
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_second_writer_of_one_json_stops_naming_the_first(tmp_path):

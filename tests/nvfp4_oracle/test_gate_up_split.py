@@ -1,13 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """Gate and up with their own weight global scales on vLLM 0.34.0's NVFP4 oracle: stock reads the
 up half with the gate's scale, the plugin's oracle wrapper carries each expert's factor in the
-helper's GEMM2 scales (what and why: tests/layers/test_gate_up_split.py)."""
+helper's GEMM2 scales (what and why: tests/init_prepare_finalize/test_gate_up_split.py)."""
 
 import pytest
 
 from fp4_moe_lab.simulation.layouts import Scenario
 from fp4_moe_lab.simulation.matrix import run_matrix
-from tests.layers.test_gate_up_split import check_split_rows
+from tests.gate_up_checks import check_split_rows
 
 pytestmark = [pytest.mark.multiproc]
 

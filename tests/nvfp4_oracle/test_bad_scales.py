@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Bad checkpoint scales on the oracle design (CI: vLLM 0.34.0): the plugin refuses them with the
-layer, the tensor and the expert named, in the same words as on 0.11.0 (tests/layers); activation
-scales no calibration produced are loaded with the calibrated max amax instead."""
+layer, the tensor and the expert named, in the same words as on 0.11.0
+(tests/init_prepare_finalize); activation scales no calibration produced are loaded with the
+calibrated max amax instead."""
 
 import pytest
 
@@ -15,7 +16,7 @@ FORMATS = ("modelopt", "compressed-tensors")
 
 @pytest.fixture(scope="module")
 def bad_scales():
-    return spawn(LAYOUTS["single"], "tests.layers.jobs:bad_scales")[0]
+    return spawn(LAYOUTS["single"], "tests.layer_jobs:bad_scales")[0]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -5,7 +5,7 @@ It runs only when asked: ``VLLM_FP4_MOE_EXPECT_DESIGN=nvfp4_oracle`` (``scripts/
 it for ``.venv-vllm-0.34.0``). The installed vLLM must then probe as that design, or the run
 stops (pytest exit 4, the error naming both designs) instead of testing the wrong release.
 Without the variable, or with another design's, nothing here is collected, so neither the
-default suite (vLLM 0.11.0) nor tests/upstream (0.12.0) imports this release's MoE code.
+default suite (vLLM 0.11.0) nor tests/modular_method (0.12.0) imports this release's MoE code.
 """
 
 import pytest

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from fp4_moe_lab.simulation.layouts import LAYOUTS, Scenario, run_layout
-from tests.newest.features import skip_unless_matrix_has
+from tests.nvfp4_oracle.features import skip_unless_matrix_has
 from tests.pass_marks import AFFECTED_FACTOR, FP32_FACTOR, PLUGIN_BOUND
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]

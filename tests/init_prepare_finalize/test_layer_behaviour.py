@@ -13,7 +13,7 @@ from tests.pass_marks import PLUGIN_BOUND
 
 pytestmark = pytest.mark.multiproc
 
-JOBS = "tests.layers.jobs"
+JOBS = "tests.layer_jobs"
 FORMATS = ("modelopt", "compressed-tensors")
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fp4_moe_lab.simulation.layouts import default_layouts
-from tests.newest.features import ONE_SIDED
+from tests.nvfp4_oracle.features import ONE_SIDED
 from vllm_fp4_moe_plugin import support
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
@@ -30,7 +30,7 @@ def test_every_layout_and_format_has_a_row_per_backend(matrix_rows):
     for row in matrix_rows:
         per_cell.setdefault((row["layout"], row["format"]), []).append(row["backend"])
     want = set(support.LAYOUTS)
-    if ONE_SIDED not in default_layouts():  # v0.20.0: see tests/newest/features.py
+    if ONE_SIDED not in default_layouts():  # v0.20.0: see tests/nvfp4_oracle/features.py
         want.discard(ONE_SIDED)
     assert {layout for layout, _ in per_cell} == want
     for cell, backends in per_cell.items():

@@ -129,9 +129,9 @@ def test_off_warning_only_where_this_release_is_wrong():
     left open), not for TP-like layouts, which 0.11.1 computes right."""
     from fp4_moe_lab.simulation.layouts import LAYOUTS, spawn
 
-    single = spawn(LAYOUTS["single"], "tests.layers.jobs:off_warning")[0]
+    single = spawn(LAYOUTS["single"], "tests.layer_jobs:off_warning")[0]
     assert single["unset/4.0"] == [], single
-    dp = spawn(LAYOUTS["dp"], "tests.layers.jobs:off_warning")[0]
+    dp = spawn(LAYOUTS["dp"], "tests.layer_jobs:off_warning")[0]
     assert len(dp["unset/4.0"]) == 1 and "data-parallel dispatch" in dp["unset/4.0"][0]
     assert dp["unset/1.0"] == [] and dp["0/4.0"] == []
 

@@ -2,7 +2,7 @@
 """The router weight on the input (Llama-4, top-1) counted once: the wrapper on vLLM 0.34.0's
 modular kernel hands NVFP4 experts unit weights exactly where the prepare applied the weight
 (read from each prepare's source), and changes nothing anywhere else. The layer-level proof is
-tests/newest/test_newest_families.py (matrix --router-weight-on-input)."""
+tests/nvfp4_oracle/test_families.py (matrix --router-weight-on-input)."""
 
 from types import SimpleNamespace
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from fp4_moe_lab import checkout, demo
 from fp4_moe_lab.engines import engine, plugin_wheel
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _fake_checkout(root: Path, *, venv_engine: bool) -> None:

@@ -9,7 +9,7 @@ from fp4_moe_lab.simulation.layouts import LAYOUTS, spawn
 
 pytestmark = pytest.mark.multiproc
 
-JOB = "tests.layers.jobs:off_warning"
+JOB = "tests.layer_jobs:off_warning"
 
 
 def test_dp_ep_warns_once_per_rank_and_names_the_audit():

@@ -8,7 +8,7 @@ from fp4_moe_lab.simulation.layouts import LAYOUTS, spawn
 
 def main() -> None:
     try:
-        spawn(LAYOUTS["tp"], "tests.test_cli_errors:failing_job")
+        spawn(LAYOUTS["tp"], "tests.tools.test_cli_errors:failing_job")
     except RuntimeError as exc:
         assert "injected failure" in str(exc), exc
         print("FAILED AS INJECTED")

@@ -2,8 +2,10 @@
 """With upstream's fix in vLLM the plugin stands down, hole by hole.
 
 In each patched world the feature probes must see exactly the fixes applied, and the plugin,
-switched on, must keep only the duties upstream still lacks: none with every patch (one INFO
-line, nothing patched); with some, the plan names what is left and only its wrappers are in.
+switched on, must keep only the duties upstream still lacks: with every patch, only Llama-4's
+router weight (no upstream patch: vllm#43694 is vLLM's own, for its CUTLASS); with some, the plan
+names what is left and only its wrappers are in. Where vLLM weights that token once, nothing
+with every patch (one INFO line, nothing patched).
 """
 
 import importlib
@@ -37,13 +39,16 @@ def test_plugin_keeps_only_the_duties_upstream_lacks(fixed, fresh_plugin, monkey
     cutlass = getattr(importlib.import_module(vm.CUTLASS_MOE), vm.CUTLASS_MOE_FP4)
     messages = [(r.levelno, r.getMessage()) for r in caplog_plugin.records
                 if r.name.startswith("vllm.fp4_moe_plugin")]
-    if fixed == set(FINDINGS):
+    findings = compat.probe().findings
+    router = nvfp4_oracle.router_weight_needed(findings)  # no upstream patch: 0.34.0 keeps it
+    router_target = f"{vm.MODULAR_KERNEL}.{findings['modular_kernel_class']}._fused_experts"
+    assert (router_target in ours) == router
+    if fixed == set(FINDINGS) and not router:
         assert state == "inactive" and reason.endswith(nvfp4_oracle.FIXED), reason
         assert not ours and helper is helper_before and cutlass is cutlass_before
         assert (logging.INFO, f"vllm-fp4-moe-plugin inactive: {reason}.") in messages
         assert not [m for level, m in messages if level >= logging.WARNING], messages
         return
-    findings = compat.probe().findings
     left = {d for d, f in nvfp4_oracle.UPSTREAM_FIXES.items() if f not in fixed}
     words, _ = nvfp4_oracle.describe(findings, True)
     assert state == "active" and reason.endswith(words), reason
@@ -55,6 +60,7 @@ def test_plugin_keeps_only_the_duties_upstream_lacks(fixed, fresh_plugin, monkey
     assert (cutlass is not cutlass_before) == routes_left
     assert (nvfp4_oracle.ROUTES in words) == routes_left
     assert (nvfp4_oracle.CARRY in words) == ("carry" in left)
+    assert (nvfp4_oracle.ROUTER in words) == router
 
 
 def test_plugin_repairs_in_front_of_upstreams_refusal(fixed, refusing, fresh_plugin,

@@ -65,6 +65,15 @@ def routes_needed(findings) -> bool:
 
 CARRY = ("vLLM reads the up half of GEMM1 with the gate's weight global scale where a "
          "checkpoint gives each its own")
+ROUTER = ("the NVFP4 experts weight a token again after the prepare applied its router weight to "
+          "the input (Llama-4)")
+
+
+def router_weight_needed(findings) -> bool:
+    """vLLM's modular kernel is one the plugin recognises, and an NVFP4 experts class still
+    weights a token whose router weight the prepare applied to the input (no upstream fix)."""
+    return bool(findings.get("modular_kernel_class")) and bool(
+        findings.get("nvfp4_experts_weight_again"))
 
 
 def describe(findings, needed: bool) -> tuple[str, bool]:
@@ -75,7 +84,8 @@ def describe(findings, needed: bool) -> tuple[str, bool]:
         return words + "; " + CARRY, False
     if needed:
         scales = SCALES_FIXED if not left else ACTIVE if len(left) == 2 else PARTLY[left[0]]
-        return scales + ("; " + ROUTES if routes_needed(findings) else ""), False
+        return (scales + ("; " + ROUTES if routes_needed(findings) else "")
+                + ("; " + ROUTER if router_weight_needed(findings) else "")), False
     # NOTHING_NEEDED is not a fix: the helpers moved, whether upstream fixed the hole is unknown
     return (FIXED, True) if not left else (NOTHING_NEEDED, False)
 
@@ -84,8 +94,7 @@ def _router_weight_needed(name: str):
     def needed(findings) -> bool:
         """This modular kernel class is vLLM's, and an NVFP4 experts class still weights a
         token whose router weight the prepare applied to the input."""
-        return findings.get("modular_kernel_class") == name and bool(
-            findings.get("nvfp4_experts_weight_again"))
+        return findings.get("modular_kernel_class") == name and router_weight_needed(findings)
     return needed
 
 

@@ -11,8 +11,6 @@ with every patch (one INFO line, nothing patched).
 import importlib
 import logging
 
-import pytest
-
 from vllm_fp4_moe_plugin import compat, patches
 from vllm_fp4_moe_plugin import vllm_modules as vm
 from vllm_fp4_moe_plugin.patches import nvfp4_oracle
@@ -66,10 +64,13 @@ def test_plugin_keeps_only_the_duties_upstream_lacks(fixed, fresh_plugin, monkey
 def test_plugin_repairs_in_front_of_upstreams_refusal(fixed, refusing, fresh_plugin,
                                                       monkeypatch):
     """0005 off: vLLM refuses uncalibrated expert scales (0002), and the plugin, switched on,
-    wraps that refusal with its repair (the helpers' wrapper then repairs nothing)."""
-    if "upstream_repairs_uncalibrated" not in fixed:
-        pytest.skip("this world lacks upstream/0002")
+    wraps that refusal with its repair (the helpers' wrapper then repairs nothing); in a world
+    without 0002 nothing refuses and no such wrapper is planned."""
     findings = compat.probe().findings
+    if "upstream_repairs_uncalibrated" not in fixed:  # no 0002 here: nothing refuses
+        assert not findings["upstream_refuses_uncalibrated"]
+        assert not nvfp4_oracle.repair_before_refusal(findings)
+        return
     assert findings["upstream_refuses_uncalibrated"]
     assert not findings["upstream_repairs_uncalibrated"]
     assert nvfp4_oracle.helper_duties(findings)["repair"] is False

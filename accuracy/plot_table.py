@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Draw docs/accuracy.png from the accuracy table's rows (run by accuracy/run_table.py in a
+"""Draw docs/data/accuracy.png from the accuracy table's rows (run by accuracy/run_table.py in a
 Python that has matplotlib, which the engine worlds need not have).
 
 Usage: python accuracy/plot_table.py ROWS_JSON PNG_OUT

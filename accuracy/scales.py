@@ -24,7 +24,7 @@ import math
 import os
 import re
 
-from vllm_fp4_moe_plugin.scale_rule import UNCALIBRATED_MARGIN, uncalibrated_experts
+from vllm_fp4_moe_plugin.scales.scale_rule import UNCALIBRATED_MARGIN, uncalibrated_experts
 
 FP8_X_FP4 = 448.0 * 6.0
 
@@ -74,7 +74,7 @@ def summarize(model_dir: str) -> dict | None:
         for name, projs in (("w13", ("gate", "up")), ("w2", ("down",))):
             raw = {e: {p: sc[(li, e, p)][1] for p in projs} for e in experts}
             kind = sc[(li, experts[0], projs[0])][0]
-            # the plugin's own rule (one place: vllm_fp4_moe_plugin.scale_rule)
+            # the plugin's own rule (one place: vllm_fp4_moe_plugin.scales.scale_rule)
             bad = uncalibrated_experts([tuple(amax_of(kind, raw[e][p]) for p in projs)
                                         for e in experts])
             # the amax an engine would use for the expert's GEMM: the larger of gate's and up's
@@ -134,7 +134,7 @@ def render(all_res: dict) -> str:
         "smaller of the two ranks' max amax (vLLM >= 0.14.0's DP+EP GEMM1 error for "
         "compressed-tensors). Experts whose scale is not a calibration (<= 0, not finite, "
         f"or more than {UNCALIBRATED_MARGIN:g}x from the layer's median amax: the plugin's rule, "
-        "vllm_fp4_moe_plugin.scale_rule) are listed as uncalibrated, with the raw values "
+        "vllm_fp4_moe_plugin.scales.scale_rule) are listed as uncalibrated, with the raw values "
         "written, and left out of min/max/spread.",
         "",
         "| checkpoint | format | layer | proj | scale min | scale max | amax min | amax max "

@@ -41,7 +41,7 @@ def _rank(rank: int, world: int, port: int, layers: int, repeats: int, queue) ->
     import torch
     import torch.distributed as dist
 
-    from vllm_fp4_moe_plugin import scale_agreement
+    from vllm_fp4_moe_plugin.scales import scale_agreement
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,

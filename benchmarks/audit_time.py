@@ -69,7 +69,7 @@ def list_headers(root: Path) -> int:
 
 def rows(layers: range = range(3, 61), experts: int = 256, shards: int = 8,
          repeats: int = 3) -> list[Row]:
-    from vllm_fp4_moe_plugin.checkpoint.audit import audit_checkpoint
+    from vllm_fp4_moe_plugin.tools.checkpoint.audit import audit_checkpoint
 
     with tempfile.TemporaryDirectory(prefix="fp4moe-bench-audit-") as tmp:
         root = Path(tmp)

@@ -18,7 +18,8 @@ import torch
 from benchmarks import seam
 from fp4_moe_lab.simulation import moe_layer
 from fp4_moe_lab.simulation.layouts import Scenario
-from vllm_fp4_moe_plugin import patches, scale_agreement
+from vllm_fp4_moe_plugin.patches import ledger
+from vllm_fp4_moe_plugin.scales import scale_agreement
 
 SCHEMES = ("stock", "plugin", "upstream")
 _index = iter(range(2000, 100000))
@@ -53,7 +54,7 @@ def _upstream_scales() -> Iterator[None]:
 
 
 def _build(experts, scheme: str, top_k: int):
-    (patches.revert_all if scheme == "stock" else patches.apply_all)()
+    (ledger.revert_all if scheme == "stock" else ledger.apply_all)()
     ctx = _upstream_scales() if scheme == "upstream" else contextlib.nullcontext()
     with ctx:
         built = moe_layer.build_layer(experts, "modelopt", top_k=top_k, index=next(_index))
@@ -88,7 +89,7 @@ def schemes(ctx, scenario: Scenario, spreads, token_scales) -> dict:
                     out["outputs"][key] = y.float()
                     out["counts"][key] = tally.as_dict()
     finally:
-        patches.revert_all()
+        ledger.revert_all()
     return out
 
 
@@ -103,7 +104,7 @@ def apply_overhead(ctx, scenario: Scenario, token_counts, calls: int) -> dict:
               for s in ("stock", "plugin", "stock#2")}
 
     def patched_for(s):  # the direct call is looked up at call time: the plugin's needs its own
-        (patches.apply_all if s == "plugin" else patches.revert_all)()
+        (ledger.apply_all if s == "plugin" else ledger.revert_all)()
 
     g = torch.Generator().manual_seed(5)
     res: dict = {}
@@ -137,7 +138,7 @@ def apply_overhead(ctx, scenario: Scenario, token_counts, calls: int) -> dict:
                             samples[s].append(time.perf_counter() - t0)
             res[m] = {s: statistics.median(v) for s, v in samples.items()}
             res[m]["pre_kernel_passes"] = passes
-    patches.revert_all()
+    ledger.revert_all()
     return res
 
 
@@ -148,7 +149,7 @@ def load_time(ctx, num_layers: int, num_experts: int) -> dict:
     from vllm.distributed import get_ep_group
     from vllm.model_executor.layers.fused_moe.config import nvfp4_moe_quant_config
 
-    from vllm_fp4_moe_plugin import consistency
+    from vllm_fp4_moe_plugin.patches import consistency
     from vllm_fp4_moe_plugin.patches.init_prepare_finalize.flashinfer_cutlass import (
         KernelQuantizedPrepareAndFinalize,
     )

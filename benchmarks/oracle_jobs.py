@@ -18,7 +18,8 @@ import torch
 from benchmarks import oracle_seam
 from fp4_moe_lab.simulation import moe_layer
 from fp4_moe_lab.simulation.layouts import describe_layer
-from vllm_fp4_moe_plugin import patches, scale_agreement
+from vllm_fp4_moe_plugin.patches import ledger
+from vllm_fp4_moe_plugin.scales import scale_agreement
 
 _index = iter(range(3000, 100000))  # unique layer names: vLLM refuses a duplicate prefix
 
@@ -26,7 +27,7 @@ FORMATS = ("compressed-tensors", "modelopt")
 
 
 def _switch(mode: str) -> None:
-    (patches.apply_all if mode == "plugin" else patches.revert_all)()
+    (ledger.apply_all if mode == "plugin" else ledger.revert_all)()
 
 
 def _build(experts, fmt: str, mode: str, top_k: int, process: bool = True):
@@ -62,7 +63,7 @@ def accuracy(ctx, scenarios) -> dict:
                     res[f"{fmt}/{mode}"] = {"output": y.float(), "info": describe_layer(layer)}
             out[sc.slice_ratio] = res
     finally:
-        patches.revert_all()
+        ledger.revert_all()
     return out
 
 
@@ -76,7 +77,7 @@ def forward_work(ctx, scenario, token_counts, calls: int, count_tokens: int) -> 
     from vllm.forward_context import get_forward_context, set_forward_context
 
     experts = scenario.experts()
-    patches.apply_all()
+    ledger.apply_all()
     watched = oracle_seam.helper_functions()
     names = ("stock", "plugin", "stock#2", "plugin#2")
     layers, at_load = {}, {}
@@ -105,7 +106,7 @@ def forward_work(ctx, scenario, token_counts, calls: int, count_tokens: int) -> 
                                 _call(layer, x, logits)
                         res["per_forward"][s] = {"forwards": calls, **n}
                 res["samples"][m], res["blocks"][m] = _timed_blocks(layers, x, logits, calls)
-    patches.revert_all()
+    ledger.revert_all()
     return res
 
 
@@ -175,7 +176,7 @@ def load_cost(ctx, num_layers: int, num_experts: int, experts=None, pwal_layers:
            "barrier": t_barrier, "runs": runs}
     if pwal_layers and experts is not None:
         out["pwal"] = _pwal_times(experts, pwal_layers, top_k, group)
-    patches.revert_all()
+    ledger.revert_all()
     return out
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from benchmarks.layout_runs import R1_EXPERTS, R1_MOE_LAYERS
 from fp4_moe_lab.simulation.ep_slice import EpSliceScenario
 from fp4_moe_lab.simulation.layouts import LAYOUTS, Scenario, spawn
-from vllm_fp4_moe_plugin.support import Layout
+from vllm_fp4_moe_plugin.base.support import Layout
 
 JOB = "benchmarks.oracle_jobs:world_job"
 DP_EP = "dp_ep_allgather"

@@ -74,8 +74,8 @@ def helper_functions() -> dict:
     while the plugin's patches are applied: its wrapper (one code object serves both oracle
     helpers, so it is one entry), the stock helpers it wraps, and the EP collective
     (``scale_agreement.agree_max``)."""
-    from vllm_fp4_moe_plugin import scale_agreement
-    from vllm_fp4_moe_plugin import vllm_modules as vm
+    from vllm_fp4_moe_plugin.base import vllm_modules as vm
+    from vllm_fp4_moe_plugin.scales import scale_agreement
 
     oracle = importlib.import_module(vm.NVFP4_ORACLE)
     out = {"scale_agreement.agree_max": scale_agreement.agree_max}

@@ -29,7 +29,7 @@ MODES = {"on": "1", "off": "0", "unset": None}
 def modules() -> list[str]:
     """The trigger modules this vLLM has, in the order vLLM imports them (0.11.0: ``modelopt``
     and ``compressed_tensors_moe``; the oracle design adds ``fused_moe/oracle/nvfp4``)."""
-    from vllm_fp4_moe_plugin.vllm_modules import TRIGGER_MODULES
+    from vllm_fp4_moe_plugin.base.vllm_modules import TRIGGER_MODULES
 
     out = []
     for name in TRIGGER_MODULES:

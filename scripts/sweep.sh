@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # The release sweep (lab/fp4_moe_lab/sweep.py): each vLLM release from 0.11.0 on, in a throwaway
 # world under .sweep/, probed and measured (layer matrix, uncalibrated rows); one row each in
-# docs/releases.json. Resumable: releases already there are skipped (--force re-measures).
+# docs/data/releases.json. Resumable: releases already there are skipped (--force re-measures).
 #   ./scripts/sweep.sh                      every release on the index (hours; ~16 GiB free each)
 #   ./scripts/sweep.sh --release 0.14.0     one release (repeatable)
 set -euo pipefail

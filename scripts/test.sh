@@ -14,7 +14,7 @@
 # Extra arguments go to every pytest run in the default world (e.g. -x, -k expr).
 #   --quick   only the unit tier (~15 s to create .venv-unit the first time, the tests ~5 s).
 #   --release X  only vLLM release X, in a throwaway world: probe, layer matrix, uncalibrated
-#             rows, its row in docs/releases.json (scripts/sweep.sh; ~5-12 min, ~16 GiB free).
+#             rows, its row in docs/data/releases.json (scripts/sweep.sh; ~5-12 min, ~16 GiB free).
 # FP4MOE_TEST_DROP_RELEASE_VENVS=1 (CI sets it) removes each release virtualenv once its suite
 # has run. With FP4MOE_AHEAD_GIB (default 40) GiB free once .venv exists, the other worlds are
 # built in the background while the first tiers run; with less, one after another, and with

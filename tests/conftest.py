@@ -67,7 +67,7 @@ def plugin_records(caplog, level=logging.INFO):
 @pytest.fixture
 def blackwell_env(monkeypatch):
     """doctor tests: none of the variables doctor reads, except the FlashInfer MoE switch."""
-    from vllm_fp4_moe_plugin import doctor
+    from vllm_fp4_moe_plugin.tools import doctor
 
     for k in doctor.VLLM_ENV + doctor.OWN_ENV:
         monkeypatch.delenv(k, raising=False)

@@ -17,7 +17,7 @@ def collect_ignore_for(design: str) -> list[str]:
     expected = os.environ.get("VLLM_FP4_MOE_EXPECT_DESIGN")
     if expected != design:
         return ["test_*.py"]
-    from vllm_fp4_moe_plugin import compat
+    from vllm_fp4_moe_plugin.patches import compat
 
     found = compat.probe().design
     if found != expected:

@@ -15,7 +15,7 @@ from fp4_moe_lab.checkpoint.expert_tensors import expert_tensors
 from fp4_moe_lab.nvfp4 import random_experts
 from fp4_moe_lab.simulation import moe_layer
 from fp4_moe_lab.simulation.layouts import Scenario, stock_and_plugin_outputs
-from vllm_fp4_moe_plugin import patches
+from vllm_fp4_moe_plugin.patches import ledger
 
 FORMATS = ("modelopt", "compressed-tensors")
 PREFIX = "model.layers.{index}.mlp.experts"
@@ -23,11 +23,11 @@ _index = iter(range(1000, 100000))
 
 
 def _build(experts, fmt, *, plugin: bool, **kw):
-    (patches.apply_all if plugin else patches.revert_all)()
+    (ledger.apply_all if plugin else ledger.revert_all)()
     try:
         return moe_layer.build_layer(experts, fmt, top_k=2, index=next(_index), **kw)
     finally:
-        patches.revert_all()
+        ledger.revert_all()
 
 
 def _error_of(fn):
@@ -60,12 +60,12 @@ def _build_with_bad_scale(experts, fmt, suffix, value, *, plugin: bool):
     prefix = PREFIX.format(index=index)
     name = f"{prefix}.3.{suffix}"
     shape = expert_tensors(experts, fmt, prefix)[name].shape
-    (patches.apply_all if plugin else patches.revert_all)()
+    (ledger.apply_all if plugin else ledger.revert_all)()
     try:
         return prefix, _error_of(lambda: moe_layer.build_layer(
             experts, fmt, top_k=2, index=index, overrides={name: torch.full(shape, value)}))
     finally:
-        patches.revert_all()
+        ledger.revert_all()
 
 
 def bad_scales(ctx) -> dict:
@@ -141,7 +141,7 @@ def other_backends(ctx) -> dict:
     os.environ["VLLM_FLASHINFER_MOE_BACKEND"] = "latency"
     # TRT-LLM's weight shuffles index fp8 tensors, which CPU torch cannot; the shuffle only
     # reorders weights for the kernel and never touches the scales under test.
-    original_cls = patches.LEDGER[0].original()
+    original_cls = ledger.LEDGER[0].original()
     saved_shuffle = original_cls.prepare_static_weight_layouts_for_trtllm_moe
     original_cls.prepare_static_weight_layouts_for_trtllm_moe = (
         lambda self, w13, w2, s13, s2, *rest: (w13.data.clone(), s13.data.clone(),
@@ -194,7 +194,7 @@ def check_modes(ctx) -> dict:
     scale while the config says per expert."""
     import logging
 
-    from vllm_fp4_moe_plugin import consistency
+    from vllm_fp4_moe_plugin.patches import consistency
 
     records = []
 
@@ -205,20 +205,20 @@ def check_modes(ctx) -> dict:
     logging.getLogger("vllm.fp4_moe_plugin").addHandler(Keep())
     experts = random_experts(8, 256, 512, seed=4)
     out = {}
-    direct_call = patches.LEDGER[2]
+    direct_call = ledger.LEDGER[2]
     for setup in ("consistent", "inconsistent"):
         for mode in ("off", "warn", "strict"):
             os.environ["VLLM_FP4_MOE_PLUGIN_CHECK"] = mode
             consistency.reset_for_tests()  # each case stands for a fresh model load
             records.clear()
-            patches.apply_all()
+            ledger.apply_all()
             if setup == "inconsistent":
                 direct_call.revert()
             try:
                 error = _error_of(lambda: moe_layer.build_layer(
                     experts, "modelopt", top_k=2, index=next(_index)))
             finally:
-                patches.revert_all()
+                ledger.revert_all()
             last = consistency.last_result()
             out[f"{setup}/{mode}"] = {
                 "error": error, "check": None if last is None else (last.ok, last.reason),

@@ -11,10 +11,10 @@ with such an expert on that release: wrong far above NVFP4 noise, or bit-identic
 import math
 
 from tests.pass_marks import AFFECTED_FACTOR, PLUGIN_BOUND
-from vllm_fp4_moe_plugin import support
+from vllm_fp4_moe_plugin.base import support
 
 # What CI runs per layout: llmcompressor's two values (gate/up 1.57e-29, down_proj 0.0) and the
-# rare expert that must stay untouched; docs/uncalibrated-*.json hold every planted case.
+# rare expert that must stay untouched; docs/data/uncalibrated-*.json hold every planted case.
 CI_PLANTS = (("w13", "tiny"), ("w2", "zero"), ("w13", "large"), ("w13", "missing"))
 LAYOUTS = ("single", "dp_ep_allgather")
 PLANTED_EXPERT = 1  # the fixture's experts share one amax: planted_scales picks expert 0 ^ 1
@@ -26,7 +26,7 @@ def kind(fmt: str, case: str) -> str:
     0 is a low amax; a compressed-tensors 0, 1 / 0 = inf, a high one; a missing tensor is what
     the memory held)."""
     from fp4_moe_lab.simulation.planted_scales import CASES, MISSING, MISSING_MEMORY
-    from vllm_fp4_moe_plugin.scale_rule import uncalibrated
+    from vllm_fp4_moe_plugin.scales.scale_rule import uncalibrated
 
     stored = CASES[case].stored(fmt)
     stored = MISSING_MEMORY if stored == MISSING else stored

@@ -4,7 +4,8 @@
 vLLM calls :func:`register` in every process it starts via the ``vllm.general_plugins`` entry
 point ``fp4_moe``. It is cheap (no vLLM import of its own), idempotent, never raises for an
 unsupported vLLM, and raises for a bad ``VLLM_FP4_MOE_PLUGIN*`` value, the plugin on or off. The
-probe and the patches run when vLLM first imports its NVFP4 MoE modules (:mod:`.import_hook`).
+probe and the patches run when vLLM first imports its NVFP4 MoE modules (the import hook in
+:mod:`.base.vllm_modules`).
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ import contextlib
 import importlib
 import os
 
-# What register() imports, the switch on or off: these three and nothing else of the plugin
+# What register() imports, the switch on or off: base, these two and nothing else of the plugin
 # (tests/ut/test_import_budget.py); the rest comes in import hooks' callbacks and on-paths.
-from vllm_fp4_moe_plugin import envs, import_hook  # cheap, vLLM-free
-from vllm_fp4_moe_plugin import vllm_modules as vm  # vLLM-free
+from vllm_fp4_moe_plugin.base import envs  # cheap, vLLM-free
+from vllm_fp4_moe_plugin.base import vllm_modules as vm  # vLLM-free; the import hook too
 
 __version__ = "0.1.0"
 
@@ -28,7 +29,7 @@ _design = None  # support.Design the probe saw when the switch is on (None: unkn
 
 
 def get_logger():
-    from vllm_fp4_moe_plugin.log import get_logger as plugin_logger
+    from vllm_fp4_moe_plugin.base.log import get_logger as plugin_logger
 
     return plugin_logger()
 
@@ -58,18 +59,18 @@ def register() -> None:
                 "VLLM_FP4_MOE_PLUGIN unset" if switch is None else f"VLLM_FP4_MOE_PLUGIN={switch}")
         if "VLLM_FP4_MOE_PLUGIN" not in os.environ:  # unset: watch (read-only) and warn once,
             # from when vLLM can build an NVFP4 MoE layer
-            import_hook.run_after_first_import(vm.TRIGGER_MODULES, _install_off_warning)
+            vm.run_after_first_import(vm.TRIGGER_MODULES, _install_off_warning)
         _join_fleet()  # off too: a rank that runs the fix must know it is next to this one
         return
     _state, _reason = "pending", "waiting for vLLM to import its NVFP4 MoE modules"
     if not parent_has_it_on:  # the first process of the deployment: what it starts inherits this
         os.environ["VLLM_FP4_MOE_PLUGIN_LAUNCHER"] = "1"
-    import_hook.run_after_first_import(vm.TRIGGER_MODULES, _install)
+    vm.run_after_first_import(vm.TRIGGER_MODULES, _install)
     _join_fleet()
 
 
 def _install_off_warning() -> None:
-    from vllm_fp4_moe_plugin import off_warning
+    from vllm_fp4_moe_plugin.patches import off_warning
 
     off_warning.install()
 
@@ -77,17 +78,15 @@ def _install_off_warning() -> None:
 def _join_fleet() -> None:
     """Off too: a rank that runs the fix must know it is next to this one. From when vLLM
     imports its parallel state (the world group is built after)."""
-    import_hook.run_after_first_import((vm.PARALLEL_STATE,), _install_fleet_rendezvous)
+    vm.run_after_first_import((vm.PARALLEL_STATE,), _install_fleet_rendezvous)
 
 
 def _install_fleet_rendezvous() -> None:
     """Never stops a process: where it cannot be installed, only a rank that is on says so."""
-    from vllm_fp4_moe_plugin import fleet, patches  # fleet: no torch, no vLLM at import
-
-    fleet.use_reporter(_report)
+    from vllm_fp4_moe_plugin.patches import fleet_rendezvous  # and patching: nothing else
 
     try:
-        if patches.install_fleet_rendezvous():
+        if fleet_rendezvous.install(_report):
             return
         why = "init_distributed_environment does not call init_world_group"
     except Exception as exc:  # off must not stop vLLM
@@ -100,11 +99,11 @@ def _install_fleet_rendezvous() -> None:
 def _list_plugin_env() -> None:
     """vLLM lists the plugin's variables; outside the MoE fix's all-or-nothing (the fleet check
     stops workers that miss the switch; the WARNING says how to give it to them)."""
-    from vllm_fp4_moe_plugin import patches
+    from vllm_fp4_moe_plugin.patches import ledger
 
     try:
-        patches.list_plugin_env()
-    except patches.PatchInstallError as exc:
+        ledger.list_plugin_env()
+    except ledger.PatchInstallError as exc:
         get_logger().warning(
             "%s. Ray workers and Ray data-parallel engine cores of this vLLM may then start "
             "without VLLM_FP4_MOE_PLUGIN: set it where `ray start` runs on every node (or list "
@@ -114,7 +113,7 @@ def _list_plugin_env() -> None:
 def _report():
     """For the fleet check: what this process will serve (switch on and still pending: import
     a trigger module now, so the probe and the patches run first)."""
-    from vllm_fp4_moe_plugin.fleet import Report
+    from vllm_fp4_moe_plugin.patches.fleet import Report
 
     if _state == "pending":
         with contextlib.suppress(ImportError):  # a vLLM without it: reported as "pending"
@@ -126,7 +125,7 @@ def _on_parameter(module, name: str, param) -> None:
     """The first NVFP4 MoE layer, switch on: warn if the fleet check never ran."""
     if name in vm.NVFP4_MOE_MARKERS and _unchecked_watch is not None:
         _unchecked_watch.stop()
-        from vllm_fp4_moe_plugin import fleet
+        from vllm_fp4_moe_plugin.patches import fleet
 
         fleet.warn_if_unchecked()
 
@@ -136,7 +135,7 @@ _unchecked_watch = None  # param_watch.ParamWatch(_on_parameter), switch on, onc
 
 def _watch_unchecked() -> None:
     global _unchecked_watch
-    from vllm_fp4_moe_plugin.param_watch import ParamWatch
+    from vllm_fp4_moe_plugin.base.param_watch import ParamWatch
 
     if _unchecked_watch is None:
         _unchecked_watch = ParamWatch(_on_parameter)
@@ -144,7 +143,7 @@ def _watch_unchecked() -> None:
 
 
 def _install() -> None:
-    _watch_unchecked()  # one hook per module set: import_hook's hooks do not chain
+    _watch_unchecked()  # one hook per module set: the import hooks do not chain
     # vLLM must know the plugin's variables before it starts workers (up to 0.13.x Ray copies
     # only what it lists): vLLM imports the trigger modules while it builds its config, before
     # any executor exists (a config unpickled in an engine core imports them too)
@@ -157,10 +156,10 @@ def _install_fix() -> None:
     active or when upstream already computes right, a WARNING (strict: an error) when the installed
     vLLM cannot be patched."""
     global _state, _reason, _design
-    from vllm_fp4_moe_plugin import patches
+    from vllm_fp4_moe_plugin.patches import ledger
 
     logger = get_logger()
-    result = patches.plan()
+    result = ledger.plan()
     _design = result.design
     if not result.install:
         _state, _reason = "inactive", result.reason
@@ -174,15 +173,15 @@ def _install_fix() -> None:
             raise
         return
     try:  # all or nothing: on failure no patch is left and this process refuses to serve
-        replaced = patches.apply_targets(result.design, result.patches)
-    except patches.PatchInstallError as exc:
+        replaced = ledger.apply_targets(result.design, result.patches)
+    except ledger.PatchInstallError as exc:
         _state, _reason = "failed", str(exc)
         logger.error("%s", exc)
-        import_hook.refuse(vm.TRIGGER_MODULES, exc)  # a retried import must not serve unpatched
+        vm.refuse(vm.TRIGGER_MODULES, exc)  # a retried import must not serve unpatched
         raise
     _state, _reason = "active", result.reason
-    from vllm_fp4_moe_plugin import unloaded
-    from vllm_fp4_moe_plugin.support import Design
+    from vllm_fp4_moe_plugin.base.support import Design
+    from vllm_fp4_moe_plugin.scales import unloaded
 
     # activation scales the checkpoint lacks become known, not guessed (unless vLLM itself
     # initialises them to NaN and repairs them: finding upstream_repairs_uncalibrated)
@@ -190,7 +189,7 @@ def _install_fix() -> None:
         unloaded.watch(unloaded.any_layer if result.design is Design.NVFP4_ORACLE
                        else unloaded.repaired_by_plugin_class)
     logger.info("vllm-fp4-moe-plugin active: replaced %s.",
-                ", ".join(replaced or patches.applied_targets()))
+                ", ".join(replaced or ledger.applied_targets()))
 
 
 def _refuse_or_warn_inactive(reason: str) -> None:
@@ -204,7 +203,7 @@ def _refuse_or_warn_inactive(reason: str) -> None:
                                     "(docs/SUPPORT.md), or unset the strict check to serve "
                                     "stock vLLM.")
         get_logger().error("%s", error)
-        import_hook.refuse(vm.TRIGGER_MODULES, error)
+        vm.refuse(vm.TRIGGER_MODULES, error)
         raise error
     get_logger().warning("%s.", message)
 
@@ -217,11 +216,12 @@ def state() -> tuple[str | None, str]:
 def _reset_for_tests() -> None:
     """Undo register(): revert patches, drop a pending import hook, forget the decision."""
     global _state, _reason, _design
-    from vllm_fp4_moe_plugin import fleet, off_warning, patches, unloaded
+    from vllm_fp4_moe_plugin.patches import fleet, ledger, off_warning
+    from vllm_fp4_moe_plugin.scales import unloaded
 
-    import_hook.remove()
+    vm.remove()
     off_warning.remove()
-    patches.revert_all()
+    ledger.revert_all()
     if _unchecked_watch is not None:
         _unchecked_watch.remove()
     fleet._reset_for_tests()

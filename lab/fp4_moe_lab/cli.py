@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """vllm-fp4-moe-lab: the development commands (matrix, make-checkpoint, demo), a console script
 of the lab package, never of the serving wheel. Same flags, errors and exit codes as the
-operator's ``vllm-fp4-moe`` (its :func:`~vllm_fp4_moe_plugin.cli.run_command`); the commands
+operator's ``vllm-fp4-moe`` (its :func:`~vllm_fp4_moe_plugin.tools.cli.run_command`); the commands
 themselves are in :mod:`fp4_moe_lab.commands`.
 """
 
@@ -13,8 +13,8 @@ import sys
 from typing import Optional, Sequence
 
 from fp4_moe_lab.simulation.gpus import DEFAULT_CAPABILITY, GPUS
-from vllm_fp4_moe_plugin.cli import FORMATS, CliParser, add_common_flags, int_in, run_command
-from vllm_fp4_moe_plugin.nvfp4_constants import MAX_INPUT_SCALE_SPREAD
+from vllm_fp4_moe_plugin.scales.nvfp4_constants import MAX_INPUT_SCALE_SPREAD
+from vllm_fp4_moe_plugin.tools.cli import FORMATS, CliParser, add_common_flags, int_in, run_command
 
 # the fixture's largest up/gate weight-scale ratio (the field's exports reach 10x)
 MAX_GATE_UP_SPLIT = 1000.0

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from fp4_moe_lab.simulation.gpus import DEFAULT_CAPABILITY, GPUS
-from vllm_fp4_moe_plugin.cli import EXIT_FINDING, EXIT_OK, FORMATS, UsageError, progress
+from vllm_fp4_moe_plugin.tools.cli import EXIT_FINDING, EXIT_OK, FORMATS, UsageError, progress
 
 # where --gate-up-split rows run unless --layout names others: one rank, and every rank's
 # experts their own (the plugin's carry then rides each rank's GEMM2 scales)

@@ -95,8 +95,8 @@ def run_demo(out_dir: Path, say: Callable[[str], None] = print, *, engine: bool 
     """The demo; ``say`` prints the story (stdout), ``progress`` one line per slow step
     (the CLI sends it to stderr)."""
     from fp4_moe_lab.checkpoint.writer import write_checkpoint
-    from vllm_fp4_moe_plugin.checkpoint.audit import audit_checkpoint
-    from vllm_fp4_moe_plugin.checkpoint.render import format_audit
+    from vllm_fp4_moe_plugin.tools.checkpoint.audit import audit_checkpoint
+    from vllm_fp4_moe_plugin.tools.checkpoint.render import format_audit
 
     checkpoint = Path(out_dir) / CHECKPOINT_NAME
     progress("demo: step 1/3, writing the checkpoint ...")

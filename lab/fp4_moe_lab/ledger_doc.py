@@ -5,13 +5,19 @@ file in sync. A development tool, so it lives in the lab, not in the serving whe
 
 from __future__ import annotations
 
+import importlib.util
 import textwrap
+from pathlib import Path
 
+import vllm_fp4_moe_plugin
 from vllm_fp4_moe_plugin.patches.registry import SLICES
+
+PACKAGE_DIR = Path(vllm_fp4_moe_plugin.__file__).parent
 
 WIDTH = 100
 INTRO = ("Generated from the folders of `vllm_fp4_moe_plugin/patches/` (each: its records in "
-         "`__init__.py`, its probe, its replacements; `patches/registry.py` names them) by "
+         "`__init__.py`, its probe, its replacements; `patches/registry.py` names them, and "
+         "`patches/fleet_rendezvous.py` is one module) by "
          "`python -m fp4_moe_lab.ledger_doc`; a test keeps it in sync. Each entry is applied "
          "only when its design is installed and its predicate over the findings of its folder's "
          "probe says the hole is there.")
@@ -28,9 +34,9 @@ def render() -> str:
     for part, p in ((s, p) for s in SLICES for p in s.patches):
         design = part.design.label if part.design else "every design (applied by register())"
         lines += [f"## `{p.attr}`", ""]
-        module, _, builder = p.build.removeprefix("vllm_fp4_moe_plugin.patches.").partition(":")
-        folder, _, file = module.partition(".")
-        built = f"`{builder}` in `patches/{folder}/{file or '__init__'}.py`"
+        module, _, builder = p.build.partition(":")
+        source = Path(importlib.util.find_spec(module).origin).relative_to(PACKAGE_DIR)  # not run
+        built = f"`{builder}` in `{source.as_posix()}`"
         for label, text in (("Module", f"`{p.module}`"), ("Design", design), ("Built by", built),
                             ("Needed when", p.needed.__doc__),
                             ("Why", p.why), ("How", p.how), ("Upstream", p.upstream),

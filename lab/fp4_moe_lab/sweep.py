@@ -8,9 +8,10 @@ checkout may be edited while a sweep runs for hours, and each row names the comm
 the probe (design, patchable, the patches it plans, the upstream fixes it sees);
 FlashInfer uninstalled on the oracle design (the seam stands in for it only where it is absent);
 the layer matrix (``matrix --json``: both formats, every layout and backend the release has) and
-the uncalibrated rows (``matrix --uncalibrated --json``); one row in ``docs/releases.json``; the
-world deleted. Resumable: a release already in the table is skipped unless ``--force``. Disk is
-checked before each world. Standard library only: it drives the worlds, it runs in none.
+the uncalibrated rows (``matrix --uncalibrated --json``); one row in
+``docs/data/releases.json``; the world deleted. Resumable: a release already in the table is
+skipped unless ``--force``. Disk is checked before each world. Standard library only: it drives
+the worlds, it runs in none.
 
 Usage: ``python -m fp4_moe_lab.sweep [--release X ...] [--force] [--keep] [--table PATH]``
 (``scripts/sweep.sh`` runs it with the lab on the path). A world kept by ``--keep`` holds the
@@ -37,7 +38,7 @@ from typing import Optional
 from fp4_moe_lab.checkout import ROOT
 
 FIRST = (0, 11, 0)
-TABLE = ROOT / "docs" / "releases.json"
+TABLE = ROOT / "docs" / "data" / "releases.json"
 WORLDS = ROOT / ".sweep"
 NEED_GIB = 16  # a world: ~10 GiB installed, pip's temporary files besides
 # A release pinning a torch the index has as +cpu (0.28.0: 2.13.0) gets these from PyPI built for
@@ -54,10 +55,11 @@ STEPS = {"matrix": (), "uncalibrated": ("--uncalibrated",),
 CHAIN = "vllm-chain"  # --chain's one world
 PROBE = """
 import json, importlib
-from vllm_fp4_moe_plugin import compat, patches, vllm_modules as vm
+from vllm_fp4_moe_plugin import compat, vllm_modules as vm
+from vllm_fp4_moe_plugin.patches import ledger
 import vllm
 obs = compat.probe()
-plan = patches.plan(obs)
+plan = ledger.plan(obs)
 print(json.dumps({"vllm": vllm.__version__, "design": obs.design, "patchable": obs.patchable,
                   "reason": plan.reason, "install": plan.install,
                   "upstream_fixed": plan.upstream_fixed, "patches": list(plan.patches),

@@ -13,7 +13,7 @@ from safetensors import safe_open
 
 
 def _checkpoint_tensors(path: str) -> dict:
-    from vllm_fp4_moe_plugin.checkpoint.tensor_index import tensor_files
+    from vllm_fp4_moe_plugin.tools.checkpoint.tensor_index import tensor_files
 
     out = {}
     for name, f in tensor_files(path).items():

@@ -12,10 +12,10 @@ import pytest
 from fp4_moe_lab.checkpoint.writer import write_checkpoint
 from tests.real_quantizer_checks import MODELS
 from tests.ut.test_audit import LAYER, NUM_EXPERTS, _RecordingSafeOpen, _uniform
-from vllm_fp4_moe_plugin.checkpoint import tensor_index
-from vllm_fp4_moe_plugin.checkpoint.audit import LAYOUTS, audit_checkpoint
-from vllm_fp4_moe_plugin.checkpoint.render import format_audit
-from vllm_fp4_moe_plugin.checkpoint.tensor_index import CheckpointAuditError
+from vllm_fp4_moe_plugin.tools.checkpoint import tensor_index
+from vllm_fp4_moe_plugin.tools.checkpoint.audit import LAYOUTS, audit_checkpoint
+from vllm_fp4_moe_plugin.tools.checkpoint.render import format_audit
+from vllm_fp4_moe_plugin.tools.checkpoint.tensor_index import CheckpointAuditError
 
 from .conftest import ARCHS, FORMATS
 from .synthetic import write_scales_only

@@ -79,8 +79,8 @@ def bf16_checkpoint(world, tmp_path_factory):
 @pytest.fixture(scope="module")
 def ct_checkpoint(tmp_path_factory):
     from fp4_moe_lab.checkpoint.writer import write_checkpoint
-    from vllm_fp4_moe_plugin.checkpoint.audit import audit_checkpoint
-    from vllm_fp4_moe_plugin.support import Design
+    from vllm_fp4_moe_plugin.base.support import Design
+    from vllm_fp4_moe_plugin.tools.checkpoint.audit import audit_checkpoint
 
     path = tmp_path_factory.mktemp("qwen3_moe-ct")
     write_checkpoint(path, fmt="compressed-tensors", arch="qwen3_moe", seed=0,

@@ -14,7 +14,7 @@ from fp4_moe_lab.simulation import trtllm_rows
 from fp4_moe_lab.simulation.layouts import Scenario
 from fp4_moe_lab.simulation.matrix import installed_release
 from tests.pass_marks import AFFECTED_FACTOR, FP32_FACTOR, PLUGIN_BOUND
-from vllm_fp4_moe_plugin.support import Design
+from vllm_fp4_moe_plugin.base.support import Design
 
 pytestmark = pytest.mark.multiproc
 

@@ -2,14 +2,14 @@
 """Uncalibrated experts on real layers of vLLM 0.11.0 (init_prepare_finalize design).
 
 DP=2+EP, where the plugin's EP agreement must not carry the value to every rank, runs on the
-newest design; the published docs/uncalibrated-vllm-*.json hold it for every release. Half the
+newest design; the published docs/data/uncalibrated-vllm-*.json hold it for every release. Half the
 layer uncalibrated (one EP rank's every expert) runs at DP=2+EP in every world.
 """
 
 import pytest
 
 from tests.uncalibrated_checks import many_dead_tests, world_tests
-from vllm_fp4_moe_plugin.support import Design
+from vllm_fp4_moe_plugin.base.support import Design
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 

@@ -11,7 +11,7 @@ from fp4_moe_lab.nvfp4 import global_scale
 from fp4_moe_lab.nvfp4.reference import W2_INPUT_AMAX_BASE, W13_INPUT_AMAX_BASE
 from fp4_moe_lab.simulation.ep_slice import EpSliceScenario, planted_amax, slice_maxima_ratio
 from fp4_moe_lab.simulation.layouts import Scenario
-from vllm_fp4_moe_plugin import support
+from vllm_fp4_moe_plugin.base import support
 
 
 @pytest.mark.parametrize("ratio", [1.25, 2.0, 4.0])

@@ -3,7 +3,7 @@
 
 import pytest
 
-from vllm_fp4_moe_plugin import doctor
+from vllm_fp4_moe_plugin.tools import doctor
 
 
 @pytest.fixture

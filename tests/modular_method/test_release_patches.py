@@ -12,7 +12,7 @@ import importlib
 
 import pytest
 
-from vllm_fp4_moe_plugin import compat, patches
+from vllm_fp4_moe_plugin.patches import compat, ledger
 from vllm_fp4_moe_plugin.patches.modular_method import probe as mm_probe
 
 pytestmark = pytest.mark.compat
@@ -31,7 +31,7 @@ def _get(module, attr):
 
 
 def test_probe_sees_the_0_11_1_design_and_its_two_holes():
-    result = patches.plan()
+    result = ledger.plan()
     ct = mm_probe.compressed_tensors_nvfp4_class_name()
     assert result.install and result.design == "modular_method", result.reason
     assert result.findings["tp_fix_present"] and result.findings["modelopt_dp_fix_present"]
@@ -59,8 +59,8 @@ def test_register_leaves_upstream_fixed_symbols_alone(fresh_plugin, monkeypatch,
     config = _get(_MO, "ModelOptNvFp4Config")
     if "FusedMoEMethodCls" in vars(config):
         assert config.FusedMoEMethodCls is _get(_MO, "ModelOptNvFp4FusedMoE")
-    every_design = {p.target for p in patches.EVERY_DESIGN}
-    assert sorted(set(patches.applied_targets()) - every_design) == sorted(patches.plan().patches)
+    every_design = {p.target for p in ledger.EVERY_DESIGN}
+    assert sorted(set(ledger.applied_targets()) - every_design) == sorted(ledger.plan().patches)
     lines = [r.getMessage() for r in caplog_plugin.records if "plugin active" in r.getMessage()]
     assert len(lines) == 1 and "ModelOptNvFp4FusedMoE" in lines[0]
 
@@ -73,8 +73,8 @@ def test_no_0_11_0_patch_applies_on_this_design(fresh_plugin, monkeypatch):
     ours = {"vllm_fp4_moe_plugin.patches.modular_method.compressed_tensors_dp",
             "vllm_fp4_moe_plugin.patches.modular_method.all2allv_passthrough",
             "vllm_fp4_moe_plugin.patches.modular_method.modelopt_uncalibrated"}
-    every_design = {p.target for p in patches.EVERY_DESIGN}
-    for target in set(patches.applied_targets()) - every_design:
+    every_design = {p.target for p in ledger.EVERY_DESIGN}
+    for target in set(ledger.applied_targets()) - every_design:
         owner, _, attr = target.rpartition(".")
         if owner.endswith(".ModelOptNvFp4Config"):  # a class attribute, not a module one
             module, _, cls = owner.rpartition(".")
@@ -82,7 +82,7 @@ def test_no_0_11_0_patch_applies_on_this_design(fresh_plugin, monkeypatch):
         else:
             value = _get(owner, attr)
         assert value.__module__ in ours, target
-    assert not any(t.endswith("flashinfer_cutlass_moe_fp4") for t in patches.applied_targets())
+    assert not any(t.endswith("flashinfer_cutlass_moe_fp4") for t in ledger.applied_targets())
 
 
 def test_all2allv_probe_flips_once_patched(fresh_plugin, monkeypatch):

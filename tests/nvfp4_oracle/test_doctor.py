@@ -5,9 +5,9 @@ under EP), and the plugin's fix named."""
 
 import pytest
 
-from vllm_fp4_moe_plugin import doctor
-from vllm_fp4_moe_plugin.checkpoint.audit import audit_checkpoint
 from vllm_fp4_moe_plugin.patches.nvfp4_oracle import probe
+from vllm_fp4_moe_plugin.tools import doctor
+from vllm_fp4_moe_plugin.tools.checkpoint.audit import audit_checkpoint
 
 L = doctor.deployed_layout
 
@@ -49,7 +49,7 @@ def test_layers_judged_by_the_oracle_designs_hole(blackwell_env, spread_checkpoi
 
 
 def test_audit_defaults_to_the_installed_releases_semantics(spread_checkpoints):
-    from vllm_fp4_moe_plugin.cli import main
+    from vllm_fp4_moe_plugin.tools.cli import main
 
     report = audit_checkpoint(spread_checkpoints["compressed-tensors"], design="nvfp4_oracle")
     assert report["affected_layers"] == len(report["layers"])

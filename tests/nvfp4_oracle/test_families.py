@@ -9,9 +9,9 @@ oracle design's verdict (the EP slices' GEMM1 maxima differ: DP+EP affected, not
 import pytest
 
 from fp4_moe_lab.checkpoint.families import FAMILIES, write_family_checkpoint
-from vllm_fp4_moe_plugin import doctor
-from vllm_fp4_moe_plugin.checkpoint.audit import audit_checkpoint
-from vllm_fp4_moe_plugin.support import Design
+from vllm_fp4_moe_plugin.base.support import Design
+from vllm_fp4_moe_plugin.tools import doctor
+from vllm_fp4_moe_plugin.tools.checkpoint.audit import audit_checkpoint
 
 L = doctor.deployed_layout
 

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vllm_fp4_moe_plugin import patches
-from vllm_fp4_moe_plugin import vllm_modules as vm
+from vllm_fp4_moe_plugin.base import vllm_modules as vm
+from vllm_fp4_moe_plugin.patches import ledger
 
 GATE = torch.tensor([0.5, 0.25, 1.0, 2.0])
 UP_OVER_GATE = torch.tensor([1.0, 4.0, 0.25, 8.0])
@@ -36,7 +36,7 @@ def _hand_to_marlin(monkeypatch, layer, plugin_on: bool) -> dict:
 
     monkeypatch.setattr(oracle, vm.ORACLE_MARLIN_HELPER, marlin_stand_in)
     if plugin_on:
-        patches.apply_all()
+        ledger.apply_all()
     try:
         e, n, k = 4, 64, 128
         oracle.convert_to_nvfp4_moe_kernel_format(
@@ -48,12 +48,12 @@ def _hand_to_marlin(monkeypatch, layer, plugin_on: bool) -> dict:
             w2_scale=torch.ones(e, k, n // 16).to(torch.float8_e4m3fn),
             w2_scale_2=torch.full((e,), 0.125), a2_scale=torch.ones(e), is_act_and_mul=True)
     finally:
-        patches.revert_all()
+        ledger.revert_all()
     return handed
 
 
 def test_the_ledger_wraps_the_weight_only_helper_here():
-    assert f"{vm.NVFP4_ORACLE}.{vm.ORACLE_MARLIN_HELPER}" in patches.plan().patches
+    assert f"{vm.NVFP4_ORACLE}.{vm.ORACLE_MARLIN_HELPER}" in ledger.plan().patches
 
 
 @pytest.mark.parametrize("plugin_on", [False, True])

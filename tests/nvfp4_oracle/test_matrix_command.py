@@ -11,11 +11,11 @@ import pytest
 
 from fp4_moe_lab.simulation.layouts import default_layouts
 from tests.nvfp4_oracle.features import ONE_SIDED
-from vllm_fp4_moe_plugin import support
+from vllm_fp4_moe_plugin.base import support
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "matrix-vllm-0.34.0.json"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "data" / "matrix-vllm-0.34.0.json"
 BACKENDS = {"flashinfer_cutlass", "flashinfer_trtllm"}
 # The errors are fp64 norms of fp32 CPU references against bf16 layer outputs, which are not
 # bit-reproducible across freshly built worlds/machines: one on 2026-12-03 reproduced the

@@ -2,8 +2,9 @@
 """The probe on the nvfp4_oracle release: what it reports, and what the ledger makes of it."""
 
 
-from vllm_fp4_moe_plugin import compat, patches, vllm_modules
-from vllm_fp4_moe_plugin.support import Design
+from vllm_fp4_moe_plugin.base import vllm_modules
+from vllm_fp4_moe_plugin.base.support import Design
+from vllm_fp4_moe_plugin.patches import compat, ledger
 
 
 def test_the_probe_reports_exactly_the_declared_findings():
@@ -19,7 +20,7 @@ def test_the_ledger_wraps_every_helper_the_oracle_has():
     the probe runs the function and sees it), and the modular kernel's experts call (the router
     weight on the input counted once)."""
     obs = compat.probe()
-    plan = patches.plan(obs)
+    plan = ledger.plan(obs)
     helpers = obs.findings["oracle_helpers"]
     assert helpers and set(helpers) <= set(vllm_modules.ORACLE_HELPERS)
     routes = obs.findings["cutlass_fp4_takes_expert_map"]

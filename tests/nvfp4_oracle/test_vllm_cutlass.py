@@ -28,7 +28,7 @@ from fp4_moe_lab.simulation import oracle_vllm_cutlass as ovc
 from fp4_moe_lab.simulation.layouts import LAYOUTS, Scenario, run_layout
 from fp4_moe_lab.simulation.matrix import VLLM_CUTLASS, rows_for_layout
 from tests.pass_marks import AFFECTED_FACTOR, FP32_FACTOR, PLUGIN_BOUND
-from vllm_fp4_moe_plugin import support
+from vllm_fp4_moe_plugin.base import support
 from vllm_fp4_moe_plugin.patches.nvfp4_oracle import non_local_routes, probe
 
 CAPABILITIES = ("10.0", "12.0")  # B200, RTX PRO 6000: both families CutlassExpertsFp4 takes

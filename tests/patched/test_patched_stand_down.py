@@ -11,9 +11,8 @@ with every patch (one INFO line, nothing patched).
 import importlib
 import logging
 
-from vllm_fp4_moe_plugin import compat, patches
-from vllm_fp4_moe_plugin import vllm_modules as vm
-from vllm_fp4_moe_plugin.patches import nvfp4_oracle
+from vllm_fp4_moe_plugin.base import vllm_modules as vm
+from vllm_fp4_moe_plugin.patches import compat, ledger, nvfp4_oracle
 
 ROUTES = "upstream_zeroes_non_local_routes"
 FINDINGS = (*nvfp4_oracle.UPSTREAM_FIXES.values(), ROUTES)
@@ -32,7 +31,7 @@ def test_plugin_keeps_only_the_duties_upstream_lacks(fixed, fresh_plugin, monkey
     monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN", "1")
     fresh_plugin.register()
     state, reason = fresh_plugin.state()
-    ours = set(patches.applied_targets()) - {p.target for p in patches.EVERY_DESIGN}
+    ours = set(ledger.applied_targets()) - {p.target for p in ledger.EVERY_DESIGN}
     helper = getattr(importlib.import_module(vm.NVFP4_ORACLE), vm.ORACLE_HELPERS[0])
     cutlass = getattr(importlib.import_module(vm.CUTLASS_MOE), vm.CUTLASS_MOE_FP4)
     messages = [(r.levelno, r.getMessage()) for r in caplog_plugin.records
@@ -77,4 +76,4 @@ def test_plugin_repairs_in_front_of_upstreams_refusal(fixed, refusing, fresh_plu
     monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN", "1")
     fresh_plugin.register()
     assert fresh_plugin.state()[0] == "active"
-    assert f"{vm.NVFP4_ORACLE}.{vm.ORACLE_INPUT_SCALE_CHECK}" in patches.applied_targets()
+    assert f"{vm.NVFP4_ORACLE}.{vm.ORACLE_INPUT_SCALE_CHECK}" in ledger.applied_targets()

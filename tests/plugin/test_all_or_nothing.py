@@ -13,9 +13,9 @@ import pytest
 
 
 def _design_targets():
-    from vllm_fp4_moe_plugin import patches
+    from vllm_fp4_moe_plugin.patches import ledger
 
-    result = patches.plan()
+    result = ledger.plan()
     return result.design, list(result.patches)
 
 
@@ -29,7 +29,7 @@ def _resolve(target):
 
 def _inject_failure(monkeypatch, target):
     """Make the build of ``target``'s replacement raise, after the entries before it applied."""
-    from vllm_fp4_moe_plugin import patching
+    from vllm_fp4_moe_plugin.patches import patching
 
     real = patching.ModulePatch.apply
 
@@ -44,7 +44,7 @@ def _inject_failure(monkeypatch, target):
 @pytest.mark.skipif(not TARGETS, reason="the installed vLLM needs no patch")
 @pytest.mark.parametrize("target", TARGETS)
 def test_failure_in_any_patch_leaves_vllm_unpatched(fresh_plugin, monkeypatch, target):
-    from vllm_fp4_moe_plugin import patches
+    from vllm_fp4_moe_plugin.patches import ledger
 
     for trigger in fresh_plugin.vm.TRIGGER_MODULES:  # imported: the install runs in register()
         try:
@@ -54,35 +54,35 @@ def test_failure_in_any_patch_leaves_vllm_unpatched(fresh_plugin, monkeypatch, t
     before = {t: _resolve(t) for t in TARGETS}
     _inject_failure(monkeypatch, target)
     monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN", "1")
-    with pytest.raises(patches.PatchInstallError, match=rf"could not patch {target} .*injected"):
+    with pytest.raises(ledger.PatchInstallError, match=rf"could not patch {target} .*injected"):
         fresh_plugin.register()
     assert {t: _resolve(t) for t in TARGETS} == before, "a replacement is still installed"
     assert all(_resolve(t).__module__.startswith("vllm.") for t in TARGETS)
-    assert patches.applied_targets() == []
+    assert ledger.applied_targets() == []
     state, reason = fresh_plugin.state()
     assert state == "failed" and target in reason
 
 
 @pytest.mark.skipif(not TARGETS, reason="the installed vLLM needs no patch")
 def test_apply_targets_reverts_patches_applied_by_an_earlier_call(fresh_plugin, monkeypatch):
-    from vllm_fp4_moe_plugin import patches
+    from vllm_fp4_moe_plugin.patches import ledger
 
     first, last = TARGETS[0], TARGETS[-1]
     original = _resolve(first)
-    patches.apply_targets(DESIGN, [first])
+    ledger.apply_targets(DESIGN, [first])
     assert _resolve(first) is not original
     _inject_failure(monkeypatch, last)
-    with pytest.raises(patches.PatchInstallError, match=last):
-        patches.apply_targets(DESIGN, TARGETS)
-    assert _resolve(first) is original and patches.applied_targets() == []
+    with pytest.raises(ledger.PatchInstallError, match=last):
+        ledger.apply_targets(DESIGN, TARGETS)
+    assert _resolve(first) is original and ledger.applied_targets() == []
 
 
 def test_unknown_target_is_refused_before_anything_is_applied(fresh_plugin):
-    from vllm_fp4_moe_plugin import patches
+    from vllm_fp4_moe_plugin.patches import ledger
 
-    with pytest.raises(patches.PatchInstallError, match="vllm.nowhere.Thing"):
-        patches.apply_targets(DESIGN or "init_prepare_finalize", [*TARGETS, "vllm.nowhere.Thing"])
-    assert patches.applied_targets() == []
+    with pytest.raises(ledger.PatchInstallError, match="vllm.nowhere.Thing"):
+        ledger.apply_targets(DESIGN or "init_prepare_finalize", [*TARGETS, "vllm.nowhere.Thing"])
+    assert ledger.applied_targets() == []
 
 
 @pytest.mark.skipif(not TARGETS, reason="the installed vLLM needs no patch")

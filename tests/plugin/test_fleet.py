@@ -43,12 +43,12 @@ def _rank(rank: int, world: int, port: int, setup: dict, queue) -> None:
     from vllm.distributed import parallel_state as ps
 
     import vllm_fp4_moe_plugin as plugin
-    from vllm_fp4_moe_plugin import fleet
+    from vllm_fp4_moe_plugin.patches import fleet
 
     if setup.get("version"):
         plugin.__version__ = setup["version"]
     if setup.get("unknown_design"):  # a vLLM whose MoE internals match no known design
-        from vllm_fp4_moe_plugin import compat
+        from vllm_fp4_moe_plugin.patches import compat
 
         compat._probe = lambda: compat.Observation(None, False, "test: unknown design")
     fleet.GRACE_S = setup.get("grace_s", fleet.GRACE_S)

@@ -20,7 +20,7 @@ def _copied():
 
 def test_release_copies_the_plugins_variables_only_once_register_lists_them(fresh_plugin,
                                                                             monkeypatch):
-    from vllm_fp4_moe_plugin import patches
+    from vllm_fp4_moe_plugin.patches import ledger
 
     monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN", "1")
     monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN_CHECK", "strict")
@@ -28,7 +28,7 @@ def test_release_copies_the_plugins_variables_only_once_register_lists_them(fres
     assert not OWN & _copied()  # stock: a Ray worker on another node would start without them
     fresh_plugin.register()
     assert OWN <= _copied()
-    assert "vllm.envs.environment_variables" in patches.applied_targets()
+    assert "vllm.envs.environment_variables" in ledger.applied_targets()
     import vllm.envs as vllm_envs
 
     assert vllm_envs.VLLM_FP4_MOE_PLUGIN == "1"  # read as vLLM reads its own: the raw string

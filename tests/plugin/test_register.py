@@ -141,7 +141,7 @@ def test_upstream_tp_fix_present_stays_inactive(fresh_plugin, monkeypatch, caplo
 
 
 def test_probe_never_raises(monkeypatch):
-    from vllm_fp4_moe_plugin import compat
+    from vllm_fp4_moe_plugin.patches import compat
 
     def boom():
         raise RuntimeError("surprise")
@@ -194,7 +194,7 @@ def test_unusable_oracle_design_stays_inactive_with_its_reason(fresh_plugin, mon
     this 0.11.0 world where it is faked) leaves vLLM alone: one line naming the oracle."""
     from vllm.model_executor.layers.fused_moe.layer import FusedMoE, FusedMoEMethodBase
 
-    from vllm_fp4_moe_plugin import compat
+    from vllm_fp4_moe_plugin.patches import compat
 
     monkeypatch.delattr(FusedMoEMethodBase, "init_prepare_finalize")
     monkeypatch.setattr(FusedMoE, "maybe_init_modular_kernel", lambda self: None, raising=False)

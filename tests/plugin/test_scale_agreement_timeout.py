@@ -22,7 +22,7 @@ def _rank(rank: int, world: int, port: int, absent: int, queue) -> None:
     import torch
     import torch.distributed as dist
 
-    from vllm_fp4_moe_plugin import scale_agreement
+    from vllm_fp4_moe_plugin.scales import scale_agreement
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_fp4_moe_plugin import layer_scales, scale_agreement
+from vllm_fp4_moe_plugin.scales import layer_scales, scale_agreement
 
 
 @pytest.mark.parametrize("bad,kind", [(float("nan"), "NaN"), (float("inf"), "inf"),
@@ -60,7 +60,7 @@ def _fresh_warning_state():
 
 
 def test_margin_is_e4m3_normal_range():
-    from vllm_fp4_moe_plugin import scale_rule
+    from vllm_fp4_moe_plugin.scales import scale_rule
 
     # Reference check: 448 (E4M3 max) over 2**-6 (E4M3 min normal).
     assert scale_rule.UNCALIBRATED_MARGIN == 448.0 * 64
@@ -88,14 +88,14 @@ def test_margin_is_e4m3_normal_range():
     ([(1.0, 1.1), (1.0, 1e-30), (1.2, 1.2)], [1]),    # gate and up judged each
 ])
 def test_uncalibrated_experts(amax, expected):
-    from vllm_fp4_moe_plugin.scale_rule import uncalibrated_experts
+    from vllm_fp4_moe_plugin.scales.scale_rule import uncalibrated_experts
 
     assert uncalibrated_experts(amax) == expected
 
 
 @pytest.mark.parametrize("amax", [[1.0, 1.0 * 28672 * 1.01], [1e-4, 1e-4, 1e2, 1e2]])
 def test_plausible_values_too_far_apart_are_refused_not_guessed(amax):
-    from vllm_fp4_moe_plugin.scale_rule import IndistinguishableScalesError, uncalibrated
+    from vllm_fp4_moe_plugin.scales.scale_rule import IndistinguishableScalesError, uncalibrated
 
     with pytest.raises(IndistinguishableScalesError, match="cannot be told apart") as err:
         uncalibrated(amax, where="model.layers.3.mlp.experts")
@@ -103,7 +103,7 @@ def test_plausible_values_too_far_apart_are_refused_not_guessed(amax):
 
 
 def test_uncalibrated_kinds_say_what_a_max_does_with_them():
-    from vllm_fp4_moe_plugin.scale_rule import uncalibrated
+    from vllm_fp4_moe_plugin.scales.scale_rule import uncalibrated
 
     # high: a max over experts takes it; low: a max ignores it.
     assert uncalibrated([1.0, float("inf"), float("nan"), 1e9, 0.0, -1.0, 1e-9]) == {

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_fp4_moe_plugin import compat, support
+from vllm_fp4_moe_plugin.base import support
+from vllm_fp4_moe_plugin.patches import compat
 
 
 @pytest.mark.parametrize("num_experts", [8, 7, 16])
@@ -26,10 +27,10 @@ def test_ep_slices_match_vllms_expert_map(num_experts, ep_size, placement):
         assert owned == want
 
 
-@pytest.mark.parametrize("path", sorted((Path(__file__).parents[2] / "docs").glob(
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[2] / "docs" / "data").glob(
     "uncalibrated-vllm-*.json")), ids=lambda p: p.name)
 def test_published_uncalibrated_rows_agree_with_the_support_model(path):
-    """docs/uncalibrated-*.json (ROOT-CAUSE §13) hold what stock.stock_wrong_with_uncalibrated
+    """docs/data/uncalibrated-*.json (ROOT-CAUSE §13) hold what stock.stock_wrong_with_uncalibrated
     says, and the plugin at the reference on every row (the per-world suites re-run a subset)."""
     from tests import uncalibrated_checks
 

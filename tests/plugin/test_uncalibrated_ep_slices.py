@@ -28,7 +28,7 @@ def _rank(rank: int, world: int, port: int, slices, queue) -> None:
     import torch
     import torch.distributed as dist
 
-    from vllm_fp4_moe_plugin import layer_scales
+    from vllm_fp4_moe_plugin.scales import layer_scales
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from vllm_fp4_moe_plugin import layer_scales, unloaded
+from vllm_fp4_moe_plugin.scales import layer_scales, unloaded
 
 
 class Method:

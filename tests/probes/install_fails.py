@@ -9,7 +9,7 @@ tests/plugin/test_all_or_nothing.py."""
 import sys
 
 import vllm_fp4_moe_plugin as plugin
-from vllm_fp4_moe_plugin import patches, patching
+from vllm_fp4_moe_plugin.patches import ledger, patching
 
 target, targets = sys.argv[1], sys.argv[1:]  # the probe itself would import vLLM's MoE code
 real = patching.ModulePatch.apply
@@ -29,13 +29,13 @@ from vllm.model_executor.layers.quantization import get_quantization_config  # n
 for attempt in (1, 2):  # what vLLM does while verifying a ModelConfig; and a retry
     try:
         get_quantization_config("modelopt_fp4")
-    except patches.PatchInstallError as exc:
+    except ledger.PatchInstallError as exc:
         assert target in str(exc), exc
         print("REFUSED", attempt)
     else:
         print("SERVED UNPATCHED", attempt)
 assert plugin.state()[0] == "failed", plugin.state()
-assert patches.applied_targets() == []
+assert ledger.applied_targets() == []
 for t in targets:
     module, _, attr = t.rpartition(".")
     if module in sys.modules:

@@ -16,7 +16,7 @@ LAB_COMMANDS = ("matrix", "make-checkpoint", "demo")  # vllm-fp4-moe-lab's; the 
 
 
 def cli(*args, timeout=600):
-    module = "fp4_moe_lab.cli" if args[0] in LAB_COMMANDS else "vllm_fp4_moe_plugin.cli"
+    module = "fp4_moe_lab.cli" if args[0] in LAB_COMMANDS else "vllm_fp4_moe_plugin.tools.cli"
     return subprocess.run([sys.executable, "-m", module, *args],
                           capture_output=True, text=True, timeout=timeout)
 

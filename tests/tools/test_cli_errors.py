@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from fp4_moe_lab.checkpoint.writer import write_checkpoint
 from tests.ut.test_cli_args import assert_bad_input, run, run_process
-from vllm_fp4_moe_plugin import cli
+from vllm_fp4_moe_plugin.tools import cli
 
 REPO = Path(__file__).resolve().parents[2]
 # the checkout's two packages: the plugin and the lab (lab/fp4_moe_lab)

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from fp4_moe_lab.checkpoint.writer import write_checkpoint
-from vllm_fp4_moe_plugin import doctor
+from vllm_fp4_moe_plugin.tools import doctor
 
 TP4_EP = doctor.deployed_layout(tp=4, ep=True)
 
@@ -109,7 +109,7 @@ def test_a_gpu_without_a_kernel_is_at_risk_with_the_reason(blackwell_env, checkp
 
 def test_cli_json_and_exit_code(checkpoints):
     env = {"PATH": "/usr/bin:/bin", "VLLM_USE_FLASHINFER_MOE_FP4": "1"}
-    r = subprocess.run([sys.executable, "-m", "vllm_fp4_moe_plugin.cli", "doctor", "--json",
+    r = subprocess.run([sys.executable, "-m", "vllm_fp4_moe_plugin.tools.cli", "doctor", "--json",
                         "--checkpoint", str(checkpoints["spread"]), "--tp", "4", "--ep",
                         "--capability", "10.0"], capture_output=True, text=True, env=env,
                        timeout=300)

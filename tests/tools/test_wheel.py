@@ -120,7 +120,7 @@ def test_wheel_holds_only_the_package(installed):
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     text = zipfile.ZipFile(installed["wheel"]).read(entry_points).decode()
     assert "fp4_moe = vllm_fp4_moe_plugin:register" in text
-    assert "vllm-fp4-moe = vllm_fp4_moe_plugin.cli:main" in text
+    assert "vllm-fp4-moe = vllm_fp4_moe_plugin.tools.cli:main" in text
 
 
 def test_wheel_holds_only_the_serving_modules(installed):

@@ -10,11 +10,11 @@ import pytest
 from safetensors.numpy import save_file
 
 from tests.checkpoint.synthetic import MISSING_WEIGHT_SHARD, SCALE, WEIGHT_GLOBAL, write_scales_only
-from vllm_fp4_moe_plugin.checkpoint import tensor_index
-from vllm_fp4_moe_plugin.checkpoint.audit import LAYOUTS, audit_checkpoint, ep_slices
-from vllm_fp4_moe_plugin.checkpoint.render import format_audit
-from vllm_fp4_moe_plugin.checkpoint.tensor_index import CheckpointAuditError
-from vllm_fp4_moe_plugin.cli import FORMATS
+from vllm_fp4_moe_plugin.tools.checkpoint import tensor_index
+from vllm_fp4_moe_plugin.tools.checkpoint.audit import LAYOUTS, audit_checkpoint, ep_slices
+from vllm_fp4_moe_plugin.tools.checkpoint.render import format_audit
+from vllm_fp4_moe_plugin.tools.checkpoint.tensor_index import CheckpointAuditError
+from vllm_fp4_moe_plugin.tools.cli import FORMATS
 
 LAYER = "model.layers.3.mlp.experts"
 NUM_EXPERTS = 8

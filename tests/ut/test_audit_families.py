@@ -7,10 +7,10 @@ expert count read where the family's config keeps it, stacked expert tensors ref
 import pytest
 
 from tests.checkpoint.synthetic import SCALE, write_scales_only
-from vllm_fp4_moe_plugin.checkpoint.audit import audit_checkpoint
-from vllm_fp4_moe_plugin.checkpoint.tensor_index import CheckpointAuditError
-from vllm_fp4_moe_plugin.cli import FORMATS
-from vllm_fp4_moe_plugin.support import Design
+from vllm_fp4_moe_plugin.base.support import Design
+from vllm_fp4_moe_plugin.tools.checkpoint.audit import audit_checkpoint
+from vllm_fp4_moe_plugin.tools.checkpoint.tensor_index import CheckpointAuditError
+from vllm_fp4_moe_plugin.tools.cli import FORMATS
 
 E = 8
 # family: (config.json, routed-expert prefix, projections, a shared expert's scale tensors)

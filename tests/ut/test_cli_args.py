@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_fp4_moe_plugin import cli
+from vllm_fp4_moe_plugin.tools import cli
 
 REPO = Path(__file__).resolve().parents[2]
 # the checkout's two packages: the plugin and the lab (lab/fp4_moe_lab)
@@ -37,7 +37,7 @@ def run(capsys, *args):
 def run_process(*args, env=None, timeout=300):
     full = {**os.environ, "PYTHONPATH": CHECKOUT_PATH, **(env or {})}
     command = next((str(a) for a in args if not str(a).startswith("-")), "")
-    module = "fp4_moe_lab.cli" if command in LAB_COMMANDS else "vllm_fp4_moe_plugin.cli"
+    module = "fp4_moe_lab.cli" if command in LAB_COMMANDS else "vllm_fp4_moe_plugin.tools.cli"
     return subprocess.run([sys.executable, "-m", module, *map(str, args)],
                           capture_output=True, text=True, env=full, timeout=timeout)
 
@@ -94,7 +94,7 @@ def test_missing_checkpoint_directory(capsys, args):
 def test_exit_codes_are_distinct():
     codes = {cli.EXIT_OK, cli.EXIT_FINDING, cli.EXIT_BAD_INPUT, cli.EXIT_INTERNAL}
     assert len(codes) == 4
-    from vllm_fp4_moe_plugin import doctor
+    from vllm_fp4_moe_plugin.tools import doctor
 
     assert cli.EXIT_INTERNAL not in doctor.VERDICTS  # no subcommand returns it as a result
 

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 import pytest
 
-from vllm_fp4_moe_plugin import envs
+from vllm_fp4_moe_plugin.base import envs
 
 
 @pytest.mark.parametrize("value,expected", [(None, False), ("0", False), ("1", True)])

@@ -12,7 +12,7 @@ import itertools
 
 import pytest
 
-from vllm_fp4_moe_plugin.fleet import (
+from vllm_fp4_moe_plugin.patches.fleet import (
     AGREED_ON,
     INCOMPLETE,
     MISMATCH,

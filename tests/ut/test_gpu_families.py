@@ -5,8 +5,8 @@ Expected values are read from the wheels (docs/SUPPORT.md, GPU families), not fr
 
 import pytest
 
-from vllm_fp4_moe_plugin import support
-from vllm_fp4_moe_plugin.support import Design
+from vllm_fp4_moe_plugin.base import support
+from vllm_fp4_moe_plugin.base.support import Design
 
 FAILS = support.FAILS_TO_START
 INIT, MODULAR, ORACLE = Design.INIT_PREPARE_FINALIZE, Design.MODULAR_METHOD, Design.NVFP4_ORACLE

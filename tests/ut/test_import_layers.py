@@ -54,14 +54,24 @@ def _package_of(name: str, path: Path) -> str:
     return name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
 
 
+def _ancestors(module: str) -> set[str]:
+    """The packages whose ``__init__`` Python runs before ``module`` (the root excluded: every
+    module's, run before anything else)."""
+    parts = module.split(".")
+    return {".".join(parts[:i]) for i in range(2, len(parts))}
+
+
 def _imports(name: str, path: Path) -> set[str]:
-    """The package modules ``name`` imports anywhere in its file."""
+    """The package modules ``name`` imports anywhere in its file, and the packages such an
+    import initialises on the way (``a.b.c`` runs ``a.b``'s ``__init__``) that ``name`` is not
+    already inside: a cycle through a package's ``__init__`` is a cycle too."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         for target in _targets(node, _package_of(name, path)):
             own = _own(target)
             if own is not None and own != name:
                 found.add(own)
+                found |= _ancestors(own) - _ancestors(name) - {name}
     return found
 
 
@@ -129,16 +139,40 @@ def test_the_table_names_only_modules_that_exist():
 
 
 def test_the_analysis_sees_a_planted_upward_import(tmp_path):
-    """The graph would catch a violation: the support model importing the patches."""
+    """The graph would catch a violation: the support model importing the ledger."""
     planted = tmp_path / "support.py"
-    planted.write_text("def f():\n    from vllm_fp4_moe_plugin import patches\n")
-    assert f"{PKG}.patches" in _imports(f"{PKG}.support", planted)
-    assert layer_of(f"{PKG}.patches") > layer_of(f"{PKG}.support")
+    planted.write_text("def f():\n    from vllm_fp4_moe_plugin.patches import ledger\n")
+    found = _imports(f"{PKG}.base.support", planted)
+    assert f"{PKG}.patches.ledger" in found
+    assert f"{PKG}.patches" in found  # the package's __init__ runs on the way
+    assert layer_of(f"{PKG}.patches.ledger") > layer_of(f"{PKG}.base.support")
+
+
+LAYER_PACKAGES = sorted(m for m in MODULES
+                        if m.count(".") == 1 and MODULES[m].name == "__init__.py")
+
+
+def test_the_top_level_folders_are_the_layer_table():
+    """Each layer of the table is a folder of the package (or the entry point, the root alone):
+    a module's place in the tree says its layer."""
+    tops = {p.split(".")[0].rstrip("*") for p in TABLE if p != PKG}
+    assert tops == {m.rsplit(".", 1)[1] for m in LAYER_PACKAGES}
+    assert sorted(p.name for p in (ROOT / PKG).glob("*.py")) == ["__init__.py"]
+
+
+@pytest.mark.parametrize("package", LAYER_PACKAGES + [f"{PKG}.tools.checkpoint"])
+def test_a_layer_folder_init_holds_only_its_docstring(package):
+    """Nothing runs when a layer's folder is imported: no import to close a cycle through it, no
+    logic a reader must look for in an ``__init__``."""
+    body = ast.parse(MODULES[package].read_text()).body
+    assert len(body) == 1 and isinstance(body[0], ast.Expr), package
 
 
 VLLM_FREE_AT_IMPORT = [m for m in MODULES if layer_of(m) == 0] + [
-    f"{PKG}.patching", f"{PKG}.probing", f"{PKG}.compat", f"{PKG}.patches",
-    f"{PKG}.patches.registry", f"{PKG}.patches.bf16_passthrough", f"{PKG}.fleet",
+    f"{PKG}.base", f"{PKG}.scales", f"{PKG}.scales.scale_rule", f"{PKG}.scales.nvfp4_constants",
+    f"{PKG}.tools", f"{PKG}.tools.checkpoint", f"{PKG}.tools.checkpoint.tensor_index",
+    f"{PKG}.patches.patching", f"{PKG}.patches.probing", f"{PKG}.patches.compat", f"{PKG}.patches",
+    f"{PKG}.patches.registry", f"{PKG}.patches.bf16_passthrough", f"{PKG}.patches.fleet",
     f"{PKG}.patches.fleet_rendezvous", f"{PKG}.patches.plugin_env"] + [
     f"{PKG}.patches.{d}{probe}" for d in ("init_prepare_finalize", "modular_method",
                                            "nvfp4_oracle") for probe in ("", ".probe")]

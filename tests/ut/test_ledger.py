@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from fp4_moe_lab.ledger_doc import WIDTH, render
-from vllm_fp4_moe_plugin import compat, patches
+from vllm_fp4_moe_plugin.base.support import Design
+from vllm_fp4_moe_plugin.patches import compat, ledger
 from vllm_fp4_moe_plugin.patches.registry import SLICES
-from vllm_fp4_moe_plugin.support import Design
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "PATCHES.md"
 # Sample values per kind of finding: the class name the CT entries compare with, the helper
@@ -99,7 +99,7 @@ def test_predicate_reads_only_reported_findings(entry):
 def test_every_design_has_a_slice_and_each_target_is_unique_within_it():
     assert {s.design for s in SLICES} == set(Design) | {None}
     for design in [*Design, None]:
-        targets = [p.target for p in patches.entries_for_design(design)]
+        targets = [p.target for p in ledger.entries_for_design(design)]
         assert len(targets) == len(set(targets)), design
 
 
@@ -107,16 +107,16 @@ def test_plan_follows_the_predicates_not_the_design_alone():
     base = dict.fromkeys(compat.FINDINGS[Design.MODULAR_METHOD], False)
     seen = compat.Observation(Design.MODULAR_METHOD, True, "seen", {
         **base, "compressed_tensors_class": "CompressedTensorsW4A4Nvfp4MoEMethod"})
-    plan = patches.plan(seen)
+    plan = ledger.plan(seen)
     assert plan.install and [t.rsplit(".", 1)[1] for t in plan.patches] == [
         "CompressedTensorsW4A4Nvfp4MoEMethod"]
     fixed = compat.Observation(Design.MODULAR_METHOD, True, "seen", {
         **base, "compressed_tensors_class": "CompressedTensorsW4A4Nvfp4MoEMethod",
         "compressed_tensors_dp_scale_shared": True})
-    plan = patches.plan(fixed)
+    plan = ledger.plan(fixed)
     assert not plan.install and not plan.patches and "no hole left" in plan.reason
     unpatchable = compat.Observation(Design.NVFP4_ORACLE, False, "helpers changed", {})
-    assert patches.plan(unpatchable).reason == "helpers changed"
+    assert ledger.plan(unpatchable).reason == "helpers changed"
 
 
 def test_doc_matches_code():
@@ -131,7 +131,7 @@ def _oracle_plan(**fixed):
     findings = dict.fromkeys(compat.FINDINGS[Design.NVFP4_ORACLE], False)
     findings.update({"oracle_helpers": ("prepare_nvfp4_moe_layer_for_fi_or_cutlass",),
                      "cutlass_fp4_takes_expert_map": True, **fixed})
-    return patches.plan(compat.Observation(Design.NVFP4_ORACLE, True, "seen", findings))
+    return ledger.plan(compat.Observation(Design.NVFP4_ORACLE, True, "seen", findings))
 
 
 def test_oracle_plan_keeps_each_hole_until_upstream_fixes_it():

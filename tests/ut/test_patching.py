@@ -6,7 +6,11 @@ import types
 
 import pytest
 
-from vllm_fp4_moe_plugin.patching import ModulePatch, PatchConflictError, same_named_subclass
+from vllm_fp4_moe_plugin.patches.patching import (
+    ModulePatch,
+    PatchConflictError,
+    same_named_subclass,
+)
 
 
 @pytest.fixture

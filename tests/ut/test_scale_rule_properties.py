@@ -14,8 +14,8 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_fp4_moe_plugin import scale_rule
-from vllm_fp4_moe_plugin.scale_rule import (
+from vllm_fp4_moe_plugin.scales import scale_rule
+from vllm_fp4_moe_plugin.scales.scale_rule import (
     AMAX_MAX,
     AMAX_MIN,
     AMAX_PER_INPUT_SCALE,

@@ -3,7 +3,7 @@
 
 import pytest
 
-from vllm_fp4_moe_plugin import support
+from vllm_fp4_moe_plugin.base import support
 
 
 @pytest.mark.parametrize("release, design", [

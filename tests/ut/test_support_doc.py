@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_fp4_moe_plugin import support
+from vllm_fp4_moe_plugin.base import support
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 CELL = {"plugin": support.WRONG, "plugin (fails)": support.FAILS, "upstream": None}
@@ -49,7 +49,7 @@ def test_support_table_matches_the_model():
                     for f in ("modelopt", "compressed-tensors")}
 
 
-@pytest.mark.parametrize("path", sorted(DOCS.glob("matrix*.json")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((DOCS / "data").glob("matrix*.json")), ids=lambda p: p.name)
 def test_published_matrices_match_the_model(path):
     rows = json.loads(path.read_text())
     assert rows
@@ -65,10 +65,10 @@ def test_published_matrices_match_the_model(path):
         assert (row["stock_error"] is not None) is (hole == support.FAILS), row
 
 
-@pytest.mark.parametrize("path", sorted((Path(__file__).parents[2] / "docs").glob(
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[2] / "docs" / "data").glob(
     "llmcompressor-dead-vllm-*.json")), ids=lambda p: p.name)
 def test_published_real_checkpoint_rows_hold(path):
-    """docs/llmcompressor-dead-*.json (ROOT-CAUSE §13): the real dead-expert checkpoint's rows
+    """docs/data/llmcompressor-dead-*.json (ROOT-CAUSE §13): the real dead-expert checkpoint's rows
     meet what the per-world suites assert on it."""
     from tests import real_quantizer_checks
 
@@ -78,9 +78,9 @@ def test_published_real_checkpoint_rows_hold(path):
 
 
 def test_published_router_weight_rows_hold():
-    """docs/router-weight-vllm-0.34.0.json (Llama-4's router weight on the input, SUPPORT.md):
+    """docs/data/router-weight-vllm-0.34.0.json (Llama-4's router weight on the input, SUPPORT.md):
     stock weights each token twice, far from the weight-once reference; the plugin is at it."""
-    rows = json.loads((Path(__file__).parents[2] / "docs/router-weight-vllm-0.34.0.json")
+    rows = json.loads((Path(__file__).parents[2] / "docs/data/router-weight-vllm-0.34.0.json")
                       .read_text())
     assert {r["backend"] for r in rows} == {"flashinfer_cutlass", "vllm_cutlass"}
     for r in rows:

@@ -12,7 +12,7 @@ from vllm_fp4_moe_plugin.patches import (
     nvfp4_oracle,
     plugin_env,
 )
-from vllm_fp4_moe_plugin.patching import Slice
+from vllm_fp4_moe_plugin.patches.patching import Slice
 
 SLICES: tuple[Slice, ...] = tuple(folder.SLICE for folder in (
     init_prepare_finalize, modular_method, nvfp4_oracle, plugin_env, fleet_rendezvous))

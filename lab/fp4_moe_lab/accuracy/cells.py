@@ -17,9 +17,9 @@ BF16 = "qwen3moe-add-bf16"
 BF16_OF_PREFIX = {"qwen3moe-add-": BF16, "deepseekv3-add-": "deepseekv3-add-bf16"}
 TASK_DIR = REPO / "accuracy" / "lm_eval_task"
 TASK = "addition3"
-JSON_OUT = REPO / "docs" / "accuracy.json"
+JSON_OUT = REPO / "docs" / "data" / "accuracy.json"
 MD_OUT = REPO / "docs" / "ACCURACY.md"
-PNG_OUT = REPO / "docs" / "accuracy.png"
+PNG_OUT = REPO / "docs" / "data" / "accuracy.png"
 COLUMNS = ("bf16", "ideal", "stock", "plugin")
 # checkpoint directory -> (short name, format); the first that exists is the headline
 CHECKPOINTS = {

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """The accuracy table's report: docs/ACCURACY.md's table (with the audit's verdict of where
-stock is wrong, run afresh) and the chart docs/accuracy.png, both from the table's JSON."""
+stock is wrong, run afresh) and the chart docs/data/accuracy.png, both from the table's JSON."""
 
 from __future__ import annotations
 

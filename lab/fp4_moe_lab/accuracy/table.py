@@ -14,9 +14,9 @@ columns are
 Each cell is one server start (fp4_moe_lab.engines.server: loopback, bounded, always stopped) and
 one lm-eval run of the task accuracy/lm_eval_task (local-completions against
 http://127.0.0.1:PORT/v1/completions, greedy, exact match); the cell records n, correct,
-accuracy and a 95 % Wilson interval. Results go to docs/accuracy.json after every cell, so the
+accuracy and a 95 % Wilson interval. Results go to docs/data/accuracy.json after every cell, so the
 command is resumable: cells already there are skipped unless --force. docs/ACCURACY.md's tables
-and docs/accuracy.png are rewritten from the JSON (also alone: --report-only).
+and docs/data/accuracy.png are rewritten from the JSON (also alone: --report-only).
 
 Usage (repository root; the engine worlds .venv-engine and .venv-engine-0.32.0 must exist):
   python accuracy/run_table.py                      # every row, most informative first
@@ -298,7 +298,7 @@ def main() -> int:
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("--max-cells", type=int, default=0, help="stop after this many new cells")
     ap.add_argument("--json", type=Path, default=None,
-                    help="write cells to this JSON instead of docs/accuracy.json (a trial run; "
+                    help="write cells to this JSON, not docs/data/accuracy.json (a trial run; "
                          "the published table, chart and JSON are left alone)")
     args = ap.parse_args()
     trial = args.json is not None

@@ -6,7 +6,7 @@
 * :mod:`.writer` -- ``write_checkpoint``: deterministic files vLLM 0.11.0 loads unchanged.
 * :mod:`.writer_limits` -- what the writer accepts, torch-free.
 
-The audit of real checkpoints is serving code: :mod:`vllm_fp4_moe_plugin.checkpoint`.
+The audit of real checkpoints is serving code: :mod:`vllm_fp4_moe_plugin.tools.checkpoint`.
 
 No imports here on purpose: ``simulation.moe_layer`` imports ``.expert_tensors`` and
 ``.configs``.

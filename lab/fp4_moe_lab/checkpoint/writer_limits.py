@@ -10,7 +10,7 @@ from typing import Optional
 
 # The largest --spread a calibrated checkpoint can hold is a format limit: it lives with the NVFP4
 # constants of the serving package, where the CLI checks --spread at parse time.
-from vllm_fp4_moe_plugin.nvfp4_constants import MAX_INPUT_SCALE_SPREAD  # noqa: F401  (re-exported)
+from vllm_fp4_moe_plugin.scales.nvfp4_constants import MAX_INPUT_SCALE_SPREAD  # noqa: F401  (re-exported)
 
 OWN_FILES = ("config.json", "hf_quant_config.json", "model.safetensors",
              "model.safetensors.index.json")

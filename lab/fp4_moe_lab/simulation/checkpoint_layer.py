@@ -18,8 +18,8 @@ import torch
 
 from fp4_moe_lab.checkpoint.expert_tensors import INPUT_SCALE_SUFFIX, experts_from_tensors
 from fp4_moe_lab.nvfp4 import QuantizedExperts
-from vllm_fp4_moe_plugin.checkpoint.tensor_index import tensor_files
-from vllm_fp4_moe_plugin.scale_rule import uncalibrated_experts
+from vllm_fp4_moe_plugin.scales.scale_rule import uncalibrated_experts
+from vllm_fp4_moe_plugin.tools.checkpoint.tensor_index import tensor_files
 
 PREFIX = "model.layers.{layer}.mlp.experts"
 

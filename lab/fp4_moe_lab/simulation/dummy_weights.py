@@ -27,7 +27,7 @@ FORMATS = ("modelopt", "compressed-tensors")
 def dummy_outputs(ctx: RankContext, formats: tuple) -> list:
     """Job (inside each rank): stock and plugin on dummy weights, per format, with the plugin's
     log lines (level, message) in ``info["<fmt>/log"]``."""
-    from vllm_fp4_moe_plugin import unloaded
+    from vllm_fp4_moe_plugin.scales import unloaded
 
     lines: list[tuple[str, str]] = []
 

@@ -74,7 +74,7 @@ class EpSliceScenario(Scenario):
 def slice_maxima_ratio(scenario: EpSliceScenario) -> float:
     """The ratio the ranks see: the larger over the smaller EP rank's local max of the planted
     GEMM1 input amax, sliced by the support model (vLLM's linear placement)."""
-    from vllm_fp4_moe_plugin import support
+    from vllm_fp4_moe_plugin.base import support
 
     amax = planted_amax(scenario.num_experts, scenario.slice_ratio, scenario.seed)[0].tolist()
     lo, hi = sorted(support.rank_local_maxima(amax, EP_SIZE))

@@ -22,8 +22,8 @@ from typing import Callable, Optional
 import torch
 
 from fp4_moe_lab.simulation.gpus import DEFAULT_CAPABILITY
-from vllm_fp4_moe_plugin import support
-from vllm_fp4_moe_plugin.support import Design
+from vllm_fp4_moe_plugin.base import support
+from vllm_fp4_moe_plugin.base.support import Design
 
 # Plugin vs the ideal NVFP4 reference. Both quantize identically; what is left is bf16
 # rounding of the layer output (2^-8 relative) and, with TP/DP, a bf16 all-reduce/reduce-scatter.
@@ -157,6 +157,6 @@ def installed_release() -> tuple[str, Optional[Design]]:
     """(vLLM version, MoE design the plugin's probe sees) of the installed vLLM."""
     import vllm
 
-    from vllm_fp4_moe_plugin import compat
+    from vllm_fp4_moe_plugin.patches import compat
 
     return vllm.__version__, compat.probe().design

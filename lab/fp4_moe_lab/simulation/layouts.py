@@ -23,7 +23,7 @@ from typing import Any, Optional
 import torch
 
 from fp4_moe_lab.simulation.gpus import DEFAULT_CAPABILITY
-from vllm_fp4_moe_plugin.support import LAYOUTS, Design, Layout
+from vllm_fp4_moe_plugin.base.support import LAYOUTS, Design, Layout
 
 # One vocabulary of layouts, in the vLLM-free support model (support.LAYOUTS).
 LAYOUT_NAMES = tuple(n for n, spec in LAYOUTS.items()
@@ -350,7 +350,8 @@ def stock_and_plugin_outputs(ctx: RankContext, scenario: Scenario, formats: tupl
     ``first_index``: the first layer index, so that several calls in one process never reuse a
     layer name)."""
     from fp4_moe_lab.simulation import moe_layer
-    from vllm_fp4_moe_plugin import consistency, patches, unloaded
+    from vllm_fp4_moe_plugin.patches import consistency, ledger
+    from vllm_fp4_moe_plugin.scales import unloaded
 
     result = RankOutput(rank=ctx.rank, dp_rank=ctx.dp_rank)
     experts = scenario.experts()
@@ -365,11 +366,11 @@ def stock_and_plugin_outputs(ctx: RankContext, scenario: Scenario, formats: tupl
         for fmt in formats:
             for mode in modes:
                 if mode == "plugin":  # what register() installs when the plugin is active
-                    patches.apply_all()
-                    unloaded.watch(unloaded.any_layer if patches.plan().design is
+                    ledger.apply_all()
+                    unloaded.watch(unloaded.any_layer if ledger.plan().design is
                                    Design.NVFP4_ORACLE else unloaded.repaired_by_plugin_class)
                 else:
-                    patches.revert_all()
+                    ledger.revert_all()
                     unloaded.remove()
                 overrides = scenario.checkpoint_overrides(fmt, moe_layer.experts_prefix(index),
                                                           mode)
@@ -401,7 +402,7 @@ def stock_and_plugin_outputs(ctx: RankContext, scenario: Scenario, formats: tupl
                     last = consistency.last_result()
                     result.info[key]["check"] = (last.ok, last.path) if last else None
     finally:
-        patches.revert_all()
+        ledger.revert_all()
         unloaded.remove()
     return result
 
@@ -412,7 +413,7 @@ def refusal(exc: Exception) -> str:
     a real deployment is refused the same way, or auto-selects another kernel), or when vLLM
     refused the checkpoint's activation scales (upstream/0002); anything else raised while
     building the layer is re-raised (a harness gap must stay loud)."""
-    from vllm_fp4_moe_plugin import vllm_modules as vm
+    from vllm_fp4_moe_plugin.base import vllm_modules as vm
 
     frames = {f.name for f in traceback.extract_tb(exc.__traceback__)}
     if isinstance(exc, ValueError) and frames & {"select_nvfp4_moe_backend",

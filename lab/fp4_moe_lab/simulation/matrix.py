@@ -25,8 +25,8 @@ import torch
 from fp4_moe_lab.simulation import gpus, trtllm_rows
 from fp4_moe_lab.simulation.judge import Row, carried_split, installed_release, judge
 from fp4_moe_lab.simulation.layouts import LAYOUTS, Scenario, run_layout
-from vllm_fp4_moe_plugin import support
-from vllm_fp4_moe_plugin.support import Design
+from vllm_fp4_moe_plugin.base import support
+from vllm_fp4_moe_plugin.base.support import Design
 
 BACKEND = "flashinfer_cutlass"
 
@@ -204,7 +204,7 @@ def auto_pick(capability: str) -> str:
     """The backend ``--moe-backend auto`` runs on this GPU by the support model
     (``support.nvfp4_moe_kernel``): the auto rows are set up for it, and each of their ranks
     checks that vLLM's oracle picked it."""
-    from vllm_fp4_moe_plugin import support
+    from vllm_fp4_moe_plugin.base import support
 
     picked, why = support.nvfp4_moe_kernel(installed_release()[1], capability, None,
                                            moe_backend=AUTO)
@@ -292,8 +292,7 @@ def rows_for_layout(layout_name: str, scenario: Scenario,
 def _cutlass_reads_workspace() -> bool:
     """The installed vLLM's CUTLASS NVFP4 MoE reads the unzeroed row for non-local routes
     (the plugin's findings; ``support.stock_hole``)."""
-    from vllm_fp4_moe_plugin import compat
-    from vllm_fp4_moe_plugin.patches import nvfp4_oracle
+    from vllm_fp4_moe_plugin.patches import compat, nvfp4_oracle
 
     return nvfp4_oracle.routes_needed(compat.probe().findings)
 

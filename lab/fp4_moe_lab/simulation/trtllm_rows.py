@@ -20,7 +20,7 @@ from fp4_moe_lab.simulation.trtllm_seam import (
     layer_kwargs,
     routing_bias,
 )
-from vllm_fp4_moe_plugin.support import Design
+from vllm_fp4_moe_plugin.base.support import Design
 
 BACKEND = "flashinfer_trtllm"
 #: Layouts with a TRT-LLM row. The path has no prepare/finalize of its own (``maybe_make_

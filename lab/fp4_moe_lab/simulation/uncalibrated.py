@@ -46,7 +46,7 @@ def planted_outputs(ctx: RankContext, scenarios: tuple, formats: tuple) -> list:
     """Job (inside each rank): stock and plugin outputs per planted scenario and format, with
     the plugin's WARNING lines about uncalibrated experts in ``info["<fmt>/warnings"]`` (the
     once-per-process warning state is reset before each layer, so each may warn)."""
-    from vllm_fp4_moe_plugin import layer_scales
+    from vllm_fp4_moe_plugin.scales import layer_scales
 
     lines: list[str] = []
 

@@ -7,10 +7,10 @@ records, ``probe.py``, the methods (``methods.py``), the direct call (``flashinf
 
 from __future__ import annotations
 
-from vllm_fp4_moe_plugin import vllm_modules as vm
+from vllm_fp4_moe_plugin.base import vllm_modules as vm
+from vllm_fp4_moe_plugin.base.support import Design
 from vllm_fp4_moe_plugin.patches.init_prepare_finalize import probe
-from vllm_fp4_moe_plugin.patching import ModulePatch, Slice
-from vllm_fp4_moe_plugin.support import Design
+from vllm_fp4_moe_plugin.patches.patching import ModulePatch, Slice
 
 
 def _unfixed(findings) -> bool:

@@ -13,17 +13,11 @@ from typing import Any
 import torch
 from torch.nn import Parameter
 
-from vllm_fp4_moe_plugin import (
-    compat,
-    consistency,
-    gate_up,
-    layer_scales,
-    scale_agreement,
-    unloaded,
-)
-from vllm_fp4_moe_plugin.log import get_logger, layer_label
+from vllm_fp4_moe_plugin.base.log import get_logger, layer_label
+from vllm_fp4_moe_plugin.patches import compat, consistency
 from vllm_fp4_moe_plugin.patches.init_prepare_finalize import flashinfer_cutlass
-from vllm_fp4_moe_plugin.patching import same_named_subclass
+from vllm_fp4_moe_plugin.patches.patching import same_named_subclass
+from vllm_fp4_moe_plugin.scales import gate_up, layer_scales, scale_agreement, unloaded
 
 logger = get_logger("methods")
 

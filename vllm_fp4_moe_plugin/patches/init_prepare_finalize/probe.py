@@ -4,9 +4,9 @@ subclass there, with the methods the subclasses override? vLLM-free at import.""
 
 from __future__ import annotations
 
-from vllm_fp4_moe_plugin import vllm_modules as vm
-from vllm_fp4_moe_plugin.probing import Observation, has, missing_methods
-from vllm_fp4_moe_plugin.support import Design
+from vllm_fp4_moe_plugin.base import vllm_modules as vm
+from vllm_fp4_moe_plugin.base.support import Design
+from vllm_fp4_moe_plugin.patches.probing import Observation, has, missing_methods
 
 FINDINGS = ("targets_present",)
 # If any of these is gone, the design has changed under us.

@@ -7,10 +7,10 @@ while its probe (``probe.py``) still sees it; each replacement is a module of th
 
 from __future__ import annotations
 
-from vllm_fp4_moe_plugin import vllm_modules as vm
+from vllm_fp4_moe_plugin.base import vllm_modules as vm
+from vllm_fp4_moe_plugin.base.support import Design
 from vllm_fp4_moe_plugin.patches.modular_method import probe
-from vllm_fp4_moe_plugin.patching import ModulePatch, Slice
-from vllm_fp4_moe_plugin.support import Design
+from vllm_fp4_moe_plugin.patches.patching import ModulePatch, Slice
 
 _HERE = __name__
 

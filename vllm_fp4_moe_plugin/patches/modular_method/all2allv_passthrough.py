@@ -7,7 +7,7 @@ entry (``patches/modular_method``)."""
 from __future__ import annotations
 
 from vllm_fp4_moe_plugin.patches.bf16_passthrough import Bf16PassthroughPrepareMixin
-from vllm_fp4_moe_plugin.patching import same_named_subclass
+from vllm_fp4_moe_plugin.patches.patching import same_named_subclass
 
 
 def build_all2allv_prepare(original: type) -> type:

@@ -10,16 +10,10 @@ from __future__ import annotations
 import torch
 from torch.nn import Parameter
 
-from vllm_fp4_moe_plugin import (
-    compat,
-    consistency,
-    gate_up,
-    layer_scales,
-    scale_agreement,
-    unloaded,
-)
-from vllm_fp4_moe_plugin.log import get_logger, layer_label
-from vllm_fp4_moe_plugin.patching import same_named_subclass
+from vllm_fp4_moe_plugin.base.log import get_logger, layer_label
+from vllm_fp4_moe_plugin.patches import compat, consistency
+from vllm_fp4_moe_plugin.patches.patching import same_named_subclass
+from vllm_fp4_moe_plugin.scales import gate_up, layer_scales, scale_agreement, unloaded
 
 logger = get_logger("compressed_tensors_dp")
 

@@ -5,9 +5,9 @@ scales repaired before upstream's ``process_weights_after_loading``, as in every
 
 from __future__ import annotations
 
-from vllm_fp4_moe_plugin import gate_up, layer_scales, unloaded
-from vllm_fp4_moe_plugin.log import layer_label
-from vllm_fp4_moe_plugin.patching import same_named_subclass
+from vllm_fp4_moe_plugin.base.log import layer_label
+from vllm_fp4_moe_plugin.patches.patching import same_named_subclass
+from vllm_fp4_moe_plugin.scales import gate_up, layer_scales, unloaded
 
 _STOCK_UNCALIBRATED = ("Stock vLLM collapses the layer's activation scales to their max with the "
                        "FlashInfer backends: a NaN, infinite or huge one becomes the scale of "

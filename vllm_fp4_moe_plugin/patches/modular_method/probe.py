@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from vllm_fp4_moe_plugin import vllm_modules as vm
-from vllm_fp4_moe_plugin.patching import original_attr
-from vllm_fp4_moe_plugin.probing import Observation, has, missing_methods, on_cpu, same
-from vllm_fp4_moe_plugin.support import Design
+from vllm_fp4_moe_plugin.base import vllm_modules as vm
+from vllm_fp4_moe_plugin.base.support import Design
+from vllm_fp4_moe_plugin.patches.patching import original_attr
+from vllm_fp4_moe_plugin.patches.probing import Observation, has, missing_methods, on_cpu, same
 
 FINDINGS = ("compressed_tensors_class", "compressed_tensors_dp_scale_shared",
             "all2allv_tp_prequantizes", "modelopt_nvfp4_moe_method", "modelopt_method_cls_attr")

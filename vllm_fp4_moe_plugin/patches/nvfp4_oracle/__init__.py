@@ -9,10 +9,10 @@ The folder: this record, its probe (``probe.py``), the wrappers (``ep_agreed_gem
 
 from __future__ import annotations
 
-from vllm_fp4_moe_plugin import vllm_modules as vm
+from vllm_fp4_moe_plugin.base import vllm_modules as vm
+from vllm_fp4_moe_plugin.base.support import Design
 from vllm_fp4_moe_plugin.patches.nvfp4_oracle import probe
-from vllm_fp4_moe_plugin.patching import ModulePatch, Slice
-from vllm_fp4_moe_plugin.support import Design
+from vllm_fp4_moe_plugin.patches.patching import ModulePatch, Slice
 
 ACTIVE = ("compressed-tensors collapses GEMM1 input scales to each EP rank's local max, which "
           "DP+EP dispatch mixes across ranks")

@@ -16,12 +16,13 @@ import inspect
 
 import torch
 
-from vllm_fp4_moe_plugin import gate_up, layer_scales, scale_agreement, support, unloaded
-from vllm_fp4_moe_plugin import vllm_modules as vm
-from vllm_fp4_moe_plugin.layer_scales import RAW_SCALES
-from vllm_fp4_moe_plugin.log import get_logger, layer_label
-from vllm_fp4_moe_plugin.nvfp4_constants import E4M3_MAX, FP4_MAX
+from vllm_fp4_moe_plugin.base import support
+from vllm_fp4_moe_plugin.base import vllm_modules as vm
+from vllm_fp4_moe_plugin.base.log import get_logger, layer_label
 from vllm_fp4_moe_plugin.patches.nvfp4_oracle import helper_duties, probe
+from vllm_fp4_moe_plugin.scales import gate_up, layer_scales, scale_agreement, unloaded
+from vllm_fp4_moe_plugin.scales.layer_scales import RAW_SCALES
+from vllm_fp4_moe_plugin.scales.nvfp4_constants import E4M3_MAX, FP4_MAX
 
 logger = get_logger("oracle")
 

@@ -10,10 +10,10 @@ import inspect
 import logging
 import re
 
-from vllm_fp4_moe_plugin import vllm_modules as vm
-from vllm_fp4_moe_plugin.patching import original_attr
-from vllm_fp4_moe_plugin.probing import Observation, has, on_cpu, same
-from vllm_fp4_moe_plugin.support import Design
+from vllm_fp4_moe_plugin.base import vllm_modules as vm
+from vllm_fp4_moe_plugin.base.support import Design
+from vllm_fp4_moe_plugin.patches.patching import original_attr
+from vllm_fp4_moe_plugin.patches.probing import Observation, has, on_cpu, same
 
 FINDINGS = ("oracle_helpers", "oracle_helpers_take_layer_and_a13_scale",
             "global_sf_backend_probe", "moe_parallel_config_all2all", "eplb_scale_allreduce",

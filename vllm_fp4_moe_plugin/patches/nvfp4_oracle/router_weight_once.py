@@ -24,7 +24,7 @@ import sys
 
 import torch
 
-from vllm_fp4_moe_plugin.log import get_logger
+from vllm_fp4_moe_plugin.base.log import get_logger
 
 logger = get_logger("router_weight")
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import functools
 import inspect
 
-from vllm_fp4_moe_plugin import unloaded
 from vllm_fp4_moe_plugin.patches.nvfp4_oracle.ep_agreed_gemm1_scale import carried_gate_up
+from vllm_fp4_moe_plugin.scales import unloaded
 
 
 def build(original):

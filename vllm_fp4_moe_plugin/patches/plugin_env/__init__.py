@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 
-from vllm_fp4_moe_plugin import envs
-from vllm_fp4_moe_plugin import vllm_modules as vm
-from vllm_fp4_moe_plugin.patching import ModulePatch, Slice, original_attr
+from vllm_fp4_moe_plugin.base import envs
+from vllm_fp4_moe_plugin.base import vllm_modules as vm
+from vllm_fp4_moe_plugin.patches.patching import ModulePatch, Slice, original_attr
 
 
 def _reader(name: str):

@@ -11,9 +11,15 @@ import math
 
 import torch
 
-from vllm_fp4_moe_plugin import envs, scale_agreement, unloaded
-from vllm_fp4_moe_plugin.log import get_logger, layer_label, local_experts_note
-from vllm_fp4_moe_plugin.scale_rule import InvalidScaleError, check_scale, check_spread, judge
+from vllm_fp4_moe_plugin.base import envs
+from vllm_fp4_moe_plugin.base.log import get_logger, layer_label, local_experts_note
+from vllm_fp4_moe_plugin.scales import scale_agreement, unloaded
+from vllm_fp4_moe_plugin.scales.scale_rule import (
+    InvalidScaleError,
+    check_scale,
+    check_spread,
+    judge,
+)
 
 logger = get_logger("layer_scales")
 

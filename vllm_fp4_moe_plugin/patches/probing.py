@@ -10,7 +10,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Optional
 
-from vllm_fp4_moe_plugin.support import Design
+from vllm_fp4_moe_plugin.base.support import Design
 
 
 @dataclass(frozen=True)

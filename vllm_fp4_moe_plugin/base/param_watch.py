@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from vllm_fp4_moe_plugin import import_hook
+from vllm_fp4_moe_plugin.base import vllm_modules
 
 _TORCH_MODULE = "torch.nn.modules.module"
 
@@ -23,7 +23,7 @@ class ParamWatch:
     def __init__(self, on_parameter: Callable) -> None:
         self._on_parameter = on_parameter
         self._handle: Any = None
-        self._pending: Any = None  # import_hook's hook while torch is not imported yet
+        self._pending: Any = None  # the import hook while torch is not imported yet
         self._stopped = False
 
     def _call(self, module, name: str, param) -> None:
@@ -37,7 +37,7 @@ class ParamWatch:
     def install(self) -> None:
         self._stopped = False
         if self._handle is None and self._pending is None:
-            self._pending = import_hook.run_after_first_import((_TORCH_MODULE,), self._now)
+            self._pending = vllm_modules.run_after_first_import((_TORCH_MODULE,), self._now)
 
     def _now(self) -> None:
         self._pending = None
@@ -49,7 +49,7 @@ class ParamWatch:
     def remove(self) -> None:
         """Stop and unregister (not from inside a hook: :meth:`stop` there)."""
         self._stopped = True
-        import_hook.cancel(self._pending)
+        vllm_modules.cancel(self._pending)
         self._pending = None
         if self._handle is not None:
             self._handle.remove()

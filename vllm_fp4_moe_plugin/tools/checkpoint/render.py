@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from vllm_fp4_moe_plugin import support
-from vllm_fp4_moe_plugin.support import Design
+from vllm_fp4_moe_plugin.base import support
+from vllm_fp4_moe_plugin.base.support import Design
 
 from .audit import layouts_judged
 

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The one rule every NVFP4 global scale of a checkpoint must satisfy, in one place.
 
-Shared by the plugin at load (:func:`vllm_fp4_moe_plugin.layer_scales.check_positive_finite`) and
-``audit`` / ``doctor``, so a file the plugin refuses is a bad checkpoint in the CLI too, in the same
+Shared by the plugin at load (:func:`.layer_scales.check_positive_finite`) and ``audit`` /
+``doctor``, so a file the plugin refuses is a bad checkpoint in the CLI too, in the same
 words; pure Python, so ``audit`` stays fast. A global scale is bad when not floating point (vLLM's
 loader converts int32 or bool silently), of the wrong size, or NaN, inf, zero or negative: each
 poisons every token routed through that expert. Activation scales are judged by
@@ -17,7 +17,7 @@ import functools
 import math
 from typing import Optional, Sequence
 
-from vllm_fp4_moe_plugin.nvfp4_constants import E4M3_MAX, FP4_MAX
+from vllm_fp4_moe_plugin.scales.nvfp4_constants import E4M3_MAX, FP4_MAX
 
 # Every exporter writes float32; 16- and 64-bit floats convert exactly enough. 8-bit floats do not:
 # E4M3's max, 448, is below typical compressed-tensors global scales; 3 mantissa bits: up to 6 %.

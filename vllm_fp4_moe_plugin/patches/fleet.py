@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Callable, Mapping, Optional, Sequence
 
-from vllm_fp4_moe_plugin.log import get_logger
+from vllm_fp4_moe_plugin.base.log import get_logger
 
 logger = get_logger("fleet")
 

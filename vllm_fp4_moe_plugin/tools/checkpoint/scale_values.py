@@ -11,7 +11,7 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-from vllm_fp4_moe_plugin.scale_rule import InvalidScaleError, check_scale
+from vllm_fp4_moe_plugin.scales.scale_rule import InvalidScaleError, check_scale
 
 from .tensor_index import CheckpointAuditError, open_safetensors, tensor_files
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from vllm_fp4_moe_plugin import support
-from vllm_fp4_moe_plugin.log import get_logger, layer_label
-from vllm_fp4_moe_plugin.param_watch import ParamWatch
+from vllm_fp4_moe_plugin.base import support
+from vllm_fp4_moe_plugin.base.log import get_logger, layer_label
+from vllm_fp4_moe_plugin.base.param_watch import ParamWatch
 
 logger = get_logger("off")
 WATCHED = "w13_input_scale_quant"
@@ -51,7 +51,7 @@ _probed = False
 def _installed_design():
     global _design, _probed
     if not _probed:  # once per process
-        from vllm_fp4_moe_plugin import compat
+        from vllm_fp4_moe_plugin.patches import compat
 
         _design, _probed = compat.probe().design, True
     return _design

@@ -12,9 +12,9 @@ import logging
 import os
 from typing import Any, Optional
 
-from vllm_fp4_moe_plugin import envs, patches, support
-from vllm_fp4_moe_plugin.patches import fleet_rendezvous, nvfp4_oracle
-from vllm_fp4_moe_plugin.support import Design, Layout
+from vllm_fp4_moe_plugin.base import envs, support
+from vllm_fp4_moe_plugin.base.support import Design, Layout
+from vllm_fp4_moe_plugin.patches import fleet_rendezvous, ledger, nvfp4_oracle
 
 FINE, AT_RISK, CANNOT_TELL = 0, 1, 2
 VERDICTS = {FINE: "fine", AT_RISK: "at risk", CANNOT_TELL: "cannot tell"}
@@ -88,7 +88,7 @@ def entry_point() -> dict:
 
 def probes() -> dict:
     """The plugin's feature probes against the installed vLLM, and what the ledger would apply."""
-    result = patches.plan()
+    result = ledger.plan()
     return {"would_install": result.install, "reason": result.reason,
             "upstream_fixed": result.upstream_fixed, "design": result.design,
             "patches": list(result.patches), "findings": dict(result.findings)}
@@ -209,7 +209,7 @@ def run_doctor(checkpoint: Optional[str] = None, layout: Optional[Layout] = None
     ckpt = None
     design = report["probes"]["design"] if report["probes"] else None
     if checkpoint:
-        from vllm_fp4_moe_plugin.checkpoint.audit import audit_checkpoint
+        from vllm_fp4_moe_plugin.tools.checkpoint.audit import audit_checkpoint
 
         ep_size = layout.tp * layout.dp if layout.ep and layout.tp * layout.dp > 1 else 2
         ckpt = audit_checkpoint(checkpoint, ep_size=ep_size,

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from vllm_fp4_moe_plugin import envs
-from vllm_fp4_moe_plugin.log import get_logger, layer_label
+from vllm_fp4_moe_plugin.base import envs
+from vllm_fp4_moe_plugin.base.log import get_logger, layer_label
 
 logger = get_logger("check")
 RTOL = 1e-5
@@ -52,7 +52,7 @@ def check_layer(layer, quant_config, prepare_finalize=None,
     if prepare_finalize is None:
         import vllm.model_executor.layers.fused_moe.flashinfer_cutlass_moe as fx
 
-        from vllm_fp4_moe_plugin.compat import experts_take_use_dp
+        from vllm_fp4_moe_plugin.patches.compat import experts_take_use_dp
 
         path = "direct"
         # 0.11.0 stock direct call: packed input; ours, and 0.11.1's (use_dp=False): bf16.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from vllm_fp4_moe_plugin.param_watch import ParamWatch
+from vllm_fp4_moe_plugin.base.param_watch import ParamWatch
 
 ACTIVATION_SCALES = ("w13_input_scale", "w2_input_scale", "w13_input_global_scale",
                      "w2_input_global_scale")
@@ -100,7 +100,7 @@ def dummy_weights(layer) -> bool:
         return False
     if not _dummy_logged:
         _dummy_logged = True
-        from vllm_fp4_moe_plugin.log import get_logger
+        from vllm_fp4_moe_plugin.base.log import get_logger
 
         get_logger("unloaded").info(
             "vllm-fp4-moe-plugin: --load-format dummy: the weights are random, not a "

@@ -10,10 +10,10 @@ import importlib.util
 import inspect
 from typing import Optional
 
-from vllm_fp4_moe_plugin import vllm_modules as vm
+from vllm_fp4_moe_plugin.base import vllm_modules as vm
+from vllm_fp4_moe_plugin.base.support import Design
+from vllm_fp4_moe_plugin.patches.probing import Observation, attr, has
 from vllm_fp4_moe_plugin.patches.registry import DESIGNS, SLICES
-from vllm_fp4_moe_plugin.probing import Observation, attr, has
-from vllm_fp4_moe_plugin.support import Design
 
 # What each design's probe reports: the detector's findings, then its folder's (tests check the
 # real probe and every ledger predicate against these). None: the slices for every design.

@@ -20,8 +20,8 @@ import warnings
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
-from vllm_fp4_moe_plugin import envs, support
-from vllm_fp4_moe_plugin.scale_rule import InvalidScaleError
+from vllm_fp4_moe_plugin.base import envs, support
+from vllm_fp4_moe_plugin.scales.scale_rule import InvalidScaleError
 
 PROG = "vllm-fp4-moe"
 EXIT_OK, EXIT_FINDING, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 70
@@ -82,8 +82,8 @@ def progress(text: str) -> None:
 
 
 def _audit(path: str, flag: str, **kwargs) -> dict:
-    from vllm_fp4_moe_plugin.checkpoint.audit import audit_checkpoint
-    from vllm_fp4_moe_plugin.checkpoint.tensor_index import CheckpointError
+    from vllm_fp4_moe_plugin.tools.checkpoint.audit import audit_checkpoint
+    from vllm_fp4_moe_plugin.tools.checkpoint.tensor_index import CheckpointError
 
     _checkpoint_dir(path, flag)
     try:
@@ -93,7 +93,7 @@ def _audit(path: str, flag: str, **kwargs) -> dict:
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
-    from vllm_fp4_moe_plugin.checkpoint.render import format_audit
+    from vllm_fp4_moe_plugin.tools.checkpoint.render import format_audit
 
     try:
         design = _audit_design(args.vllm)
@@ -127,7 +127,7 @@ def _audit_design(release: Optional[str]):
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from vllm_fp4_moe_plugin.doctor import deployed_layout, format_doctor, run_doctor
+    from vllm_fp4_moe_plugin.tools.doctor import deployed_layout, format_doctor, run_doctor
 
     layout = deployed_layout(tp=args.tp, dp=args.dp, pp=args.pp, ep=args.ep,
                              all2all_backend=args.all2all_backend)

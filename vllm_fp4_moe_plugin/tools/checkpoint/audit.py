@@ -13,9 +13,9 @@ import contextlib
 import math
 from typing import Iterator, Optional
 
-from vllm_fp4_moe_plugin import support
-from vllm_fp4_moe_plugin.scale_rule import uncalibrated
-from vllm_fp4_moe_plugin.support import Design
+from vllm_fp4_moe_plugin.base import support
+from vllm_fp4_moe_plugin.base.support import Design
+from vllm_fp4_moe_plugin.scales.scale_rule import uncalibrated
 
 from .config_lint import compressed_tensors_011_refuses, transformers4_misreads
 from .detect import detect_format
@@ -44,7 +44,7 @@ def _audit_errors() -> Iterator[None]:
 
 def ep_slices(num_experts: int, ep_size: int, placement: str = "linear") -> list[list[int]]:
     """Global expert ids per EP rank as ``determine_expert_map`` assigns them (the same in
-    0.11.0, layer.py:818-841, and 0.34.0): :func:`vllm_fp4_moe_plugin.support.ep_slices`."""
+    0.11.0, layer.py:818-841, and 0.34.0): :func:`vllm_fp4_moe_plugin.base.support.ep_slices`."""
     if placement not in PLACEMENTS:
         raise ValueError(f"expert placement {placement!r} must be one of {PLACEMENTS}")
     if ep_size < 1:

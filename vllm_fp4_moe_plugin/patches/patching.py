@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
-from vllm_fp4_moe_plugin.support import Design
+if TYPE_CHECKING:  # the fleet check's entry is applied with nothing else of the plugin loaded
+    from vllm_fp4_moe_plugin.base.support import Design
 
 # (module, attribute) -> (original, replacement), for every patch currently applied.
 _APPLIED: dict[tuple[str, str], tuple[Any, Any]] = {}

@@ -23,7 +23,7 @@ from typing import Optional
 
 import torch
 
-from vllm_fp4_moe_plugin.log import get_logger
+from vllm_fp4_moe_plugin.base.log import get_logger
 
 logger = get_logger("gate_up")
 

@@ -12,7 +12,7 @@ from datetime import timedelta
 
 import torch
 
-from vllm_fp4_moe_plugin import envs
+from vllm_fp4_moe_plugin.base import envs
 
 
 @dataclass(frozen=True)

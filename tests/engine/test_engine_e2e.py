@@ -93,8 +93,8 @@ def test_tp2_multiprocessing_executor(checkpoints):
     arguments (``kernel="shadow"``) instead of comparing with a separate reference engine: at
     TP=2 the emulator and the oracle differ by a few bf16 roundings per call (relative error
     ~3e-4), and in a few runs in a hundred here (more in CI) the engine as a whole takes a
-    rounding-level different path (cause not isolated, docs/VERIFICATION.md); the nearly flat
-    logits of the tiny random model then turn either into different greedy tokens after the
+    rounding-level different path (cause not isolated, docs/VERIFICATION.md V37); the nearly
+    flat logits of the tiny random model then turn either into different greedy tokens after the
     first one."""
     plugin, plugin_log = run_engine(checkpoints["modelopt"], plugin="1", kernel="shadow", tp=2)
     stock, stock_log = run_engine(checkpoints["modelopt"], plugin="0", tp=2)

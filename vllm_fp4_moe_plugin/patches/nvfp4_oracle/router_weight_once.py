@@ -11,8 +11,8 @@ its input by them a second time (FM/experts/cutlass_moe.py:612-617; vllm#43694, 
 prepare applied the weight, the wrapper hands the experts unit weights, so the weight counts
 exactly once whichever experts class runs; the finalize keeps the real weights (under the flag
 it does not weight). Per MoE layer call it adds a flag lookup and the keyword re-pass, ~0.7 us
-of host time (CPU, VERIFICATION row 90; none inside a replayed CUDA graph), and on Llama-4 layers
-one ``ones_like`` of ``[m, 1]``.
+of host time (CPU, docs/VERIFICATION.md V84; none inside a replayed CUDA graph), and on Llama-4
+layers one ``ones_like`` of ``[m, 1]``.
 """
 
 from __future__ import annotations

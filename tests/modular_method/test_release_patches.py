@@ -12,6 +12,8 @@ import importlib
 
 import pytest
 
+from tests.design_gate import one_module_targets
+from vllm_fp4_moe_plugin.base.support import Design
 from vllm_fp4_moe_plugin.patches import compat, ledger
 from vllm_fp4_moe_plugin.patches.modular_method import probe as mm_probe
 
@@ -40,7 +42,7 @@ def test_probe_sees_the_0_11_1_design_and_its_two_holes():
     if result.findings.get("modelopt_method_cls_attr"):
         # 0.12.0 creates ModelOpt's method from a class attribute bound at import.
         expected.add(f"{_MO}.ModelOptNvFp4Config.FusedMoEMethodCls")
-    assert set(result.patches) == expected
+    assert set(result.patches) == expected | one_module_targets(compat.probe())
 
 
 def test_register_leaves_upstream_fixed_symbols_alone(fresh_plugin, monkeypatch, caplog_plugin):
@@ -70,17 +72,14 @@ def test_no_0_11_0_patch_applies_on_this_design(fresh_plugin, monkeypatch):
     what is installed must be built by this design's ledger entries."""
     monkeypatch.setenv("VLLM_FP4_MOE_PLUGIN", "1")
     fresh_plugin.register()
-    ours = {"vllm_fp4_moe_plugin.patches.modular_method.compressed_tensors_dp",
-            "vllm_fp4_moe_plugin.patches.modular_method.all2allv_passthrough",
-            "vllm_fp4_moe_plugin.patches.modular_method.modelopt_uncalibrated"}
+    ours = {p.build.partition(":")[0] for p in ledger.entries_for_design(Design.MODULAR_METHOD)}
+    assert "vllm_fp4_moe_plugin.patches.modular_method.compressed_tensors_dp" in ours
     every_design = {p.target for p in ledger.EVERY_DESIGN}
     for target in set(ledger.applied_targets()) - every_design:
-        owner, _, attr = target.rpartition(".")
-        if owner.endswith(".ModelOptNvFp4Config"):  # a class attribute, not a module one
-            module, _, cls = owner.rpartition(".")
-            value = getattr(_get(module, cls), attr)
-        else:
-            value = _get(owner, attr)
+        entry = next(p for p in ledger.LEDGER if p.target == target)
+        value = importlib.import_module(entry.module)
+        for part in entry.attr.split("."):  # a class attribute too (ModelOptNvFp4Config's)
+            value = getattr(value, part)
         assert value.__module__ in ours, target
     assert not any(t.endswith("flashinfer_cutlass_moe_fp4") for t in ledger.applied_targets())
 

@@ -100,8 +100,9 @@ def layer_of(module: str) -> int:
     for pattern, layer in TABLE.items():
         stem = pattern[:-2] if pattern.endswith(".*") else pattern
         hit = short == stem or (pattern.endswith(".*") and short.startswith(stem + "."))
-        if hit and (best is None or len(stem) > len(best[0])):
-            best = (stem, layer)
+        rank = (len(stem), not pattern.endswith(".*"))  # the longest; a name over a ``.*``
+        if hit and (best is None or rank > best[0]):
+            best = (rank, layer)
     assert best is not None, f"{module} is in no layer of docs/ARCHITECTURE.md's table"
     return best[1]
 
@@ -168,7 +169,22 @@ def test_a_layer_folder_init_holds_only_its_docstring(package):
     assert len(body) == 1 and isinstance(body[0], ast.Expr), package
 
 
-VLLM_FREE_AT_IMPORT = [m for m in MODULES if layer_of(m) == 0] + [
+def _one_module_patches() -> list[str]:
+    """What ``patches/registry.py`` imports by name (modules assigning ``PATCH``), read as it
+    reads them: a dynamic import the graph above does not see."""
+    return sorted(f"{PKG}.patches.{p.stem}" for p in (ROOT / PKG / "patches").glob("*.py")
+                  if re.search(r"^PATCH\s*[:=]", p.read_text(), re.M))
+
+
+ONE_MODULE_PATCHES = _one_module_patches()
+
+
+@pytest.mark.parametrize("module", ONE_MODULE_PATCHES)
+def test_a_one_module_patch_is_in_the_registrys_layer(module):
+    assert layer_of(module) <= layer_of(f"{PKG}.patches.registry"), module
+
+
+VLLM_FREE_AT_IMPORT = ONE_MODULE_PATCHES + [m for m in MODULES if layer_of(m) == 0] + [
     f"{PKG}.base", f"{PKG}.scales", f"{PKG}.scales.scale_rule", f"{PKG}.scales.nvfp4_constants",
     f"{PKG}.tools", f"{PKG}.tools.checkpoint", f"{PKG}.tools.checkpoint.tensor_index",
     f"{PKG}.patches.patching", f"{PKG}.patches.probing", f"{PKG}.patches.compat", f"{PKG}.patches",

@@ -15,18 +15,19 @@ import pytest
 from fp4_moe_lab.ledger_doc import WIDTH, render
 from vllm_fp4_moe_plugin.base.support import Design
 from vllm_fp4_moe_plugin.patches import compat, ledger
-from vllm_fp4_moe_plugin.patches.registry import SLICES
+from vllm_fp4_moe_plugin.patches.registry import ONE_MODULE, PATCH_MODULES, SLICES
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "PATCHES.md"
 # Sample values per kind of finding: the class name the CT entries compare with, the helper
-# tuples the oracle entries look in, and booleans for the rest.
+# tuples the oracle entries look in, booleans for the rest; a one-module patch's findings
+# declare their own (patching.Finding.samples).
 SAMPLES = {
     "compressed_tensors_class": (None, "CompressedTensorsW4A4MoeMethod",
                                  "CompressedTensorsW4A4Nvfp4MoEMethod"),
     "oracle_helpers": ((), ("prepare_nvfp4_moe_layer_for_fi_or_cutlass",),
                        ("prepare_nvfp4_moe_layer_for_fi_or_cutlass",
                         "prepare_nvfp4_moe_layer_for_flashinfer_cutedsl")),
-    "modular_kernel_class": ("", "FusedMoEKernelModularImpl", "FusedMoEModularKernel"),
+    **{name: f.samples for p in ONE_MODULE for name, f in p.findings.items()},
 }
 
 
@@ -76,16 +77,21 @@ def test_entry_is_complete(entry):
 @pytest.mark.parametrize("entry", ENTRIES, ids=_id)
 def test_builder_is_a_function_of_the_entrys_own_folder(entry):
     """Read from the source (builders import vLLM): ``module:function`` is defined, in the
-    folder whose slice holds the entry (a patch lives in one place)."""
+    folder whose slice holds the entry, or in the one-module patch that declares it (a patch
+    lives in one place)."""
     _, patch = entry
     module, _, name = patch.build.partition(":")
     spec = importlib.util.find_spec(module)
     assert spec is not None and spec.origin, patch.build
     tree = ast.parse(Path(spec.origin).read_text())
     assert name in {f.name for f in tree.body if isinstance(f, ast.FunctionDef)}, patch.build
+    if module in PATCH_MODULES:  # a one-module patch: its builder is beside its record
+        assert patch in importlib.import_module(module).PATCH.entries, patch.build
+        return
     part = next(s for s in SLICES if patch in s.patches)
     folder = module.split(".")[2]  # vllm_fp4_moe_plugin.patches.<folder>[.module]
-    assert importlib.import_module(f"vllm_fp4_moe_plugin.patches.{folder}").SLICE is part
+    own = importlib.import_module(f"vllm_fp4_moe_plugin.patches.{folder}").SLICE
+    assert own.design == part.design and patch in own.patches, patch.build
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=_id)
@@ -161,3 +167,16 @@ def test_oracle_plan_keeps_each_hole_until_upstream_fixes_it():
     fixed = _oracle_plan(upstream_agrees_gemm1_scale=True, upstream_repairs_uncalibrated=True,
                          upstream_zeroes_non_local_routes=True, **carried)
     assert not fixed.install and fixed.upstream_fixed and fixed.reason.endswith(o.FIXED)
+
+
+def test_one_module_patches_are_found_by_their_assignment_alone(tmp_path):
+    """The registry finds a patch module by its top-level ``PATCH =`` (read as text: nothing
+    else is imported), and each one's entries and findings are in every slice it names."""
+    for module, patch in zip(PATCH_MODULES, ONE_MODULE):
+        assert importlib.import_module(module).PATCH is patch
+        for part in SLICES:
+            mine = part.design in patch.designs
+            assert all((e in part.patches) == mine for e in patch.entries), (module, part.design)
+            assert all((f in part.findings) == mine for f in patch.findings), (module, part.design)
+            assert (patch in part.extras) == mine
+    assert ONE_MODULE, "no one-module patch: the mechanism is untested"

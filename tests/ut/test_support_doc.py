@@ -77,12 +77,19 @@ def test_published_real_checkpoint_rows_hold(path):
     real_quantizer_checks.check_dead_rows(rows)
 
 
-def test_published_router_weight_rows_hold():
-    """docs/data/router-weight-vllm-0.34.0.json (Llama-4's router weight on the input, SUPPORT.md):
-    stock weights each token twice, far from the weight-once reference; the plugin is at it."""
-    rows = json.loads((Path(__file__).parents[2] / "docs/data/router-weight-vllm-0.34.0.json")
-                      .read_text())
-    assert {r["backend"] for r in rows} == {"flashinfer_cutlass", "vllm_cutlass"}
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[2] / "docs" / "data").glob(
+    "router-weight-vllm-*.json")), ids=lambda p: p.name)
+def test_published_router_weight_rows_hold(path):
+    """docs/data/router-weight-vllm-*.json (Llama-4's router weight on the input, SUPPORT.md):
+    stock weights each token twice (or, under DP up to 0.13.x, on the output), far from the
+    weight-once reference; the plugin is at it, on every kernel that weights again."""
+    rows = json.loads(path.read_text())
+    version = path.stem.removeprefix("router-weight-vllm-")
+    assert {r["vllm_version"] for r in rows} == {version}
+    # vLLM's CUTLASS NVFP4 MoE runs under EP from 0.32.0
+    want = {"flashinfer_cutlass", "vllm_cutlass"} if version >= "0.32" else {"flashinfer_cutlass"}
+    assert {r["backend"] for r in rows} == want
+    assert {r["layout"] for r in rows} == {"single", "tp_ep", "dp_ep_allgather"}
     for r in rows:
         assert r["ok"] and r["stock_error"] is None and r["plugin_error"] is None, r
         assert r["stock_rel_err"] >= 0.2 and r["plugin_rel_err"] <= 1e-4, r

@@ -33,14 +33,6 @@ NVFP4_ORACLE = f"{_FM}.oracle.nvfp4"  # NVFP4_ORACLE design (#31692)
 # module-global name, with the expert map under EP (v0.34.0 FM/experts/cutlass_moe.py:511, 814)
 CUTLASS_MOE = f"{_FM}.experts.cutlass_moe"
 CUTLASS_MOE_FP4 = "run_cutlass_moe_fp4"
-# The modular kernel: prepare/finalize and experts side by side, the experts called by
-# ``_fused_experts`` with the router weights (0.14.0-0.2x: FusedMoEModularKernel; 0.32.0 and
-# 0.34.0: FusedMoEKernelModularImpl, v0.34.0 FM/modular_kernel.py:1155, 1383-1475).
-MODULAR_KERNEL = f"{_FM}.modular_kernel"
-MODULAR_KERNEL_CLASSES = ("FusedMoEKernelModularImpl", "FusedMoEModularKernel")
-FUSED_EXPERTS_PARAMS = ("topk_weights", "apply_router_weight_on_input")
-# FlashInfer's CUTLASS experts class (FlashInferExperts), by 0.32.0 under experts/.
-FLASHINFER_CUTLASS_EXPERTS = (f"{_FM}.experts.flashinfer_cutlass_moe", FLASHINFER_CUTLASS_MOE)
 PARALLEL_STATE = "vllm.distributed.parallel_state"  # the world group: fleet check
 VLLM_ENVS = "vllm.envs"  # environment_variables: the registry vLLM's Ray copy and checks read
 

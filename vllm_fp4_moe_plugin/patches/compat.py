@@ -59,6 +59,17 @@ def probe() -> Observation:
 
 
 def _probe() -> Observation:
+    """The design's own probe, then the findings of its one-module patches."""
+    obs = _design_probe()
+    if obs.design is None or not DESIGNS[obs.design].extras:
+        return obs
+    findings = dict(obs.findings)
+    for patch in DESIGNS[obs.design].extras:
+        findings.update({name: f.read() for name, f in patch.findings.items()})
+    return Observation(obs.design, obs.patchable, obs.reason, findings)
+
+
+def _design_probe() -> Observation:
     findings: dict[str, object] = {}
     # From 0.28.0 fused_moe/layer.py no longer defines FusedMoE: look for the oracle first.
     findings["nvfp4_oracle"] = _nvfp4_oracle_present()

@@ -61,9 +61,20 @@ def plan(observation=None) -> Plan:
     if obs.design is None or not obs.patchable:
         return Plan(False, obs.reason, obs.design, dict(obs.findings))
     needed = tuple(p.target for p in entries_for_design(obs.design) if p.needed(obs.findings))
-    words, fixed = DESIGNS[obs.design].words(obs.findings, bool(needed))
+    words, fixed = _words(DESIGNS[obs.design], obs.findings, needed)
     return Plan(bool(needed), f"{obs.design.label}: {words}", obs.design, dict(obs.findings),
                 needed, upstream_fixed=fixed)
+
+
+def _words(part, findings, needed: tuple[str, ...]) -> tuple[str, bool]:
+    """The design's words for its own entries, then each one-module patch's that is applied."""
+    extra = [p for p in part.extras if any(e.target in needed for e in p.entries)]
+    theirs = {e.target for p in part.extras for e in p.entries}
+    own = any(t not in theirs for t in needed)
+    if extra and not own:
+        return "; ".join(p.words for p in extra), False
+    words, fixed = part.words(findings, own)
+    return "; ".join([words] + [p.words for p in extra]), fixed and not extra
 
 
 def apply_all() -> list[str]:

@@ -82,6 +82,30 @@ class ModulePatch:
 
 
 @dataclass(frozen=True)
+class Finding:
+    """One fact a probe reads from vLLM: ``read()`` returns it (a falsy value where the code it
+    looks for is absent; it may raise only for a vLLM the plugin cannot inspect at all), and
+    ``samples`` are the values it can take, which the tests feed every predicate."""
+
+    read: Callable[[], Any]
+    samples: tuple = (False, True)
+
+
+@dataclass(frozen=True)
+class Patch:
+    """A whole patch in one module of ``patches/``: its ledger entries, the findings its
+    predicates read (each read on every design in ``designs``, after the design's own probe),
+    and the words the plan adds when one of its entries is applied. The registry picks up every
+    module there that assigns ``PATCH``; nothing else names it. The module is vLLM-free and
+    torch-free at import (its builders import what they wrap)."""
+
+    designs: tuple[Design, ...]
+    entries: tuple[ModulePatch, ...]
+    findings: Mapping[str, Finding]
+    words: str
+
+
+@dataclass(frozen=True)
 class Slice:
     """One folder of ``patches/``: a design's records (None: every design's, which register()
     applies), its probe (a design's: findings so far -> ``Observation``; else () -> findings)
@@ -96,6 +120,8 @@ class Slice:
     nothing_needed: str = ""
     nothing_needed_is_fixed: bool = False
     describe: Optional[Callable[[Findings, bool], tuple[str, bool]]] = None
+    extras: tuple[Patch, ...] = ()  # one-module patches of this design (registry); their
+    # entries are in ``patches`` and their findings in ``findings`` too
 
     def words(self, findings: Findings, needed: bool) -> tuple[str, bool]:
         if self.describe is not None:

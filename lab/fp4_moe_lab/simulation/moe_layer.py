@@ -228,8 +228,14 @@ def forward(layer: torch.nn.Module, hidden_states: torch.Tensor, router_logits: 
             *, vllm_config, num_tokens_across_dp: Optional[torch.Tensor] = None) -> torch.Tensor:
     """One MoE forward through ``FusedMoE.forward_native``: vLLM's ``moe_forward`` custom op
     (which looks the layer up by name in the forward context and runs ``forward_impl``) and the
-    TP/EP all-reduce, which 0.11.0 does inside ``forward_impl`` and 0.11.1+ after the op."""
+    TP/EP all-reduce, which 0.11.0 does inside ``forward_impl`` and 0.11.1+ after the op.
+    The layer gets its own copy of ``hidden_states``: under the router-weight-on-input flag the
+    prepares of vLLM 0.11.x-0.13.x scale it in place (``a1.mul_(topk_weights)``, v0120
+    flashinfer_cutlass_prepare_finalize.py:65-70), and the caller runs stock and the plugin on
+    the same tokens."""
     from vllm.forward_context import get_forward_context, set_forward_context
+
+    hidden_states = hidden_states.clone()
 
     with set_forward_context({}, vllm_config, num_tokens=hidden_states.shape[0],
                              num_tokens_across_dp=num_tokens_across_dp):

@@ -65,15 +65,6 @@ def routes_needed(findings) -> bool:
 
 CARRY = ("vLLM reads the up half of GEMM1 with the gate's weight global scale where a "
          "checkpoint gives each its own")
-ROUTER = ("the NVFP4 experts weight a token again after the prepare applied its router weight to "
-          "the input (Llama-4)")
-
-
-def router_weight_needed(findings) -> bool:
-    """vLLM's modular kernel is one the plugin recognises, and an NVFP4 experts class still
-    weights a token whose router weight the prepare applied to the input (no upstream fix)."""
-    return bool(findings.get("modular_kernel_class")) and bool(
-        findings.get("nvfp4_experts_weight_again"))
 
 
 def describe(findings, needed: bool) -> tuple[str, bool]:
@@ -84,18 +75,9 @@ def describe(findings, needed: bool) -> tuple[str, bool]:
         return words + "; " + CARRY, False
     if needed:
         scales = SCALES_FIXED if not left else ACTIVE if len(left) == 2 else PARTLY[left[0]]
-        return (scales + ("; " + ROUTES if routes_needed(findings) else "")
-                + ("; " + ROUTER if router_weight_needed(findings) else "")), False
+        return scales + ("; " + ROUTES if routes_needed(findings) else ""), False
     # NOTHING_NEEDED is not a fix: the helpers moved, whether upstream fixed the hole is unknown
     return (FIXED, True) if not left else (NOTHING_NEEDED, False)
-
-
-def _router_weight_needed(name: str):
-    def needed(findings) -> bool:
-        """This modular kernel class is vLLM's, and an NVFP4 experts class still weights a
-        token whose router weight the prepare applied to the input."""
-        return findings.get("modular_kernel_class") == name and router_weight_needed(findings)
-    return needed
 
 
 def marlin_needed(findings) -> bool:
@@ -168,24 +150,7 @@ PATCHES = tuple(ModulePatch(
     remove_when=("finding 'upstream_zeroes_non_local_routes' true on every supported release "
                  "from 0.32.0 (the plugin already stands down where it is), or "
                  "'cutlass_fp4_takes_expert_map' false."),
-),) + tuple(ModulePatch(
-    module=vm.MODULAR_KERNEL, attr=f"{name}._fused_experts",
-    build=f"{__name__}.router_weight_once:build", needed=_router_weight_needed(name),
-    why=("Llama-4 (top-1) applies the router weight to the MoE input. Every prepare/finalize "
-         "but the passthrough one scales the input by it (v0.34.0 FM/prepare_finalize/"
-         "no_dp_ep.py:74-80, naive_dp_ep.py:185-190), and the NVFP4 experts weight again: "
-         "FlashInfer's CUTLASS, CuteDSL and B12X kernels scale their output by "
-         "token_final_scales=topk_weights (FM/experts/flashinfer_cutlass_moe.py:375), vLLM's "
-         "CUTLASS its input a second time (FM/experts/cutlass_moe.py:612-617): every token's "
-         "expert output is off by its router weight, on every layout."),
-    how=("Wraps the modular kernel's _fused_experts: with the on-input flag, NVFP4 experts and a "
-         "prepare that applied the weight (read once per prepare class from its source), the "
-         "experts get unit weights; the finalize keeps the real ones (router_weight_once.py)."),
-    upstream=("vllm#43694 (open) fixes vLLM's CUTLASS FP8/FP4 paths; FlashInfer's experts "
-              "classes are not covered by any PR seen."),
-    remove_when=("finding 'nvfp4_experts_weight_again' false on every supported release, or "
-                 "'modular_kernel_class' empty."),
-) for name in vm.MODULAR_KERNEL_CLASSES) + (ModulePatch(
+),) + (ModulePatch(
     module=vm.NVFP4_ORACLE, attr=vm.ORACLE_MARLIN_HELPER,
     build=f"{__name__}.weight_only_gate_up:build", needed=marlin_needed,
     why=("Where the GPU has no FP4 compute (Hopper) or --moe-backend marlin, the oracle prepares "

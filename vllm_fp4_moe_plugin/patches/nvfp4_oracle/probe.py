@@ -20,8 +20,7 @@ FINDINGS = ("oracle_helpers", "oracle_helpers_take_layer_and_a13_scale",
             "upstream_agrees_gemm1_scale", "upstream_repairs_uncalibrated",
             "upstream_refuses_uncalibrated",
             "cutlass_fp4_takes_expert_map", "upstream_zeroes_non_local_routes",
-            "upstream_carries_gate_up", "marlin_helper_takes_layer_and_scales",
-            "modular_kernel_class", "nvfp4_experts_weight_again")
+            "upstream_carries_gate_up", "marlin_helper_takes_layer_and_scales")
 
 
 def eplb_scale_allreduce() -> bool:
@@ -201,48 +200,6 @@ def _function_names(package: str, path: str, function: str, word: str, cls_names
                for c in owners for fn in c.body)
 
 
-def modular_kernel_class() -> str:
-    """The modular kernel class whose ``_fused_experts`` hands the experts the router weights
-    and the on-input flag (:data:`vm.MODULAR_KERNEL_CLASSES`), or ``""``."""
-    for name in vm.MODULAR_KERNEL_CLASSES:
-        try:
-            fn = original_attr(vm.MODULAR_KERNEL, f"{name}._fused_experts")
-        except (ImportError, AttributeError):
-            continue
-        if all(p in inspect.signature(fn).parameters for p in vm.FUSED_EXPERTS_PARAMS):
-            return name
-    return ""
-
-
-def nvfp4_experts_weight_again() -> bool:
-    """Read from the source: does FlashInfer's CUTLASS experts class hand its kernel the router
-    weights for the output without reading the on-input flag (v0.34.0
-    FM/experts/flashinfer_cutlass_moe.py:252-375), or vLLM's CUTLASS FP4 function scale its input
-    by them a second time (FM/experts/cutlass_moe.py:612-617)? Either weights a Llama-4 token
-    twice after the prepare applied the weight. Stock 0.14.0-0.34.0: both (vllm#43694 open)."""
-    sources = []
-    for module in vm.FLASHINFER_CUTLASS_EXPERTS:
-        cls = getattr(_module_or_none(module), "FlashInferExperts", None)
-        if cls is not None and callable(getattr(cls, "apply", None)):
-            src = inspect.getsource(cls.apply)
-            sources.append("token_final_scales=topk_weights" in src
-                           and src.count("apply_router_weight_on_input") <= 1)  # the parameter
-            break
-    try:
-        src = inspect.getsource(original_attr(vm.CUTLASS_MOE, vm.CUTLASS_MOE_FP4))
-        sources.append(bool(re.search(r"\ba\.mul_\(\s*topk_weights", src)))
-    except Exception:  # absent, or a CUDA-only module that does not import here
-        pass
-    return any(sources)
-
-
-def _module_or_none(name: str):
-    try:
-        return importlib.import_module(name)
-    except Exception:
-        return None
-
-
 def cutlass_fp4_takes_expert_map() -> bool:
     """0.32.0+: vLLM's own CUTLASS NVFP4 MoE runs under EP, ``run_cutlass_moe_fp4`` taking the
     expert map (v0.34.0 FM/experts/cutlass_moe.py:511-535, :751-762); up to 0.31.0 its experts
@@ -349,8 +306,6 @@ def observe(findings: dict) -> Observation:
         for p in vm.ORACLE_MARLIN_HELPER_PARAMS)
     findings["eplb_scale_allreduce"] = eplb_scale_allreduce()
     findings["cutlass_fp4_takes_expert_map"] = cutlass_fp4_takes_expert_map()
-    findings["modular_kernel_class"] = modular_kernel_class()
-    findings["nvfp4_experts_weight_again"] = nvfp4_experts_weight_again()
     findings.update(probe_upstream_fixes())  # a copy: the cache's dict stays as computed
     findings["upstream_refuses_uncalibrated"] = upstream_refuses_uncalibrated()
     if findings["upstream_refuses_uncalibrated"] and not callable(

@@ -1,0 +1,141 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Llama-4's router weight on the input counted once (``patches/router_weight_once.py``), in each
+release world this folder runs in (vLLM 0.11.0, 0.12.0, 0.34.0: scripts/test.sh): what its
+findings read from the installed vLLM, the plan they give, the wrapper against each of the
+installed vLLM's prepare classes, and the layer itself (``matrix --router-weight-on-input``: the
+real Llama-4 MoE layer, top-1, against the reference that applies the weight once)."""
+
+from __future__ import annotations
+
+import importlib
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from vllm_fp4_moe_plugin.base import vllm_modules as vm
+from vllm_fp4_moe_plugin.base.support import Design
+from vllm_fp4_moe_plugin.patches import compat, ledger
+from vllm_fp4_moe_plugin.patches import router_weight_once as rw
+
+OBSERVED = compat.probe()
+FINDINGS = OBSERVED.findings
+# The prepare/finalize classes the installed vLLM may have, and whether each scales its input by
+# the router weight under the flag (read here from each release's source, by hand).
+_FM = vm.FUSED_MOE
+def _class_or_none(module: str, name: str):
+    try:
+        return getattr(importlib.import_module(module), name, None)
+    except ImportError:  # a module of another release
+        return None
+
+
+PREPARES = [(m, c, applies) for m, c, applies in (
+    (f"{_FM}.prepare_finalize.no_dp_ep", "MoEPrepareAndFinalizeNoDPEPModular", True),  # 0.32+
+    (f"{_FM}.prepare_finalize.naive_dp_ep", "MoEPrepareAndFinalizeNaiveDPEPModular", True),
+    (f"{_FM}.prepare_finalize.passthrough", "PassThroughPrepareAndFinalize", False),
+    (f"{_FM}.prepare_finalize", "MoEPrepareAndFinalizeNoEP", True),  # up to 0.13
+    (vm.FLASHINFER_CUTLASS_PREPARE_FINALIZE, "FlashInferAllGatherMoEPrepareAndFinalize", True),
+    (vm.FLASHINFER_CUTLASS_PREPARE_FINALIZE, "FlashInferAllToAllMoEPrepareAndFinalize", True),
+) if _class_or_none(m, c) is not None]
+
+
+def _fused_experts_class() -> str:
+    """Read independently of the probe: the modular kernel class with ``_fused_experts``."""
+    module = importlib.import_module(rw.MODULAR_KERNEL)
+    return next((n for n in rw.MODULAR_KERNEL_CLASSES
+                 if hasattr(getattr(module, n, None), "_fused_experts")), "")
+
+
+def test_the_findings_read_the_installed_vllm():
+    assert FINDINGS["modular_kernel_class"] == _fused_experts_class()
+    # FlashInfer's CUTLASS experts hand the kernel token_final_scales=topk_weights whatever the
+    # flag, in every release 0.11.0-0.34.0
+    assert FINDINGS["nvfp4_experts_weight_again"] is True
+    # 0.11.0-0.13.x: the DP-chunked forward exists and drops the on-input flag; 0.34.0: gone
+    fused_moe = importlib.import_module(rw.FUSED_MOE_LAYER)
+    chunked = hasattr(getattr(fused_moe, "FusedMoE", None), "forward_impl_chunked")
+    assert FINDINGS["dp_chunked_drops_flag"] is chunked
+
+
+def test_the_plan_applies_it_exactly_where_vllm_has_the_hook():
+    plan = ledger.plan(OBSERVED)
+    kernel = FINDINGS["modular_kernel_class"]
+    ours = [t for t in plan.patches if t.endswith("._fused_experts")]
+    assert ours == ([f"{rw.MODULAR_KERNEL}.{kernel}._fused_experts"] if kernel else [])
+    chunked = [t for t in plan.patches if t.endswith(".forward_impl_chunked")]
+    assert bool(chunked) == bool(kernel and FINDINGS["dp_chunked_drops_flag"]), plan.patches
+    assert (rw.WORDS in plan.reason) == bool(kernel), plan.reason
+
+
+def test_the_installed_vllm_has_prepares_to_check():
+    assert [c for _, c, applies in PREPARES if applies], PREPARES
+
+
+@pytest.mark.parametrize("module, cls, applies", PREPARES, ids=[c for _, c, _ in PREPARES])
+def test_which_prepares_apply_the_weight(module, cls, applies):
+    assert rw.prepare_applies_weight(getattr(importlib.import_module(module), cls)) is applies
+
+
+def _kernel(prepare_cls, quant_dtype):
+    kernel = SimpleNamespace(prepare_finalize=object.__new__(prepare_cls),
+                             fused_experts=SimpleNamespace(
+                                 quant_config=SimpleNamespace(quant_dtype=quant_dtype)))
+    seen = {}
+
+    def original(self, *, topk_weights, apply_router_weight_on_input, **rest):
+        seen["topk_weights"] = topk_weights
+        return "out"
+
+    return kernel, rw.build(original), seen
+
+
+def _cases():
+    out = []
+    for module, cls, applies in PREPARES:
+        prepare = getattr(importlib.import_module(module), cls)
+        out.append((prepare, "nvfp4", True, applies))  # Llama-4: unit weights iff applied
+        out.append((prepare, "nvfp4", False, False))  # every other model: untouched
+        out.append((prepare, torch.float8_e4m3fn, True, False))  # not NVFP4: not ours
+    return out
+
+
+@pytest.mark.parametrize("prepare_cls, quant_dtype, on_input, unit", _cases(),
+                         ids=lambda v: getattr(v, "__name__", str(v)))
+def test_experts_get_unit_weights_only_where_the_prepare_weighted(prepare_cls, quant_dtype,
+                                                                   on_input, unit):
+    kernel, wrapped, seen = _kernel(prepare_cls, quant_dtype)
+    weights = torch.tensor([[0.25], [0.75]])
+    assert wrapped(kernel, topk_weights=weights, apply_router_weight_on_input=on_input) == "out"
+    if unit:
+        torch.testing.assert_close(seen["topk_weights"], torch.ones_like(weights))
+    else:
+        assert seen["topk_weights"] is weights
+    torch.testing.assert_close(weights, torch.tensor([[0.25], [0.75]]))  # the finalize's own
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_the_layer_weights_each_token_once():
+    """Stock weights each token twice, far from the reference that applies the weight once;
+    the plugin is at it where the plan applies the wrapper, on every layout kind and each
+    kernel that weights again (vLLM's CUTLASS from 0.32.0, under EP); where it cannot
+    (vLLM 0.11.0: no ``_fused_experts``), it computes what stock does, never worse."""
+    from fp4_moe_lab.simulation.layouts import Scenario
+    from fp4_moe_lab.simulation.matrix import run_matrix
+
+    backends = ("flashinfer_cutlass",) + (
+        ("vllm_cutlass",) if FINDINGS.get("cutlass_fp4_takes_expert_map") else ())
+    rows = [r.as_dict() for r in run_matrix(
+        layouts=("single", "tp_ep", "dp_ep_allgather"), backends=backends,
+        scenario=Scenario(router_weight_on_input=True, top_k=1))]
+    assert len(rows) == 3 * 2 * len(backends)
+    fixed = bool(FINDINGS["modular_kernel_class"])
+    for r in rows:
+        assert r["plugin_error"] is None and r["stock_error"] is None, r
+        assert r["stock_rel_err"] >= 0.2, r  # every token off by its router weight
+        if fixed:
+            assert r["ok"] and r["plugin_rel_err"] <= 1e-4, r  # the reference, fp32 rounding
+        else:
+            assert OBSERVED.design is Design.INIT_PREPARE_FINALIZE, OBSERVED.design
+            assert r["plugin_rel_err"] <= r["stock_rel_err"] + 1e-3, r

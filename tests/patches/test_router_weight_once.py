@@ -52,7 +52,8 @@ def test_the_findings_read_the_installed_vllm():
     # FlashInfer's CUTLASS experts hand the kernel token_final_scales=topk_weights whatever the
     # flag, in every release 0.11.0-0.34.0
     assert FINDINGS["nvfp4_experts_weight_again"] is True
-    # 0.11.0-0.13.x: the DP-chunked forward exists and drops the on-input flag; 0.34.0: gone
+    # 0.11.0, 0.12.0: the DP-chunked forward drops the on-input flag forward_impl passes; 0.34.0:
+    # gone (0.13.0, not a world here, reads the flag from the layer in apply: false there)
     fused_moe = importlib.import_module(rw.FUSED_MOE_LAYER)
     chunked = hasattr(getattr(fused_moe, "FusedMoE", None), "forward_impl_chunked")
     assert FINDINGS["dp_chunked_drops_flag"] is chunked

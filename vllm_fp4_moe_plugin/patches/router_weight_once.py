@@ -18,10 +18,11 @@ weight). Per MoE layer call it adds a flag lookup and the keyword re-pass, ~0.7 
 ``ones_like`` of ``[m, 1]``. vLLM 0.11.0's modular kernel has no ``_fused_experts``: the finding
 ``modular_kernel_class`` is empty there and nothing is applied.
 
-In 0.11.0 and 0.12.0 (0.13.x not read) the DP-chunked forward (DP with FlashInfer CUTLASS, pplx
+In 0.11.0 and 0.12.0 the DP-chunked forward (DP with FlashInfer CUTLASS, pplx
 or DeepEP LL) also drops the flag: ``FusedMoE.forward_impl_chunked`` calls the quant method
 without it (v0120 fused_moe/layer.py:1799-1820; ``forward_impl`` passes it, :1980), so the layer
 weights the expert's output instead of its input. On NVFP4 layers the last entry hands it on.
+0.13.0's ``apply`` reads the flag from the layer (neither call site passes it): not applied.
 """
 
 from __future__ import annotations
@@ -192,21 +193,31 @@ def _module_or_none(name: str):
 
 
 def dp_chunked_drops_flag() -> bool:
-    """Read from the source: does ``FusedMoE.forward_impl_chunked`` call the quant method's
-    ``apply`` without ``apply_router_weight_on_input`` (v0110 and v0120 fused_moe/layer.py)?
-    False where FusedMoE or the method is gone (0.14.0 on: the runner passes it)."""
+    """Read from the source: does ``FusedMoE.forward_impl`` hand the quant method's ``apply``
+    the on-input flag by keyword while ``forward_impl_chunked`` does not (v0110 and v0120
+    fused_moe/layer.py)? False where both leave it out because ``apply`` reads it from the layer
+    (v0130 layer.py:1817, 1960; FusedMoEModularMethod.apply(layer, x, router_logits)), and where
+    FusedMoE or the method is gone (0.34.0)."""
+    cls = getattr(_module_or_none(FUSED_MOE_LAYER), "FusedMoE", None)
+    full, chunked = (_apply_calls_pass_flag(getattr(cls, name, None))
+                     for name in ("forward_impl", "forward_impl_chunked"))
+    return full is True and chunked is False
+
+
+def _apply_calls_pass_flag(fn):
+    """True / False: every / not every ``*.apply(...)`` call in ``fn`` passes the on-input flag
+    by keyword; None: no such function or call."""
     import ast
     import textwrap
 
-    fn = getattr(getattr(_module_or_none(FUSED_MOE_LAYER), "FusedMoE", None),
-                 "forward_impl_chunked", None)
     if fn is None:
-        return False
+        return None
     tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
     calls = [c for c in ast.walk(tree) if isinstance(c, ast.Call)
              and isinstance(c.func, ast.Attribute) and c.func.attr == "apply"]
-    return bool(calls) and not all(any(k.arg == "apply_router_weight_on_input"
-                                       for k in c.keywords) for c in calls)
+    if not calls:
+        return None
+    return all(any(k.arg == "apply_router_weight_on_input" for k in c.keywords) for c in calls)
 
 
 def router_weight_needed(findings) -> bool:
@@ -261,10 +272,11 @@ PATCH = Patch(
              "weights each expert's output, not its input."),
         how=("Wraps FusedMoE.forward_impl_chunked: on an NVFP4 layer with the flag, its quant "
              "method's apply gets the flag for the call; the entries above then weight once."),
-        upstream=("None for 0.11.x-0.13.x. vLLM 0.34.0 has no forward_impl_chunked (its MoE "
-                  "runner passes the flag); the release that dropped it is not pinned down here."),
+        upstream=("None for 0.11.x-0.12.x. From 0.13.0 the quant method's apply reads the flag "
+                  "from the layer (v0130 fused_moe_modular_method.py:89-111), so no call drops "
+                  "it; 0.34.0 has no forward_impl_chunked."),
         remove_when=("finding 'dp_chunked_drops_flag' false on every supported release (0.11.1-"
-                     "0.13.x no longer supported)."),
+                     "0.12.x no longer supported)."),
     ),),
     findings={"modular_kernel_class": Finding(modular_kernel_class,
                                               ("",) + MODULAR_KERNEL_CLASSES),

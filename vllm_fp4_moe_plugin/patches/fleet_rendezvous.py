@@ -22,12 +22,11 @@ def probe() -> dict[str, object]:
     module-global ``init_world_group`` (where the fleet check meets every rank)? Reads the
     function's code for the name, as the call site looks it up (v0110 parallel_state.py:1081,
     v0.34.0 :2019)."""
-    init = getattr(importlib.import_module(vm.PARALLEL_STATE), "init_distributed_environment",
-                   None)
+    state = importlib.import_module(vm.PARALLEL_STATE)
+    init = getattr(state, "init_distributed_environment", None)
     names = getattr(getattr(init, "__code__", None), "co_names", ())
     return {"world_group_rendezvous": "init_world_group" in names
-            and callable(getattr(importlib.import_module(vm.PARALLEL_STATE), "init_world_group",
-                                 None))}
+            and callable(getattr(state, "init_world_group", None))}
 
 
 def _builds_world_group(findings) -> bool:

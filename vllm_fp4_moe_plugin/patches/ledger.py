@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The patch ledger: every vLLM symbol this plugin replaces, and why. A folder holds a whole
-patch: its records (why, how, upstream, when to delete; vllm-ascend's ledger format) with a
-``needed(findings)`` predicate over what the folder's probe reports, which alone decides what is
-applied (:func:`plan`); the probe; the replacements. ``registry.SLICES`` names the folders.
+"""The patch ledger: every vLLM symbol this plugin replaces, and why. A folder (or a one-module
+patch) holds a whole patch: its records (why, how, upstream, when to delete; vllm-ascend's ledger
+format) with a ``needed(findings)`` predicate over what its probe reports, which alone decides
+what is applied (:func:`plan`); the probe; the replacements. ``registry.SLICES`` gathers them.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from vllm_fp4_moe_plugin.patches.registry import DESIGNS, SLICES
 # Entries for every design (design None), applied by register() itself: plugin_env (switch
 # on), fleet_rendezvous (on, off or unset).
 EVERY_DESIGN = tuple(p for s in SLICES if s.design is None for p in s.patches)
-LEDGER: tuple[ModulePatch, ...] = tuple(p for s in SLICES for p in s.patches)
+# once each: a one-module patch's entries are in the slice of every design it names
+LEDGER: tuple[ModulePatch, ...] = tuple(dict.fromkeys(p for s in SLICES for p in s.patches))
 
 
 @dataclass(frozen=True)

@@ -27,11 +27,13 @@ weights the expert's output instead of its input. On NVFP4 layers the last entry
 
 from __future__ import annotations
 
+import ast
 import functools
 import importlib
 import inspect
 import re
 import sys
+import textwrap
 
 from vllm_fp4_moe_plugin.base import vllm_modules as vm
 from vllm_fp4_moe_plugin.base.log import get_logger
@@ -207,9 +209,6 @@ def dp_chunked_drops_flag() -> bool:
 def _apply_calls_pass_flag(fn):
     """True / False: every / not every ``*.apply(...)`` call in ``fn`` passes the on-input flag
     by keyword; None: no such function or call."""
-    import ast
-    import textwrap
-
     if fn is None:
         return None
     tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))

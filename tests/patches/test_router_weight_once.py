@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from vllm_fp4_moe_plugin.base import vllm_modules as vm
-from vllm_fp4_moe_plugin.base.support import Design
 from vllm_fp4_moe_plugin.patches import compat, ledger
 from vllm_fp4_moe_plugin.patches import router_weight_once as rw
 
@@ -40,15 +39,20 @@ PREPARES = [(m, c, applies) for m, c, applies in (
 ) if _class_or_none(m, c) is not None]
 
 
-def _fused_experts_class() -> str:
-    """Read independently of the probe: the modular kernel class with ``_fused_experts``."""
+def _experts_call() -> str:
+    """Read independently of the probe: the modular kernel's method that calls the experts with
+    the router weights (0.11.0 has no ``_fused_experts``; its chunking helper does that)."""
     module = importlib.import_module(rw.MODULAR_KERNEL)
-    return next((n for n in rw.MODULAR_KERNEL_CLASSES
-                 if hasattr(getattr(module, n, None), "_fused_experts")), "")
+    for cls in ("FusedMoEKernelModularImpl", "FusedMoEModularKernel"):
+        kernel = getattr(module, cls, None)
+        for method in ("_fused_experts", "_maybe_chunk_fused_experts"):
+            if hasattr(kernel, method):
+                return f"{cls}.{method}"
+    return ""
 
 
 def test_the_findings_read_the_installed_vllm():
-    assert FINDINGS["modular_kernel_class"] == _fused_experts_class()
+    assert FINDINGS["experts_call"] == _experts_call() != ""
     # FlashInfer's CUTLASS experts hand the kernel token_final_scales=topk_weights whatever the
     # flag, in every release 0.11.0-0.34.0
     assert FINDINGS["nvfp4_experts_weight_again"] is True
@@ -61,12 +65,12 @@ def test_the_findings_read_the_installed_vllm():
 
 def test_the_plan_applies_it_exactly_where_vllm_has_the_hook():
     plan = ledger.plan(OBSERVED)
-    kernel = FINDINGS["modular_kernel_class"]
-    ours = [t for t in plan.patches if t.endswith("._fused_experts")]
-    assert ours == ([f"{rw.MODULAR_KERNEL}.{kernel}._fused_experts"] if kernel else [])
+    call = FINDINGS["experts_call"]
+    ours = [t for t in plan.patches if t.startswith(rw.MODULAR_KERNEL + ".")]
+    assert ours == [f"{rw.MODULAR_KERNEL}.{call}"], plan.patches
     chunked = [t for t in plan.patches if t.endswith(".forward_impl_chunked")]
-    assert bool(chunked) == bool(kernel and FINDINGS["dp_chunked_drops_flag"]), plan.patches
-    assert (rw.WORDS in plan.reason) == bool(kernel), plan.reason
+    assert bool(chunked) == FINDINGS["dp_chunked_drops_flag"], plan.patches
+    assert rw.WORDS in plan.reason, plan.reason
 
 
 def test_the_installed_vllm_has_prepares_to_check():
@@ -119,9 +123,9 @@ def test_experts_get_unit_weights_only_where_the_prepare_weighted(prepare_cls, q
 @pytest.mark.multiproc
 def test_the_layer_weights_each_token_once():
     """Stock weights each token twice, far from the reference that applies the weight once;
-    the plugin is at it where the plan applies the wrapper, on every layout kind and each
-    kernel that weights again (vLLM's CUTLASS from 0.32.0, under EP); where it cannot
-    (vLLM 0.11.0: no ``_fused_experts``), it computes what stock does, never worse."""
+    the plugin is at it, on every layout kind and each kernel that weights again (vLLM's
+    CUTLASS from 0.32.0, under EP), in each release world (0.11.0: through the chunking
+    helper; 0.11.0 and 0.12.0 under DP: with the flag the chunked forward drops)."""
     from fp4_moe_lab.simulation.layouts import Scenario
     from fp4_moe_lab.simulation.matrix import run_matrix
 
@@ -131,12 +135,36 @@ def test_the_layer_weights_each_token_once():
         layouts=("single", "tp_ep", "dp_ep_allgather"), backends=backends,
         scenario=Scenario(router_weight_on_input=True, top_k=1))]
     assert len(rows) == 3 * 2 * len(backends)
-    fixed = bool(FINDINGS["modular_kernel_class"])
     for r in rows:
         assert r["plugin_error"] is None and r["stock_error"] is None, r
         assert r["stock_rel_err"] >= 0.2, r  # every token off by its router weight
-        if fixed:
-            assert r["ok"] and r["plugin_rel_err"] <= 1e-4, r  # the reference, fp32 rounding
-        else:
-            assert OBSERVED.design is Design.INIT_PREPARE_FINALIZE, OBSERVED.design
-            assert r["plugin_rel_err"] <= r["stock_rel_err"] + 1e-3, r
+        assert r["ok"] and r["plugin_rel_err"] <= 1e-4, r  # the reference, fp32 rounding
+
+
+def test_doctor_follows_the_fix_on_a_llama4_checkpoint(tmp_path, blackwell_env):
+    """On FlashInfer CUTLASS (measured in each world by the test above) ``doctor`` says AT RISK
+    for a Llama-4 checkpoint with the plugin off, naming the switch, and FINE with it on."""
+    from tests.checkpoint.synthetic import write_scales_only
+    from vllm_fp4_moe_plugin.tools import doctor
+
+    experts = 8
+    write_scales_only(tmp_path, "modelopt", {
+        "language_model.model.layers.0.feed_forward.experts": ([0.25] * experts,
+                                                               [16.0] * experts)},
+        projs=("gate_proj", "up_proj", "down_proj"),
+        config={"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4",
+                "text_config": {"num_local_experts": experts, "model_type": "llama4_text"}})
+    blackwell_env.setenv("VLLM_FLASHINFER_MOE_BACKEND", "throughput")  # CUTLASS before 0.20.0
+
+    def run():
+        return doctor.run_doctor(str(tmp_path), doctor.deployed_layout(tp=2, ep=True),
+                                 capability="10.0", moe_backend="flashinfer_cutlass")
+
+    r = run()
+    assert r["layout"]["kernel"] == "flashinfer_cutlass", r["layout"]
+    assert r["verdict"] == doctor.AT_RISK
+    assert any("a second time" in w and "VLLM_FP4_MOE_PLUGIN=1" in w for w in r["reasons"]), \
+        r["reasons"]
+    blackwell_env.setenv("VLLM_FP4_MOE_PLUGIN", "1")
+    r = run()
+    assert r["verdict"] == doctor.FINE, r["reasons"]

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Llama-4's router weight on the input counted once by the NVFP4 experts: the whole patch (its
 ledger entries, the findings they read, the wrapper), on every vLLM whose modular kernel hands
-its experts the router weights through ``_fused_experts`` (0.11.1 and later).
+its experts the router weights through one method: ``_fused_experts`` (0.11.1 and later),
+``_maybe_chunk_fused_experts`` (0.11.0).
 
 With ``apply_router_weight_on_input`` (top-1: Llama-4), every prepare/finalize but vLLM's
 passthrough one scales the input by the router weight before quantizing and dispatching it
@@ -15,8 +16,8 @@ applied the weight, the wrapper hands the experts unit weights, so the weight co
 whichever experts class runs; the finalize keeps the real weights (under the flag it does not
 weight). Per MoE layer call it adds a flag lookup and the keyword re-pass, ~0.7 us of host time
 (CPU, docs/VERIFICATION.md V84; none inside a replayed CUDA graph), and on Llama-4 layers one
-``ones_like`` of ``[m, 1]``. vLLM 0.11.0's modular kernel has no ``_fused_experts``: the finding
-``modular_kernel_class`` is empty there and nothing is applied.
+``ones_like`` of ``[m, 1]``. The finding ``experts_call`` names the method the installed vLLM
+has; where it names none, nothing is applied.
 
 In 0.11.0 and 0.12.0 the DP-chunked forward (DP with FlashInfer CUTLASS, pplx
 or DeepEP LL) also drops the flag: ``FusedMoE.forward_impl_chunked`` calls the quant method
@@ -40,11 +41,16 @@ from vllm_fp4_moe_plugin.base.log import get_logger
 from vllm_fp4_moe_plugin.base.support import Design
 from vllm_fp4_moe_plugin.patches.patching import Finding, ModulePatch, Patch, original_attr
 
-# The modular kernel: prepare/finalize and experts side by side, the experts called by
-# ``_fused_experts`` with the router weights (0.11.1-0.2x: FusedMoEModularKernel; 0.32.0 and
-# 0.34.0: FusedMoEKernelModularImpl, v0.34.0 FM/modular_kernel.py:1155, 1383-1475).
+# The modular kernel: prepare/finalize and experts side by side, and the method that hands the
+# experts the router weights and the on-input flag, first match wins: 0.32.0 and 0.34.0
+# FusedMoEKernelModularImpl._fused_experts (v0.34.0 FM/modular_kernel.py:1155, 1383-1475);
+# 0.11.1-0.2x FusedMoEModularKernel._fused_experts; 0.11.0 FusedMoEModularKernel.
+# _maybe_chunk_fused_experts (v0110 fused_moe/modular_kernel.py:723-855, called from forward
+# with both by keyword, :971-986).
 MODULAR_KERNEL = f"{vm.FUSED_MOE}.modular_kernel"
-MODULAR_KERNEL_CLASSES = ("FusedMoEKernelModularImpl", "FusedMoEModularKernel")
+EXPERTS_CALLS = ("FusedMoEKernelModularImpl._fused_experts",
+                 "FusedMoEModularKernel._fused_experts",
+                 "FusedMoEModularKernel._maybe_chunk_fused_experts")
 FUSED_EXPERTS_PARAMS = ("topk_weights", "apply_router_weight_on_input")
 FUSED_MOE_LAYER = f"{vm.FUSED_MOE}.layer"  # FusedMoE, up to 0.27.x
 # FlashInfer's CUTLASS experts class: experts/ from 0.32.0, fused_moe/ before
@@ -90,12 +96,12 @@ def weights_once(kernel) -> bool:
 
 
 def build(original):
-    """``_fused_experts`` that hands NVFP4 experts unit weights where the prepare applied the
-    router weight to the input."""
+    """The experts call (:data:`EXPERTS_CALLS`) that hands NVFP4 experts unit weights where the
+    prepare applied the router weight to the input."""
     sig = inspect.signature(original)
 
     @functools.wraps(original)
-    def _fused_experts(self, *args, **kwargs):
+    def experts_call(self, *args, **kwargs):
         if args:  # vLLM calls it by keyword; anything else is bound once here
             call = sig.bind(self, *args, **kwargs)
             self, kwargs = call.arguments.pop("self"), call.arguments
@@ -104,8 +110,8 @@ def build(original):
         _log_once(self)
         return original(self, **{**kwargs, "topk_weights": _ones_like(kwargs["topk_weights"])})
 
-    _fused_experts.__module__ = __name__
-    return _fused_experts
+    experts_call.__module__ = __name__
+    return experts_call
 
 
 def build_chunked(original):
@@ -151,12 +157,12 @@ def _reset_for_tests() -> None:
     _logged = False
 
 
-def modular_kernel_class() -> str:
-    """The modular kernel class whose ``_fused_experts`` hands the experts the router weights
-    and the on-input flag (:data:`MODULAR_KERNEL_CLASSES`), or ``""`` (vLLM 0.11.0)."""
-    for name in MODULAR_KERNEL_CLASSES:
+def experts_call() -> str:
+    """The modular kernel method that hands the experts the router weights and the on-input
+    flag (the first of :data:`EXPERTS_CALLS` this vLLM has with both parameters), or ``""``."""
+    for name in EXPERTS_CALLS:
         try:
-            fn = original_attr(MODULAR_KERNEL, f"{name}._fused_experts")
+            fn = original_attr(MODULAR_KERNEL, name)
         except (ImportError, AttributeError):
             continue
         if all(p in inspect.signature(fn).parameters for p in FUSED_EXPERTS_PARAMS):
@@ -222,15 +228,15 @@ def _apply_calls_pass_flag(fn):
 def router_weight_needed(findings) -> bool:
     """vLLM's modular kernel is one the plugin recognises, and an NVFP4 experts class still
     weights a token whose router weight the prepare applied to the input (no upstream fix)."""
-    return bool(findings.get("modular_kernel_class")) and bool(
+    return bool(findings.get("experts_call")) and bool(
         findings.get("nvfp4_experts_weight_again"))
 
 
 def _needed_for(name: str):
     def needed(findings) -> bool:
-        """This modular kernel class is vLLM's, and an NVFP4 experts class still weights a
-        token whose router weight the prepare applied to the input."""
-        return findings.get("modular_kernel_class") == name and router_weight_needed(findings)
+        """This is the installed vLLM's experts call, and an NVFP4 experts class still weights
+        a token whose router weight the prepare applied to the input."""
+        return findings.get("experts_call") == name and router_weight_needed(findings)
     return needed
 
 
@@ -245,7 +251,7 @@ WORDS = ("the NVFP4 experts weight a token again after the prepare applied its r
 PATCH = Patch(
     designs=tuple(Design),
     entries=tuple(ModulePatch(
-        module=MODULAR_KERNEL, attr=f"{name}._fused_experts", build=f"{__name__}:build",
+        module=MODULAR_KERNEL, attr=name, build=f"{__name__}:build",
         needed=_needed_for(name),
         why=("Llama-4 (top-1) applies the router weight to the MoE input. Every prepare/finalize "
              "but the passthrough one scales the input by it (v0120 flashinfer_cutlass_prepare_"
@@ -255,14 +261,14 @@ PATCH = Patch(
              "flashinfer_cutlass_moe.py:375), vLLM's CUTLASS its input a second time "
              "(FM/experts/cutlass_moe.py:612-617): every token's expert output is off by its "
              "router weight, on every layout."),
-        how=("Wraps the modular kernel's _fused_experts: with the on-input flag, NVFP4 experts and "
+        how=("Wraps the modular kernel's experts call: with the on-input flag, NVFP4 experts and "
              "a prepare that applied the weight (read once per prepare class from its source), "
              "the experts get unit weights; the finalize keeps the real ones."),
         upstream=("vllm#43694 (open) fixes vLLM's CUTLASS FP8/FP4 paths; FlashInfer's experts "
                   "classes are not covered by any PR seen."),
         remove_when=("finding 'nvfp4_experts_weight_again' false on every supported release, or "
-                     "'modular_kernel_class' empty."),
-    ) for name in MODULAR_KERNEL_CLASSES) + (ModulePatch(
+                     "'experts_call' empty."),
+    ) for name in EXPERTS_CALLS) + (ModulePatch(
         module=FUSED_MOE_LAYER, attr="FusedMoE.forward_impl_chunked",
         build=f"{__name__}:build_chunked", needed=chunked_needed,
         why=("In 0.11.0-0.12.0 the DP-chunked forward (DP with FlashInfer CUTLASS, pplx, DeepEP "
@@ -277,8 +283,7 @@ PATCH = Patch(
         remove_when=("finding 'dp_chunked_drops_flag' false on every supported release (0.11.1-"
                      "0.12.x no longer supported)."),
     ),),
-    findings={"modular_kernel_class": Finding(modular_kernel_class,
-                                              ("",) + MODULAR_KERNEL_CLASSES),
+    findings={"experts_call": Finding(experts_call, ("",) + EXPERTS_CALLS),
               "nvfp4_experts_weight_again": Finding(nvfp4_experts_weight_again),
               "dp_chunked_drops_flag": Finding(dp_chunked_drops_flag)},
     words=WORDS,

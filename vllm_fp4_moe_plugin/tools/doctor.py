@@ -329,9 +329,14 @@ def non_gated_reasons(report: dict) -> list[str]:
 
 # Kernels whose experts class weights a token again although vLLM's prepare step already scaled
 # the input by the router weight (v0.34.0 FM/experts/flashinfer_cutlass_moe.py:375,
-# flashinfer_cutedsl_moe.py:289; vllm#43694 for its own CUTLASS): measured in the lab on vLLM
-# 0.34.0 (docs/SUPPORT.md); TRT-LLM takes the flag itself.
-ROUTER_ON_INPUT_TWICE = ("flashinfer_cutlass", "vllm_cutlass", "flashinfer_cutedsl")
+# flashinfer_cutedsl_moe.py:289; vllm#43694 for its own CUTLASS), per design, as measured in the
+# lab (docs/SUPPORT.md: FlashInfer CUTLASS on 0.11.0, 0.12.0 and 0.34.0, vLLM's CUTLASS on
+# 0.34.0); TRT-LLM takes the flag itself.
+ROUTER_ON_INPUT_TWICE = {
+    Design.NVFP4_ORACLE: ("flashinfer_cutlass", "vllm_cutlass", "flashinfer_cutedsl"),
+    Design.MODULAR_METHOD: ("flashinfer_cutlass",),
+    Design.INIT_PREPARE_FINALIZE: ("flashinfer_cutlass",),
+}
 
 
 def router_on_input_reasons(report: dict) -> list[str]:
@@ -340,19 +345,20 @@ def router_on_input_reasons(report: dict) -> list[str]:
     modular kernel, where this vLLM has one the probe recognises)."""
     ckpt = report.get("checkpoint")
     probes = report.get("probes") or {}
-    if not ckpt or probes.get("design") is not Design.NVFP4_ORACLE or \
-            report["layout"]["kernel"] not in ROUTER_ON_INPUT_TWICE or \
+    design: Optional[Design] = probes.get("design")
+    if not ckpt or design is None or \
+            report["layout"]["kernel"] not in ROUTER_ON_INPUT_TWICE.get(design, ()) or \
             not any(a.startswith("Llama4") for a in ckpt.get("architectures", [])):
         return []
     findings = probes.get("findings") or {}
     if not findings.get("nvfp4_experts_weight_again"):
         return []  # this vLLM's experts weight once
-    fixable = bool(findings.get("modular_kernel_class"))
+    fixable = bool(findings.get("experts_call"))
     if fixable and report["plugin"]["would_be_active"]:
         return []
     return [f"Llama-4 applies the router weight to the MoE input; on {report['layout']['kernel']} "
-            "this vLLM weights each routed token a second time (measured on vLLM 0.34.0 in this "
-            "project's simulation; vllm#43694), so every expert output is off by its weight: "
+            "this vLLM weights each routed token a second time (measured in this project's "
+            "simulation; vllm#43694), so every expert output is off by its weight: "
             + ("set VLLM_FP4_MOE_PLUGIN=1 (the plugin applies it once)" if fixable else
                "the plugin does not recognise this vLLM's modular kernel; FlashInfer TRT-LLM "
                "(SM100's default) takes the weight itself")]

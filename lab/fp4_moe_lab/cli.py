@@ -119,7 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "CUTLASS only, the TRT-LLM kernel's non-gated path is not emulated")
     m.add_argument("--router-weight-on-input", action="store_true",
                    help="Llama-4's MoE: top-1, its routing (top-k then sigmoid), the router "
-                   "weight applied to the input before GEMM1 (the reference applies it once)")
+                   "weight applied to the input before GEMM1 (the reference applies it once), "
+                   "and its shared expert beside the routed ones (on the unweighted input)")
     m.add_argument("--uncalibrated", action="store_true",
                    help="instead: the uncalibrated-expert table (default layouts single and "
                    "dp_ep_allgather; one expert's input scale in each reported value class: 0, "

@@ -109,6 +109,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     scenario = Scenario(seed=args.seed, input_scale_spread=args.spread or 4.0,
                         tokens=args.tokens, gated=not args.non_gated,
                         router_weight_on_input=args.router_weight_on_input,
+                        shared_expert=args.router_weight_on_input,  # Llama-4's MoE has one
                         top_k=1 if args.router_weight_on_input else Scenario.top_k)
     # (label, fixture) per table: the default layer, or one per --gate-up-split ratio
     cases = [(None, scenario)]

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tests import pass_marks
 from vllm_fp4_moe_plugin.base import vllm_modules as vm
 from vllm_fp4_moe_plugin.patches import compat, ledger
 from vllm_fp4_moe_plugin.patches import router_weight_once as rw
@@ -61,13 +62,18 @@ def test_the_findings_read_the_installed_vllm():
     fused_moe = importlib.import_module(rw.FUSED_MOE_LAYER)
     chunked = hasattr(getattr(fused_moe, "FusedMoE", None), "forward_impl_chunked")
     assert FINDINGS["dp_chunked_drops_flag"] is chunked
+    # 0.11.0, 0.12.0: a prepare scales its input in place (a1.mul_) in front of
+    # FusedMoEModularKernel.forward, where the shared expert runs; 0.34.0 scales a copy
+    assert FINDINGS["prepare_scales_in_place"] is chunked
 
 
 def test_the_plan_applies_it_exactly_where_vllm_has_the_hook():
     plan = ledger.plan(OBSERVED)
     call = FINDINGS["experts_call"]
     ours = [t for t in plan.patches if t.startswith(rw.MODULAR_KERNEL + ".")]
-    assert ours == [f"{rw.MODULAR_KERNEL}.{call}"], plan.patches
+    shared = [f"{rw.MODULAR_KERNEL}.FusedMoEModularKernel.forward"] if (
+        FINDINGS["prepare_scales_in_place"]) else []
+    assert ours == [f"{rw.MODULAR_KERNEL}.{call}"] + shared, plan.patches
     chunked = [t for t in plan.patches if t.endswith(".forward_impl_chunked")]
     assert bool(chunked) == FINDINGS["dp_chunked_drops_flag"], plan.patches
     assert rw.WORDS in plan.reason, plan.reason
@@ -119,26 +125,72 @@ def test_experts_get_unit_weights_only_where_the_prepare_weighted(prepare_cls, q
     torch.testing.assert_close(weights, torch.tensor([[0.25], [0.75]]))  # the finalize's own
 
 
+class _Copy(torch.nn.Module):
+    def forward(self, x):
+        return x.clone()
+
+
+class _Kernel(torch.nn.Module):
+    """``FusedMoEModularKernel.forward``'s signature (v0110, v0120 modular_kernel.py), and what
+    it does with a shared expert: the prepare scales ``a1`` in place, then the shared experts
+    run on ``a1`` (v0110 modular_kernel.py:1001-1014)."""
+
+    def __init__(self, shared):
+        super().__init__()
+        self.shared_experts = shared
+
+    def forward(self, hidden_states, w1, w2, topk_weights, topk_ids, inplace=False,
+                activation="silu", global_num_experts=-1, expert_map=None,
+                apply_router_weight_on_input=False):
+        if apply_router_weight_on_input:
+            hidden_states.mul_(topk_weights)
+        return None if self.shared_experts is None else self.shared_experts(hidden_states)
+
+
+@pytest.mark.parametrize("by_keyword", [True, False])
+def test_the_shared_expert_gets_the_input_as_it_came(by_keyword):
+    forward = rw.build_shared_input(_Kernel.forward)
+    x, w = torch.tensor([[2.0, 4.0], [6.0, 8.0]]), torch.tensor([[0.25], [0.5]])
+    kernel = _Kernel(_Copy())
+    shared = kernel.shared_experts
+    flag = {"apply_router_weight_on_input": True} if by_keyword else {}
+
+    def args():  # the flag by keyword, as vLLM passes it, or by position
+        return (x.clone(), None, None, w, None) + (() if by_keyword else (
+            False, "silu", -1, None, True))
+
+    torch.testing.assert_close(_Kernel.forward(kernel, *args(), **flag), x * w)  # stock
+    torch.testing.assert_close(forward(kernel, *args(), **flag), x)
+    assert kernel.shared_experts is shared and "shared_experts" not in vars(kernel)
+    # without the flag, or without a shared expert: vLLM's own call, untouched
+    torch.testing.assert_close(forward(kernel, x.clone(), None, None, w, None), x)
+    assert forward(_Kernel(None), *args(), **flag) is None
+
+
 @pytest.mark.slow
 @pytest.mark.multiproc
 def test_the_layer_weights_each_token_once():
-    """Stock weights each token twice, far from the reference that applies the weight once;
-    the plugin is at it, on every layout kind and each kernel that weights again (vLLM's
-    CUTLASS from 0.32.0, under EP), in each release world (0.11.0: through the chunking
-    helper; 0.11.0 and 0.12.0 under DP: with the flag the chunked forward drops)."""
+    """Llama-4's MoE, its shared expert included: stock weights each routed token twice (and
+    on 0.11.0-0.12.0 hands the shared expert the weighted input), far from the reference that
+    applies the weight once; the plugin is at it, on every layout kind and each kernel that
+    weights again (vLLM's CUTLASS from 0.32.0, under EP), in each release world (0.11.0: through
+    the chunking helper; 0.11.0 and 0.12.0 under DP: with the flag the chunked forward
+    drops)."""
     from fp4_moe_lab.simulation.layouts import Scenario
     from fp4_moe_lab.simulation.matrix import run_matrix
+    from vllm_fp4_moe_plugin.base.support import LAYOUTS
 
     backends = ("flashinfer_cutlass",) + (
         ("vllm_cutlass",) if FINDINGS.get("cutlass_fp4_takes_expert_map") else ())
     rows = [r.as_dict() for r in run_matrix(
         layouts=("single", "tp_ep", "dp_ep_allgather"), backends=backends,
-        scenario=Scenario(router_weight_on_input=True, top_k=1))]
+        scenario=Scenario(router_weight_on_input=True, top_k=1, shared_expert=True))]
     assert len(rows) == 3 * 2 * len(backends)
     for r in rows:
         assert r["plugin_error"] is None and r["stock_error"] is None, r
         assert r["stock_rel_err"] >= 0.2, r  # every token off by its router weight
-        assert r["ok"] and r["plugin_rel_err"] <= 1e-4, r  # the reference, fp32 rounding
+        tol = pass_marks.router_weight_once(LAYOUTS[r["layout"]].tp)  # the reference
+        assert r["ok"] and r["plugin_rel_err"] <= tol, r
 
 
 def test_doctor_follows_the_fix_on_a_llama4_checkpoint(tmp_path, blackwell_env):

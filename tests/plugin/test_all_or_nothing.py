@@ -23,8 +23,18 @@ DESIGN, TARGETS = _design_targets()
 
 
 def _resolve(target):
-    module, _, attr = target.rpartition(".")
-    return getattr(importlib.import_module(module), attr)
+    """What ``target`` names now: the longest importable prefix, then attributes (a class's
+    method too: ``...modular_kernel.FusedMoEModularKernel.forward``)."""
+    parts = target.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise LookupError(target)
 
 
 def _inject_failure(monkeypatch, target):

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from tests import pass_marks
 from vllm_fp4_moe_plugin.base import support
+from vllm_fp4_moe_plugin.base.support import LAYOUTS
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 CELL = {"plugin": support.WRONG, "plugin (fails)": support.FAILS, "upstream": None}
@@ -92,4 +94,5 @@ def test_published_router_weight_rows_hold(path):
     assert {r["layout"] for r in rows} == {"single", "tp_ep", "dp_ep_allgather"}
     for r in rows:
         assert r["ok"] and r["stock_error"] is None and r["plugin_error"] is None, r
-        assert r["stock_rel_err"] >= 0.2 and r["plugin_rel_err"] <= 1e-4, r
+        tol = pass_marks.router_weight_once(LAYOUTS[r["layout"]].tp)
+        assert r["stock_rel_err"] >= 0.2 and r["plugin_rel_err"] <= tol, r

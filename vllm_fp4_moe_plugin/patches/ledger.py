@@ -62,7 +62,14 @@ def plan(observation=None) -> Plan:
     if obs.design is None or not obs.patchable:
         return Plan(False, obs.reason, obs.design, dict(obs.findings))
     needed = tuple(p.target for p in entries_for_design(obs.design) if p.needed(obs.findings))
-    words, fixed = _words(DESIGNS[obs.design], obs.findings, needed)
+    part = DESIGNS[obs.design]
+    theirs = {e.target for p in part.extras for e in p.entries}
+    if not any(t not in theirs for t in needed):
+        words, fixed = part.words(obs.findings, False)
+        if not fixed:  # a vLLM the design cannot tell (a partial backport, moved helpers):
+            # no patch at all, one-module ones included, and the design's words say why
+            return Plan(False, f"{obs.design.label}: {words}", obs.design, dict(obs.findings))
+    words, fixed = _words(part, obs.findings, needed)
     return Plan(bool(needed), f"{obs.design.label}: {words}", obs.design, dict(obs.findings),
                 needed, upstream_fixed=fixed)
 

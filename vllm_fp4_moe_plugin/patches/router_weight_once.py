@@ -1,30 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Llama-4's router weight on the input counted once by the NVFP4 experts: the whole patch (its
-ledger entries, the findings they read, the wrapper), on every vLLM whose modular kernel hands
-its experts the router weights through one method: ``_fused_experts`` (0.11.1 and later),
-``_maybe_chunk_fused_experts`` (0.11.0).
-
-With ``apply_router_weight_on_input`` (top-1: Llama-4), every prepare/finalize but vLLM's
-passthrough one scales the input by the router weight before quantizing and dispatching it
-(v0120 flashinfer_cutlass_prepare_finalize.py:57-70, in place; v0.34.0
-FM/prepare_finalize/no_dp_ep.py:74-80, naive_dp_ep.py:185-190, flashinfer_nvlink_one_sided.py:
-113-118), and the NVFP4 experts weight again: FlashInfer's CUTLASS, CuteDSL and B12X experts hand
-the kernel ``token_final_scales=topk_weights`` for its output (v0120 flashinfer_cutlass_moe.py:
-211-213, v0.34.0 FM/experts/flashinfer_cutlass_moe.py:375), vLLM's CUTLASS scales its input by
-them a second time (FM/experts/cutlass_moe.py:612-617; vllm#43694, open). Where the prepare
-applied the weight, the wrapper hands the experts unit weights, so the weight counts exactly once
-whichever experts class runs; the finalize keeps the real weights (under the flag it does not
-weight). Per MoE layer call it adds a flag lookup and the keyword re-pass, ~0.7 us of host time
-(CPU, docs/VERIFICATION.md V84; none inside a replayed CUDA graph), and on Llama-4 layers one
-``ones_like`` of ``[m, 1]``. The finding ``experts_call`` names the method the installed vLLM
-has; where it names none, nothing is applied.
-
-In 0.11.0 and 0.12.0 the DP-chunked forward (DP with FlashInfer CUTLASS, pplx
-or DeepEP LL) also drops the flag: ``FusedMoE.forward_impl_chunked`` calls the quant method
-without it (v0120 fused_moe/layer.py:1799-1820; ``forward_impl`` passes it, :1980), so the layer
-weights the expert's output instead of its input. On NVFP4 layers the last entry hands it on.
-0.13.0's ``apply`` reads the flag from the layer (neither call site passes it): not applied.
-"""
+"""Llama-4's MoE (top-1, the router weight applied to the input, a shared expert) computed as
+its model asks, on every release whose modular kernel the findings recognise: the whole patch
+(its ledger entries, the findings they read, the wrappers). Each entry's ``why`` names what
+vLLM gets wrong, with the source lines; docs/SUPPORT.md has the measured rows. Cost per MoE layer
+call: a flag lookup (~0.7 us of host time, docs/VERIFICATION.md V84; none inside a replayed CUDA
+graph); on Llama-4 layers one ``ones_like`` of ``[m, 1]`` and, where the prepare scales in place
+(0.11.x-0.12.x), a copy of the input for the shared expert."""
 
 from __future__ import annotations
 
@@ -41,18 +22,18 @@ from vllm_fp4_moe_plugin.base.log import get_logger
 from vllm_fp4_moe_plugin.base.support import Design
 from vllm_fp4_moe_plugin.patches.patching import Finding, ModulePatch, Patch, original_attr
 
-# The modular kernel: prepare/finalize and experts side by side, and the method that hands the
-# experts the router weights and the on-input flag, first match wins: 0.32.0 and 0.34.0
-# FusedMoEKernelModularImpl._fused_experts (v0.34.0 FM/modular_kernel.py:1155, 1383-1475);
-# 0.11.1-0.2x FusedMoEModularKernel._fused_experts; 0.11.0 FusedMoEModularKernel.
-# _maybe_chunk_fused_experts (v0110 fused_moe/modular_kernel.py:723-855, called from forward
-# with both by keyword, :971-986).
+# The modular kernel's method that hands the experts the router weights and the on-input flag,
+# first match wins: 0.32.0+ (v0.34.0 FM/modular_kernel.py:1383-1475), 0.11.1-0.2x, 0.11.0 (v0110
+# fused_moe/modular_kernel.py:723-855, called by keyword from forward, :971-986).
 MODULAR_KERNEL = f"{vm.FUSED_MOE}.modular_kernel"
 EXPERTS_CALLS = ("FusedMoEKernelModularImpl._fused_experts",
                  "FusedMoEModularKernel._fused_experts",
                  "FusedMoEModularKernel._maybe_chunk_fused_experts")
 FUSED_EXPERTS_PARAMS = ("topk_weights", "apply_router_weight_on_input")
 FUSED_MOE_LAYER = f"{vm.FUSED_MOE}.layer"  # FusedMoE, up to 0.27.x
+# The modules of vLLM's prepare/finalize classes that a Llama-4 layer's kernel may hold
+PREPARE_MODULES = (f"{vm.FUSED_MOE}.prepare_finalize", vm.FLASHINFER_CUTLASS_PREPARE_FINALIZE)
+_IN_PLACE = re.compile(r"\ba1\.mul_\(\s*topk_weights")
 # FlashInfer's CUTLASS experts class: experts/ from 0.32.0, fused_moe/ before
 FLASHINFER_CUTLASS_EXPERTS = (f"{vm.FUSED_MOE}.experts.flashinfer_cutlass_moe",
                               vm.FLASHINFER_CUTLASS_MOE)
@@ -84,8 +65,7 @@ def prepare_applies_weight(cls: type) -> bool:
 
 
 def weights_once(kernel) -> bool:
-    """This modular kernel runs NVFP4 experts behind a prepare that applied the weight already
-    (decided once per kernel object)."""
+    """NVFP4 experts behind a prepare that applied the weight (once per kernel object)."""
     known = getattr(kernel, "_fp4_moe_unit_weights", None)
     if known is None:
         config = getattr(kernel.fused_experts, "quant_config", None)
@@ -108,7 +88,8 @@ def build(original):
         if not (kwargs.get("apply_router_weight_on_input") and weights_once(self)):
             return original(self, **kwargs)
         _log_once(self)
-        return original(self, **{**kwargs, "topk_weights": _ones_like(kwargs["topk_weights"])})
+        weights = kwargs["topk_weights"]
+        return original(self, **{**kwargs, "topk_weights": weights.new_ones(weights.shape)})
 
     experts_call.__module__ = __name__
     return experts_call
@@ -137,10 +118,46 @@ def build_chunked(original):
     return forward_impl_chunked
 
 
-def _ones_like(tensor):
-    import torch
+_MISSING = object()
 
-    return torch.ones_like(tensor)
+
+class _SharedOnInput:
+    """The shared experts on the layer's input as it came, not the kernel's scaled ``a1``."""
+
+    def __init__(self, shared, unweighted):
+        self.shared, self.unweighted = shared, unweighted
+
+    def __call__(self, _a1):
+        return self.shared(self.unweighted)
+
+
+def build_shared_input(original):
+    """``FusedMoEModularKernel.forward`` that hands its shared experts the unweighted input
+    where the router weight is applied on the input (Llama-4); every other call untouched."""
+    flag_at = list(inspect.signature(original).parameters).index(
+        "apply_router_weight_on_input") - 1  # its position among the arguments after self
+
+    @functools.wraps(original)
+    def forward(self, *args, **kwargs):
+        flag = kwargs.get("apply_router_weight_on_input",
+                          args[flag_at] if len(args) > flag_at else False)
+        shared = getattr(self, "shared_experts", None) if flag else None
+        if shared is None:
+            return original(self, *args, **kwargs)
+        hidden = args[0] if args else kwargs["hidden_states"]
+        # an instance attribute shadows the submodule (nn.Module looks in _modules last)
+        own = self.__dict__.get("shared_experts", _MISSING)
+        self.__dict__["shared_experts"] = _SharedOnInput(shared, hidden.clone())
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            if own is _MISSING:
+                del self.__dict__["shared_experts"]
+            else:
+                self.__dict__["shared_experts"] = own
+
+    forward.__module__ = __name__
+    return forward
 
 
 def _log_once(kernel) -> None:
@@ -225,6 +242,27 @@ def _apply_calls_pass_flag(fn):
     return all(any(k.arg == "apply_router_weight_on_input" for k in c.keywords) for c in calls)
 
 
+def prepare_scales_in_place() -> bool:
+    """Read from the source: does one of vLLM's prepare/finalize modules scale its input by the
+    router weight in place (``a1.mul_(topk_weights...)``: v0110 prepare_finalize.py:46, v0120
+    flashinfer_cutlass_prepare_finalize.py:70; 0.34.0 scales a copy), in front of a
+    ``FusedMoEModularKernel.forward`` that takes the on-input flag (the entry reads it there)?"""
+    try:
+        forward = original_attr(MODULAR_KERNEL, "FusedMoEModularKernel.forward")
+    except (ImportError, AttributeError):
+        return False
+    if "apply_router_weight_on_input" not in inspect.signature(forward).parameters:
+        return False
+    for name in PREPARE_MODULES:
+        module = _module_or_none(name)
+        try:
+            if module is not None and _IN_PLACE.search(inspect.getsource(module)):
+                return True
+        except (OSError, TypeError):
+            continue
+    return False
+
+
 def router_weight_needed(findings) -> bool:
     """vLLM's modular kernel is one the plugin recognises, and an NVFP4 experts class still
     weights a token whose router weight the prepare applied to the input (no upstream fix)."""
@@ -244,6 +282,13 @@ def chunked_needed(findings) -> bool:
     """vLLM's DP-chunked forward drops the on-input flag, and the experts' second weighting
     is undone by the entries above (without them the flag would weight a token twice)."""
     return bool(findings.get("dp_chunked_drops_flag")) and router_weight_needed(findings)
+
+
+def shared_input_needed(findings) -> bool:
+    """The kernel whose ``forward`` runs the shared experts on the prepare's input is
+    ``FusedMoEModularKernel``, and a prepare scales that input in place."""
+    return (str(findings.get("experts_call") or "").startswith("FusedMoEModularKernel.")
+            and bool(findings.get("prepare_scales_in_place")))
 
 
 WORDS = ("the NVFP4 experts weight a token again after the prepare applied its router weight to "
@@ -282,9 +327,23 @@ PATCH = Patch(
                   "it; 0.34.0 has no forward_impl_chunked."),
         remove_when=("finding 'dp_chunked_drops_flag' false on every supported release (0.11.1-"
                      "0.12.x no longer supported)."),
+    ), ModulePatch(
+        module=MODULAR_KERNEL, attr="FusedMoEModularKernel.forward",
+        build=f"{__name__}:build_shared_input", needed=shared_input_needed,
+        why=("Llama-4's shared expert runs inside the modular kernel on the tensor the prepare "
+             "got (v0110 fused_moe/modular_kernel.py:1001-1014), and the prepare scales it by "
+             "the routed token's weight in place (v0110 prepare_finalize.py:46, v0120 "
+             "flashinfer_cutlass_prepare_finalize.py:70): the shared expert computes on the "
+             "weighted input."),
+        how=("Wraps FusedMoEModularKernel.forward: with the on-input flag and shared experts, "
+             "they are called on a copy of the layer's input taken before the prepare."),
+        upstream=("None for 0.11.x-0.12.x; 0.34.0's prepares scale a copy (FM/prepare_finalize/"
+                  "no_dp_ep.py:74-80)."),
+        remove_when=("finding 'prepare_scales_in_place' false on every supported release."),
     ),),
     findings={"experts_call": Finding(experts_call, ("",) + EXPERTS_CALLS),
               "nvfp4_experts_weight_again": Finding(nvfp4_experts_weight_again),
-              "dp_chunked_drops_flag": Finding(dp_chunked_drops_flag)},
+              "dp_chunked_drops_flag": Finding(dp_chunked_drops_flag),
+              "prepare_scales_in_place": Finding(prepare_scales_in_place)},
     words=WORDS,
 )

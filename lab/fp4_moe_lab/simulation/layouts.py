@@ -73,16 +73,30 @@ class Scenario:
     # Llama-4's MoE: top-1, its own routing (top-k, then sigmoid), the router weight applied to
     # the input before GEMM1 instead of to the expert's output (models/llama4.py:73-84, 132-146)
     router_weight_on_input: bool = False
+    # A shared expert beside the routed ones, handed to the MoE layer as the family's model
+    # file does (Llama-4: ``SharedFusedMoE(shared_experts=...)``, v0110 models/llama4.py:82-100;
+    # ``FusedMoEFactory(shared_experts=...)`` on 0.34.0): the layer returns (shared, routed)
+    # and the harness adds them, as ``Llama4MoE.forward`` does.
+    shared_expert: bool = False
 
     def layer_kwargs(self) -> dict:
         """``FusedMoE`` arguments beyond the defaults, as the family's model file passes them."""
+        kwargs: dict = {}
+        if self.shared_expert:
+            kwargs["shared_experts"] = self.shared_expert_module(tp_split=True)
         if not self.router_weight_on_input:
-            return {}
+            return kwargs
         if self.top_k != 1:
             raise ValueError("the router weight on the input is top-1 in vLLM (its prepare "
                              "asserts it)")
-        return {"apply_router_weight_on_input": True,
+        return {**kwargs, "apply_router_weight_on_input": True,
                 "custom_routing_function": llama4_routing()}
+
+    def shared_expert_module(self, tp_split: bool = False):
+        """The shared expert (:class:`SharedExpert`) every rank and the references build from
+        the seed; ``tp_split``: each TP rank returns its share, which vLLM then all-reduces."""
+        return SharedExpert(self.hidden, self.intermediate // 2, seed=self.seed + 101,
+                            tp_split=tp_split)
 
     def _random_experts(self):
         from fp4_moe_lab.nvfp4 import random_experts
@@ -138,6 +152,36 @@ class Scenario:
             x = x * (amax / x.abs().max())
         logits = torch.randn(self.tokens, self.num_experts, generator=g)
         return x.to(torch.bfloat16), logits.to(torch.bfloat16)
+
+
+class SharedExpert(torch.nn.Module):
+    """A gated SiLU MLP in bf16, whole on every rank (Llama-4's ``shared_expert`` is a
+    ``LlamaMLP``; a bf16 stand-in here: what matters is which input the layer hands it, not its
+    quantization). With ``tp_split`` it returns ``1 / tp_size`` of its output (exact in bf16),
+    so vLLM's all-reduce of the shared output over TP gives it whole, as a TP-sharded MLP's."""
+
+    def __init__(self, hidden: int, intermediate: int, seed: int, tp_split: bool = False):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        scale = hidden ** -0.5
+        self.gate = torch.nn.Parameter((torch.randn(intermediate, hidden, generator=g) * scale)
+                                       .to(torch.bfloat16), requires_grad=False)
+        self.up = torch.nn.Parameter((torch.randn(intermediate, hidden, generator=g) * scale)
+                                     .to(torch.bfloat16), requires_grad=False)
+        self.down = torch.nn.Parameter((torch.randn(hidden, intermediate, generator=g)
+                                        * intermediate ** -0.5).to(torch.bfloat16),
+                                       requires_grad=False)
+        self.tp_split = tp_split
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = torch.nn.functional
+        x = x.to(torch.bfloat16)
+        out = f.linear(f.silu(f.linear(x, self.gate)) * f.linear(x, self.up), self.down)
+        if self.tp_split:
+            from vllm.distributed import get_tensor_model_parallel_world_size
+
+            out = out / get_tensor_model_parallel_world_size()
+        return out
 
 
 def llama4_routing():

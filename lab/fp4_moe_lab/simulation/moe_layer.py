@@ -86,13 +86,16 @@ def build_layer(experts: QuantizedExperts, fmt: str, *, top_k: int, index: int,
                              **layer_kwargs)
     FusedMoE = fused_moe_layer.FusedMoE
     mlp = MLP_PREFIX.format(index=index)
+    layer_class = FusedMoE
+    if "shared_experts" in layer_kwargs:  # the shared expert's FusedMoE, up to 0.2x
+        layer_class = _shared_fused_moe_class()
 
     if "reduce_results" in inspect.signature(FusedMoE.__init__).parameters:
         layer_kwargs.setdefault("reduce_results", True)  # v0.20.0's FusedMoE always reduces
     # custom_routing_function=None, as in _build_runner: vLLM's own router (the TRT-LLM rows'
     # grouped top-k, which its monolithic kernel computes itself)
     layer_kwargs.setdefault("custom_routing_function", cpu_topk_softmax_routing)
-    layer = FusedMoE(
+    layer = layer_class(
         num_experts=experts.num_experts, top_k=top_k, hidden_size=experts.hidden,
         intermediate_size=experts.intermediate, params_dtype=dtype,
         renormalize=True, quant_config=make_quant_config(fmt), prefix=f"{mlp}.experts",
@@ -120,6 +123,16 @@ def build_layer(experts: QuantizedExperts, fmt: str, *, top_k: int, index: int,
     if process:
         layer.quant_method.process_weights_after_loading(layer)
     return BuiltLayer(layer=layer, prefix=f"{mlp}.experts")
+
+
+def _shared_fused_moe_class():
+    """``SharedFusedMoE``: under layers/shared_fused_moe/ in vLLM 0.11.0, fused_moe/ from
+    0.11.1 (v0120 models/llama4.py:37)."""
+    try:
+        from vllm.model_executor.layers.fused_moe import SharedFusedMoE
+    except ImportError:
+        from vllm.model_executor.layers.shared_fused_moe import SharedFusedMoE
+    return SharedFusedMoE
 
 
 def _build_runner(factory, experts: QuantizedExperts, fmt: str, *, top_k: int, index: int,
@@ -226,7 +239,10 @@ def moe_layers_by_name(ctx) -> None:
 
 def forward(layer: torch.nn.Module, hidden_states: torch.Tensor, router_logits: torch.Tensor,
             *, vllm_config, num_tokens_across_dp: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """One MoE forward through ``FusedMoE.forward_native``: vLLM's ``moe_forward`` custom op
+    """One MoE forward through ``FusedMoE.forward_native`` (a ``SharedFusedMoE``: its own
+    ``forward``, which runs the shared expert itself where the kernel does not, e.g. 0.12.0's
+    FlashInfer CUTLASS under DP, v0120 fused_moe/shared_fused_moe.py:30-41, 60-75, and then
+    ``forward_native`` through the custom-op dispatch): vLLM's ``moe_forward`` custom op
     (which looks the layer up by name in the forward context and runs ``forward_impl``) and the
     TP/EP all-reduce, which 0.11.0 does inside ``forward_impl`` and 0.11.1+ after the op.
     The layer gets its own copy of ``hidden_states``: under the router-weight-on-input flag the
@@ -240,8 +256,11 @@ def forward(layer: torch.nn.Module, hidden_states: torch.Tensor, router_logits: 
     with set_forward_context({}, vllm_config, num_tokens=hidden_states.shape[0],
                              num_tokens_across_dp=num_tokens_across_dp):
         moe_layers_by_name(get_forward_context())
-        if hasattr(layer, "forward_native"):
+        if hasattr(layer, "forward_native") and not hasattr(layer, "_shared_experts"):
             out = layer.forward_native(hidden_states, router_logits)
         else:  # oracle design: MoERunner.forward (0.28.0+), FusedMoE.forward (0.20.0)
             out = layer.forward(hidden_states, router_logits)
+    if isinstance(out, tuple):  # (shared, routed): added in the activation dtype, as the
+        shared, routed = out  # model does (v0110 models/llama4.py:115-119; 0.34.0's runner)
+        return (routed + shared).float()
     return out.clone()

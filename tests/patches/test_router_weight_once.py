@@ -135,9 +135,10 @@ class _Kernel(torch.nn.Module):
     it does with a shared expert: the prepare scales ``a1`` in place, then the shared experts
     run on ``a1`` (v0110 modular_kernel.py:1001-1014)."""
 
-    def __init__(self, shared):
+    def __init__(self, shared, quant_dtype="nvfp4"):
         super().__init__()
         self.shared_experts = shared
+        self.fused_experts = SimpleNamespace(quant_config=SimpleNamespace(quant_dtype=quant_dtype))
 
     def forward(self, hidden_states, w1, w2, topk_weights, topk_ids, inplace=False,
                 activation="silu", global_num_experts=-1, expert_map=None,
@@ -162,9 +163,11 @@ def test_the_shared_expert_gets_the_input_as_it_came(by_keyword):
     torch.testing.assert_close(_Kernel.forward(kernel, *args(), **flag), x * w)  # stock
     torch.testing.assert_close(forward(kernel, *args(), **flag), x)
     assert kernel.shared_experts is shared and "shared_experts" not in vars(kernel)
-    # without the flag, or without a shared expert: vLLM's own call, untouched
+    # without the flag, without a shared expert, or not NVFP4: vLLM's own call, untouched
     torch.testing.assert_close(forward(kernel, x.clone(), None, None, w, None), x)
     assert forward(_Kernel(None), *args(), **flag) is None
+    fp8 = _Kernel(_Copy(), torch.float8_e4m3fn)
+    torch.testing.assert_close(forward(fp8, *args(), **flag), x * w)
 
 
 @pytest.mark.slow

@@ -64,12 +64,15 @@ def prepare_applies_weight(cls: type) -> bool:
     return _APPLIES_BY_CLASS[cls]
 
 
+def _quant_dtype(kernel):
+    return getattr(getattr(kernel.fused_experts, "quant_config", None), "quant_dtype", None)
+
+
 def weights_once(kernel) -> bool:
     """NVFP4 experts behind a prepare that applied the weight (once per kernel object)."""
     known = getattr(kernel, "_fp4_moe_unit_weights", None)
     if known is None:
-        config = getattr(kernel.fused_experts, "quant_config", None)
-        known = (getattr(config, "quant_dtype", None) == "nvfp4"
+        known = (_quant_dtype(kernel) == "nvfp4"
                  and prepare_applies_weight(type(kernel.prepare_finalize)))
         kernel._fp4_moe_unit_weights = known
     return known
@@ -142,7 +145,7 @@ def build_shared_input(original):
         flag = kwargs.get("apply_router_weight_on_input",
                           args[flag_at] if len(args) > flag_at else False)
         shared = getattr(self, "shared_experts", None) if flag else None
-        if shared is None:
+        if shared is None or _quant_dtype(self) != "nvfp4":  # FP8 & co.: not this plugin's
             return original(self, *args, **kwargs)
         hidden = args[0] if args else kwargs["hidden_states"]
         # an instance attribute shadows the submodule (nn.Module looks in _modules last)

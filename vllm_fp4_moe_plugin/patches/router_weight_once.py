@@ -191,12 +191,9 @@ def experts_call() -> str:
 
 
 def nvfp4_experts_weight_again() -> bool:
-    """Read from the source: does FlashInfer's CUTLASS experts class hand its kernel the router
-    weights for the output without reading the on-input flag (v0120 flashinfer_cutlass_moe.py:
-    211-213, v0.34.0 FM/experts/flashinfer_cutlass_moe.py:252-375), or vLLM's CUTLASS FP4
-    function scale its input by them a second time (FM/experts/cutlass_moe.py:612-617)? Either
-    weights a Llama-4 token twice after the prepare applied the weight. Stock 0.11.0-0.34.0: the
-    first (vllm#43694, open, is about the second)."""
+    """Read from the source: do FlashInfer's CUTLASS experts weight the output whatever the flag
+    (v0.34.0 FM/experts/flashinfer_cutlass_moe.py:252-375), or vLLM's CUTLASS FP4 scale its input
+    again (FM/experts/cutlass_moe.py:612-617; vllm#43694)? Stock 0.11.0-0.34.0: the first."""
     sources = []
     for module in FLASHINFER_CUTLASS_EXPERTS:
         cls = getattr(_module_or_none(module), "FlashInferExperts", None)

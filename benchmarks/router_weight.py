@@ -53,6 +53,21 @@ def chunked_stub(self, full_hidden_states, full_router_logits):
     nothing."""
 
 
+class KernelStub(torch.nn.Module):
+    """``FusedMoEModularKernel`` with a shared expert that does nothing: what the shared-expert
+    entry adds (a copy of the input on Llama-4 layers) is all that is timed."""
+
+    def __init__(self):
+        super().__init__()
+        self.shared_experts = torch.nn.Identity()
+        self.fused_experts = SimpleNamespace(quant_config=SimpleNamespace(quant_dtype="nvfp4"))
+
+    def forward(self, hidden_states, w1=None, w2=None, topk_weights=None, topk_ids=None,
+                inplace=False, activation="silu", global_num_experts=-1, expert_map=None,
+                apply_router_weight_on_input=False):
+        return self.shared_experts(hidden_states)
+
+
 def make_call(m: int, device: str, on_input: bool, shape=MAVERICK) -> dict:
     g = torch.Generator(device="cpu").manual_seed(m)
     return dict(in_dtype=torch.bfloat16,
@@ -94,6 +109,23 @@ def measure(device: str, tokens=TOKENS, *, graph: bool = False, repeat: int = 50
                                         device=device, repeat=repeat, graph=mode == "graph")
                 row["patched_us"] = _time(functools.partial(wrapped, k), call, device=device,
                                           repeat=repeat, graph=mode == "graph")
+                row["added_us"] = row["patched_us"] - row["stock_us"]
+                row["added_per_step_ms"] = row["added_us"] * MAVERICK["moe_layers"] / 1e3
+                rows.append(row)
+    shared_forward = rw.build_shared_input(KernelStub.forward)
+    for m in tokens:  # the shared-expert entry on FusedMoEModularKernel.forward (0.11.x-0.12.x)
+        for on_input in (False, True):
+            kern = KernelStub()
+            call = {"hidden_states": torch.empty(m, MAVERICK["hidden"], dtype=torch.bfloat16,
+                                                 device=device),
+                    "apply_router_weight_on_input": on_input}
+            for mode in (("eager", "graph") if graph and device == "cuda" else ("eager",)):
+                row = {"tokens": m, "device": device, "mode": mode, "on_input": on_input,
+                       "site": "kernel_forward"}
+                row["stock_us"] = _time(functools.partial(KernelStub.forward, kern), call,
+                                        device=device, repeat=repeat, graph=mode == "graph")
+                row["patched_us"] = _time(functools.partial(shared_forward, kern), call,
+                                          device=device, repeat=repeat, graph=mode == "graph")
                 row["added_us"] = row["patched_us"] - row["stock_us"]
                 row["added_per_step_ms"] = row["added_us"] * MAVERICK["moe_layers"] / 1e3
                 rows.append(row)

@@ -3,9 +3,9 @@
 its model asks, on every release whose modular kernel the findings recognise: the whole patch
 (its ledger entries, the findings they read, the wrappers). Each entry's ``why`` names what
 vLLM gets wrong, with the source lines; docs/SUPPORT.md has the measured rows. Cost per MoE layer
-call: a flag lookup (~0.7 us of host time, docs/VERIFICATION.md V84; none inside a replayed CUDA
-graph); on Llama-4 layers one ``ones_like`` of ``[m, 1]`` and, where the prepare scales in place
-(0.11.x-0.12.x), a copy of the input for the shared expert."""
+call: a flag lookup (1.6-1.8 us of host time on an H100 host, none inside a replayed CUDA graph);
+on Llama-4 layers one ``new_ones`` of ``[m, 1]`` and, where the prepare scales in place
+(0.11.x-0.12.x), a copy of the input for the shared expert (benchmarks/RESULTS.md item 10)."""
 
 from __future__ import annotations
 

@@ -209,29 +209,40 @@ def measure(device: str, tokens=TOKENS, *, graph: bool = False, host_stock: bool
     return rows
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def timing_parser(doc: str, tokens) -> argparse.ArgumentParser:
+    """The options every per-call timing here takes."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--graph", action="store_true", help="also replay from a CUDA graph")
-    ap.add_argument("--host-stock", action="store_true",
-                    help="also time vLLM's own run_cutlass_moe_fp4 host code (vLLM 0.32.0+)")
-    ap.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
+    ap.add_argument("--tokens", type=int, nargs="+", default=list(tokens))
     ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--json", help="write the rows and the machine here")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = timing_parser(__doc__, TOKENS)
+    ap.add_argument("--host-stock", action="store_true",
+                    help="also time vLLM's own run_cutlass_moe_fp4 host code (vLLM 0.32.0+)")
     args = ap.parse_args(argv)
     rows = measure(args.device, args.tokens, graph=args.graph, host_stock=args.host_stock,
                    repeat=args.repeat)
     for r in rows:
         print(json.dumps(r))
     if args.json:
-        machine = {"platform": platform.platform(), "torch": torch.__version__,
-                   "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                       timespec="minutes")}
-        if args.device == "cuda":
-            machine["gpu"] = torch.cuda.get_device_name()
-        with open(args.json, "w") as f:
-            json.dump({"shape": R1, "machine": machine, "rows": rows}, f, indent=1)
+        save_json(args.json, R1, args.device, rows)
     return 0
+
+
+def save_json(path: str, shape: dict, device: str, rows: list[dict]) -> None:
+    """The rows, the shape they were timed at and the machine (GPU name on CUDA)."""
+    machine = {"platform": platform.platform(), "torch": torch.__version__,
+               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                   timespec="minutes")}
+    if device == "cuda":
+        machine["gpu"] = torch.cuda.get_device_name()
+    with open(path, "w") as f:
+        json.dump({"shape": shape, "machine": machine, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -17,16 +17,13 @@ is left is the ``ones_like`` kernel captured in the graph.
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import functools
 import json
-import platform
 from types import SimpleNamespace
 
 import torch
 
-from benchmarks.route_fix import _time
+from benchmarks.route_fix import _time, save_json, timing_parser
 from vllm_fp4_moe_plugin.patches import router_weight_once as rw
 
 MAVERICK = {"hidden": 5120, "topk": 1, "experts": 128, "moe_layers": 24}
@@ -146,24 +143,12 @@ def measure(device: str, tokens=TOKENS, *, graph: bool = False, repeat: int = 50
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    ap.add_argument("--graph", action="store_true", help="also replay from a CUDA graph")
-    ap.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
-    ap.add_argument("--repeat", type=int, default=50)
-    ap.add_argument("--json", help="write the rows and the machine here")
-    args = ap.parse_args(argv)
+    args = timing_parser(__doc__, TOKENS).parse_args(argv)
     rows = measure(args.device, args.tokens, graph=args.graph, repeat=args.repeat)
     for r in rows:
         print(json.dumps(r))
     if args.json:
-        machine = {"platform": platform.platform(), "torch": torch.__version__,
-                   "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                       timespec="minutes")}
-        if args.device == "cuda":
-            machine["gpu"] = torch.cuda.get_device_name()
-        with open(args.json, "w") as f:
-            json.dump({"shape": MAVERICK, "machine": machine, "rows": rows}, f, indent=1)
+        save_json(args.json, MAVERICK, args.device, rows)
     return 0
 
 

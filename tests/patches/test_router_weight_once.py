@@ -223,3 +223,24 @@ def test_doctor_follows_the_fix_on_a_llama4_checkpoint(tmp_path, blackwell_env):
     blackwell_env.setenv("VLLM_FP4_MOE_PLUGIN", "1")
     r = run()
     assert r["verdict"] == doctor.FINE, r["reasons"]
+
+
+def test_the_cost_benchmark_runs_here(tmp_path):
+    """benchmarks/router_weight.py (benchmarks/RESULTS.md item 10) times each entry's wrapper
+    in this world: one row per site, flag and token count, every time finite."""
+    import json
+    import math
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "router_weight.json"
+    subprocess.run([sys.executable, "-m", "benchmarks.router_weight", "--tokens", "1", "64",
+                    "--repeat", "3", "--json", str(out)], check=True, capture_output=True,
+                   cwd=Path(__file__).resolve().parents[2], timeout=300)
+    rows = json.loads(out.read_text())["rows"]
+    sites = [(r["site"], r["on_input"], r["tokens"]) for r in rows]
+    assert sites == [("experts_call", f, m) for m in (1, 64) for f in (False, True)] + [
+        ("kernel_forward", f, m) for m in (1, 64) for f in (False, True)] + [
+        ("forward_impl_chunked", f, None) for f in (False, True)]
+    assert all(math.isfinite(r["stock_us"]) and math.isfinite(r["patched_us"]) for r in rows)

@@ -322,12 +322,12 @@ def test_matrix_shows_progress_and_leaks_nothing(short_tmp):
     assert r.returncode == 0, r.stderr[-3000:]
     rows = json.loads(r.stdout)
     # vLLM 0.11.0: FlashInfer CUTLASS, and the TRT-LLM backend (ModelOpt only there); rows with
-    # the keys the docs and tests read, the plugin far from stock where stock is affected
+    # the keys the docs and tests read; 0.11.0's TP hole (stock 0.62, the plugin 0.003)
     assert [(row["layout"], row["backend"]) for row in rows] == [
         ("tp", "flashinfer_cutlass"), ("tp", "flashinfer_trtllm")], rows
     for row in rows:
         assert ROW_KEYS <= row.keys() and row["ok"]
-        assert not row["stock_affected"] or row["stock_rel_err"] > 10 * row["plugin_rel_err"]
+        assert row["stock_rel_err"] > 10 * row["plugin_rel_err"], row
     assert "leaked shared_memory" not in r.stderr
     lines = r.stderr.strip().splitlines()
     assert "matrix: [1/1] tp ..." in lines and any(" tp done in " in x for x in lines), lines

@@ -121,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Llama-4's MoE: top-1, its routing (top-k then sigmoid), the router "
                    "weight applied to the input before GEMM1 (the reference applies it once), "
                    "and its shared expert beside the routed ones (on the unweighted input)")
+    m.add_argument("--shared-expert", action="store_true",
+                   help="a shared expert beside the routed ones, handed to the layer as "
+                   "DeepSeek's, GLM's and Qwen3-Next's model files hand theirs (the router "
+                   "weight on the output; --router-weight-on-input always has one)")
     m.add_argument("--uncalibrated", action="store_true",
                    help="instead: the uncalibrated-expert table (default layouts single and "
                    "dp_ep_allgather; one expert's input scale in each reported value class: 0, "

@@ -88,6 +88,9 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         raise UsageError("--non-gated: non-gated experts have no gate/up pair, and their "
                          "uncalibrated rows are not a table yet; drop one of the two")
     if args.uncalibrated:
+        if args.shared_expert:
+            raise UsageError("--shared-expert: the --uncalibrated table has no shared-expert "
+                             "rows; drop one of the two")
         if capabilities != [DEFAULT_CAPABILITY]:
             raise UsageError(f"--capability {capabilities[-1]}: the --uncalibrated table is "
                              f"simulated on {DEFAULT_CAPABILITY} only; drop one of the two")
@@ -109,7 +112,8 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     scenario = Scenario(seed=args.seed, input_scale_spread=args.spread or 4.0,
                         tokens=args.tokens, gated=not args.non_gated,
                         router_weight_on_input=args.router_weight_on_input,
-                        shared_expert=args.router_weight_on_input,  # Llama-4's MoE has one
+                        # Llama-4's MoE has one
+                        shared_expert=args.shared_expert or args.router_weight_on_input,
                         top_k=1 if args.router_weight_on_input else Scenario.top_k)
     # (label, fixture) per table: the default layer, or one per --gate-up-split ratio
     cases = [(None, scenario)]

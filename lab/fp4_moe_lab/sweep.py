@@ -54,9 +54,8 @@ STEPS = {"matrix": (), "uncalibrated": ("--uncalibrated",),
                            "--gate-up-split", "10")}
 CHAIN = "vllm-chain"  # --chain's one world
 PROBE = """
-import json, importlib
-from vllm_fp4_moe_plugin import compat, vllm_modules as vm
-from vllm_fp4_moe_plugin.patches import ledger
+import json
+from vllm_fp4_moe_plugin.patches import compat, ledger
 import vllm
 obs = compat.probe()
 plan = ledger.plan(obs)

@@ -36,11 +36,11 @@ FAMILIES = ("glm4_moe", "minimax_m2", "llama4_text", "qwen3_next")
 
 @pytest.fixture(scope="module")
 def family_checkpoint(world, tmp_path_factory, request):  # noqa: F811
-    def write(family):
-        out = tmp_path_factory.mktemp(family)
+    def write(family, fmt="compressed-tensors"):
+        out = tmp_path_factory.mktemp(f"{family}-{fmt}")
         subprocess.run([str(world), "-m", "fp4_moe_lab.checkpoint.families", str(out),
-                        "--family", family], check=True, capture_output=True, timeout=600,
-                       cwd=server.REPO_ROOT / "lab")
+                        "--family", family, "--format", fmt], check=True,
+                       capture_output=True, timeout=600, cwd=server.REPO_ROOT / "lab")
         return out
     return write
 
@@ -61,3 +61,26 @@ def test_family_dp2_ep_plugin_matches_reference_stock_diverges(family_checkpoint
     # show in every prompt's top logprobs; it must in one at least
     assert any(s["tokens"] != r["tokens"] or max_logprob_gap(s, r) > STOCK_MIN_GAP
                for s, r in zip(stock, ref)), (family, stock, ref)
+
+
+@pytest.mark.parametrize("family", ("glm4_moe", "llama4_text"))
+def test_family_modelopt_dp2_ep_loads_and_stock_differs_only_on_llama4(family_checkpoint,
+                                                                       family):
+    """The ModelOpt format of the same checkpoints (hf_quant_config.json, every module but the
+    routed experts in exclude_modules): vLLM loads each family's names through its ModelOpt
+    MoE method, whose GEMM1 scale is the whole layer's, so DP+EP has no scale hole there and
+    the plugin must change nothing: stock gives the reference's tokens too. Llama-4 is the
+    exception whatever the format: stock weights each token twice."""
+    path = family_checkpoint(family, "modelopt")
+    ref, _ = serve_greedy(path, plugin="1", kernel="reference", dp=2, ep=True,
+                          extra_args=MOE_BACKEND)
+    plugin, log = serve_greedy(path, plugin="1", dp=2, ep=True, extra_args=MOE_BACKEND)
+    stock, stock_log = serve_greedy(path, plugin="0", dp=2, ep=True, extra_args=MOE_BACKEND)
+    assert ACTIVE_LINE in log and ACTIVE_LINE not in stock_log
+    assert "Using 'FLASHINFER_CUTLASS' NvFp4 MoE backend" in log
+    for r, p in zip(ref, plugin):
+        assert p["tokens"] == r["tokens"], (family, p, r)
+        assert max_logprob_gap(p, r) <= PLUGIN_LOGPROB_TOL
+    stock_differs = any(s["tokens"] != r["tokens"] or max_logprob_gap(s, r) > STOCK_MIN_GAP
+                        for s, r in zip(stock, ref))
+    assert stock_differs is (family == "llama4_text"), (family, stock, ref)

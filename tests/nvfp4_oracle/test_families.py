@@ -1,10 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """Each NVFP4 MoE family's tiny checkpoint, built from transformers' own model class (the 0.34.0
 world has transformers 5) and quantized by the project's writer
-(lab/fp4_moe_lab/checkpoint/families.py): ``audit`` finds every routed layer under the family's
-module path, judges Nemotron-H's non-gated experts as one GEMM1 projection, and gives the
-oracle design's verdict (the EP slices' GEMM1 maxima differ: DP+EP affected, nothing else);
-``doctor`` follows it per layout and kernel, and is fine with the plugin on."""
+(lab/fp4_moe_lab/checkpoint/families.py), in both formats: ``audit`` finds every routed layer
+under the family's module path, judges Nemotron-H's non-gated experts as one GEMM1 projection,
+and gives the oracle design's verdict (compressed-tensors: the EP slices' GEMM1 maxima differ,
+DP+EP affected, nothing else; ModelOpt: nothing affected); ``doctor`` follows it per layout and
+kernel, and is fine with the plugin on."""
 
 import pytest
 
@@ -19,6 +20,13 @@ L = doctor.deployed_layout
 @pytest.fixture(scope="module")
 def family_checkpoints(tmp_path_factory):
     return {f: write_family_checkpoint(tmp_path_factory.mktemp(f), family=f)
+            for f in FAMILIES}
+
+
+@pytest.fixture(scope="module")
+def modelopt_checkpoints(tmp_path_factory):
+    return {f: write_family_checkpoint(tmp_path_factory.mktemp(f"{f}-modelopt"), family=f,
+                                       fmt="modelopt")
             for f in FAMILIES}
 
 
@@ -62,3 +70,24 @@ def test_llama4_on_a_kernel_that_weights_twice(blackwell_env, family_checkpoints
     r = doctor.run_doctor(path, L(tp=2, ep=True), capability="10.0")
     assert r["layout"]["kernel"] == "flashinfer_trtllm"
     assert not any("a second time" in w for w in r["reasons"]), r["reasons"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_modelopt_checkpoints_of_each_family_are_read_and_not_at_risk(
+        blackwell_env, family_checkpoints, modelopt_checkpoints, family):
+    """The same families in ModelOpt's format (hf_quant_config.json, every other module named
+    in exclude_modules): audit finds the same routed layers, gated or not; the oracle design
+    takes ModelOpt's GEMM1 scale from the whole layer, so no layout is affected, and doctor
+    says so at DP+EP with the plugin off (Llama-4 aside: its router weight, any format)."""
+    written = modelopt_checkpoints[family]
+    report = audit_checkpoint(written["out_dir"], ep_size=2, design=Design.NVFP4_ORACLE)
+    assert report["format"] == "modelopt"
+    assert [layer["layer"] for layer in report["layers"]] == \
+        family_checkpoints[family]["moe_layers"] == written["moe_layers"]
+    assert all(layer["gated"] is written["gated"] for layer in report["layers"])
+    assert report["affected_layers"] == 0
+    if family == "llama4_text":
+        return
+    r = doctor.run_doctor(written["out_dir"], L(dp=2, ep=True), capability="10.0",
+                          moe_backend="flashinfer_cutlass")
+    assert r["verdict"] == doctor.FINE, r["reasons"]

@@ -11,8 +11,9 @@ ModelOpt and llmcompressor export them; transformers 5 keeps them stacked in mem
 family's projection names, from the project's quantizer, with per-expert input scales whose
 max/min is the requested spread, as :mod:`.writer` does. Everything else stays bf16 and is
 kept out of quantization (compressed-tensors ``ignore``: every module that is not a routed
-expert). Run in a world with transformers 5 (``python -m fp4_moe_lab.checkpoint.families
-OUT --family glm4_moe``)."""
+expert; ModelOpt: ``exclude_modules`` lists each of them by name). Run in a world with
+transformers 5 (``python -m fp4_moe_lab.checkpoint.families OUT --family glm4_moe [--format
+modelopt]``)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from .configs import COMPRESSED_TENSORS_NVFP4
+from .configs import COMPRESSED_TENSORS_NVFP4, MODELOPT_PRODUCER
 from .expert_tensors import expert_tensors
 from .writer import draw_experts
 
@@ -141,9 +142,8 @@ def write_family_checkpoint(out_dir, *, family: str, fmt: str = "compressed-tens
     """Write ``family``'s tiny NVFP4 checkpoint to ``out_dir``; return a manifest."""
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; expected one of {tuple(FAMILIES)}")
-    if fmt != "compressed-tensors":
-        raise NotImplementedError("the family writer writes compressed-tensors only (ModelOpt's "
-                                  "exclude_modules has no 'everything but' form)")
+    if fmt not in ("compressed-tensors", "modelopt"):
+        raise ValueError(f"unknown format {fmt!r}; expected 'compressed-tensors' or 'modelopt'")
     fam = FAMILIES[family]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -153,15 +153,28 @@ def write_family_checkpoint(out_dir, *, family: str, fmt: str = "compressed-tens
     if not layers:
         raise RuntimeError(f"{family}: transformers' model holds no routed experts")
     hidden = fam.config["hidden_size"]
+    # every module that is not a routed expert, by name: ModelOpt's exclude_modules has no
+    # "everything but" form, and its exports list modules (or wildcards of them) this way
+    kept_bf16 = sorted({n.rsplit(".", 1)[0] for n in tensors if n.endswith(".weight")}
+                       - {n.rsplit(".", 1)[0] for names in layers.values() for n in names})
     for prefix, names in sorted(layers.items()):
         for name in names:
             del tensors[name]
         tensors.update(_quantized_layer(fam, fmt, prefix, seed, float(input_scale_spread),
                                         hidden))
-    q = copy.deepcopy(COMPRESSED_TENSORS_NVFP4)
-    q["ignore"] = [CT_IGNORE_ALL_BUT_EXPERTS]
-    config["quantization_config"] = q
     from safetensors.torch import save_file
+
+    if fmt == "modelopt":  # hf_quant_config.json, as ModelOpt's exports and .writer write it
+        config.pop("quantization_config", None)
+        (out / "hf_quant_config.json").write_text(json.dumps({
+            "producer": dict(MODELOPT_PRODUCER),
+            "quantization": {"quant_algo": "NVFP4", "group_size": 16,
+                             "kv_cache_quant_algo": None, "exclude_modules": kept_bf16}},
+            indent=2) + "\n")
+    else:
+        q = copy.deepcopy(COMPRESSED_TENSORS_NVFP4)
+        q["ignore"] = [CT_IGNORE_ALL_BUT_EXPERTS]
+        config["quantization_config"] = q
 
     save_file({k: t.detach().contiguous().clone() for k, t in tensors.items()},
               str(out / "model.safetensors"), metadata={"format": "pt"})
@@ -176,11 +189,13 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out")
     ap.add_argument("--family", required=True, choices=tuple(FAMILIES))
+    ap.add_argument("--format", default="compressed-tensors",
+                    choices=("compressed-tensors", "modelopt"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--spread", type=float, default=4.0)
     args = ap.parse_args(argv)
-    print(json.dumps(write_family_checkpoint(args.out, family=args.family, seed=args.seed,
-                                             input_scale_spread=args.spread)))
+    print(json.dumps(write_family_checkpoint(args.out, family=args.family, fmt=args.format,
+                                             seed=args.seed, input_scale_spread=args.spread)))
     return 0
 
 

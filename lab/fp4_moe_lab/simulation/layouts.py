@@ -98,6 +98,15 @@ class Scenario:
         return SharedExpert(self.hidden, self.intermediate // 2, seed=self.seed + 101,
                             tp_split=tp_split)
 
+    def with_shared(self, x: torch.Tensor, ideal: torch.Tensor, fp32: torch.Tensor):
+        """A reference pair with the shared expert (if any) added: on the layer's input as it
+        came (never the router-weighted one), in bf16 to the ideal output as the model and
+        0.34.0's runner add them, in fp32 to the fp32 one."""
+        if not self.shared_expert:
+            return ideal, fp32
+        shared = self.shared_expert_module()(x)
+        return (ideal.to(torch.bfloat16) + shared).float(), fp32 + shared.float()
+
     def _random_experts(self):
         from fp4_moe_lab.nvfp4 import random_experts
 

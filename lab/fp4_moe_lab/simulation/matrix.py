@@ -52,7 +52,7 @@ def references(scenario: Scenario, dp_rank: int, scheme: str, ep_size: int = 1,
 
     experts = scenario.experts(ep_size)
     x, logits = scenario.inputs(dp_rank)
-    shared = scenario.shared_expert_module()(x) if scenario.shared_expert else None
+    x_in = x
     if kernel_routing:
         weights, ids = trtllm_kernel_routing(scenario, logits)
     elif scenario.router_weight_on_input:  # what the layer is asked to compute (Llama-4):
@@ -82,12 +82,7 @@ def references(scenario: Scenario, dp_rank: int, scheme: str, ep_size: int = 1,
     # bf16 where the kernel stores GEMM outputs and the SwiGLU result (fused_moe_emulator.py).
     ideal = moe_reference_nvfp4(x, experts, weights, ids, a1_gs=a1, a2_gs=a2,
                                 intermediate_dtype=intermediate_dtype)
-    fp32 = moe_reference_fp32(x, experts, weights, ids)
-    if shared is None:
-        return ideal, fp32
-    # the shared expert on the layer's input as it came (never the router-weighted one),
-    # added to the routed output in bf16 as the model and 0.34.0's runner add them
-    return (ideal.to(torch.bfloat16) + shared).float(), fp32 + shared.float()
+    return scenario.with_shared(x_in, ideal, moe_reference_fp32(x, experts, weights, ids))
 
 
 def trtllm_kernel_routing(scenario: Scenario, logits: torch.Tensor):

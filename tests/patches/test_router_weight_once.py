@@ -174,7 +174,7 @@ def test_the_shared_expert_gets_the_input_as_it_came(by_keyword):
 @pytest.mark.multiproc
 def test_the_layer_weights_each_token_once():
     """Llama-4's MoE, its shared expert included: stock weights each routed token twice (and
-    on 0.11.0-0.12.0 hands the shared expert the weighted input), far from the reference that
+    on 0.11.0-0.15.1 hands the shared expert the weighted input), far from the reference that
     applies the weight once; the plugin is at it, on every layout kind and each kernel that
     weights again (vLLM's CUTLASS from 0.32.0, under EP; TRT-LLM's modular experts under DP+EP
     on the oracle design), in each release world (0.11.0: through

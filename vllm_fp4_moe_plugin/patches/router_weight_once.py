@@ -5,7 +5,7 @@ its model asks, on every release whose modular kernel the findings recognise: th
 vLLM gets wrong, with the source lines; docs/SUPPORT.md has the measured rows. Cost per MoE layer
 call: a flag lookup (1.6-1.8 us of host time on an H100 host, none inside a replayed CUDA graph);
 on Llama-4 layers one ``new_ones`` of ``[m, 1]`` and, where the prepare scales in place
-(0.11.x-0.12.x), a copy of the input for the shared expert (benchmarks/RESULTS.md item 10)."""
+(0.11.0-0.15.1), a copy of the input for the shared expert (benchmarks/RESULTS.md item 10)."""
 
 from __future__ import annotations
 
@@ -337,8 +337,9 @@ PATCH = Patch(
              "weighted input."),
         how=("Wraps FusedMoEModularKernel.forward: with the on-input flag and shared experts, "
              "they are called on a copy of the layer's input taken before the prepare."),
-        upstream=("None for 0.11.x-0.12.x; 0.34.0's prepares scale a copy (FM/prepare_finalize/"
-                  "no_dp_ep.py:74-80)."),
+        upstream=("None for 0.11.0-0.15.1, whose prepares scale in place (read from each "
+                  "wheel: docs/data/release-probes.json); from 0.16.0 they scale a copy "
+                  "(v0.34.0 FM/prepare_finalize/no_dp_ep.py:74-80)."),
         remove_when=("finding 'prepare_scales_in_place' false on every supported release."),
     ),),
     findings={"experts_call": Finding(experts_call, ("",) + EXPERTS_CALLS),

@@ -7,7 +7,9 @@ kernel), the plugin (emulated FlashInfer CUTLASS) and stock. The plugin must giv
 reference's greedy tokens, stock must diverge on at least one prompt. ~3-4 min per family on
 2 cores: ``-m deploy`` (docs/ACCURACY.md, families). Llama-4's router weight on the input is
 counted once by the plugin on both the reference's and the plugin's side and twice by stock;
-the layer rows of ``matrix --router-weight-on-input`` measure that hole against its reference."""
+the layer rows of ``matrix --router-weight-on-input`` measure that hole against its reference.
+The ModelOpt form of two of them (GLM-4 MoE, Llama-4) is served the same way: the loader takes
+each family's names, and stock differs from the reference only on Llama-4."""
 
 from __future__ import annotations
 

@@ -44,8 +44,6 @@ logger = get_logger("router_weight")
 # ``a1.mul_(topk_weights...)``, or the two-sided NVLink prepare's helper.
 _APPLIES = re.compile(r"\*\s*topk_weights|\.mul_?\(\s*topk_weights|_apply_router_weight_on_input\(")
 _logged = False
-
-
 _APPLIES_BY_CLASS: dict[type, bool] = {}
 
 
@@ -325,7 +323,7 @@ PATCH = Patch(
         upstream=("None for 0.11.x-0.12.x. From 0.13.0 the quant method's apply reads the flag "
                   "from the layer (v0130 fused_moe_modular_method.py:89-111), so no call drops "
                   "it; 0.34.0 has no forward_impl_chunked."),
-        remove_when=("finding 'dp_chunked_drops_flag' false on every supported release (0.11.1-"
+        remove_when=("finding 'dp_chunked_drops_flag' false on every supported release (0.11.0-"
                      "0.12.x no longer supported)."),
     ), ModulePatch(
         module=MODULAR_KERNEL, attr="FusedMoEModularKernel.forward",

@@ -327,13 +327,11 @@ def non_gated_reasons(report: dict) -> list[str]:
             "VLLM_FLASHINFER_MOE_BACKEND=throughput)"]
 
 
-# Kernels whose experts class weights a token again although vLLM's prepare step already scaled
-# the input by the router weight (v0.34.0 FM/experts/flashinfer_cutlass_moe.py:375,
-# flashinfer_cutedsl_moe.py:289; vllm#43694 for its own CUTLASS), per design, as measured in the
-# lab (docs/SUPPORT.md: FlashInfer CUTLASS on 0.11.0, 0.12.0 and 0.34.0, vLLM's CUTLASS on
-# 0.34.0); TRT-LLM's self-routing kernel takes the flag itself, its modular experts (DP+EP on
-# the oracle design) weight the output (FM/experts/trtllm_nvfp4_moe.py:389; lab: 0.34.0).
-ROUTER_ON_INPUT_TWICE = {
+# Kernels whose experts weight a token again after vLLM's prepare scaled the input by the router
+# weight (v0.34.0 FM/experts/flashinfer_cutlass_moe.py:375, flashinfer_cutedsl_moe.py:289; under
+# DP+EP TRT-LLM's modular experts, trtllm_nvfp4_moe.py:389; vllm#43694), per design, as measured
+# in the lab (docs/SUPPORT.md); TRT-LLM's self-routing kernel takes the flag itself.
+ROUTER_ON_INPUT_TWICE: dict[Optional[Design], tuple[str, ...]] = {
     Design.NVFP4_ORACLE: ("flashinfer_cutlass", "vllm_cutlass", "flashinfer_cutedsl"),
     Design.MODULAR_METHOD: ("flashinfer_cutlass",),
     Design.INIT_PREPARE_FINALIZE: ("flashinfer_cutlass",),
@@ -348,11 +346,9 @@ def router_on_input_reasons(report: dict) -> list[str]:
     probes = report.get("probes") or {}
     design: Optional[Design] = probes.get("design")
     lay = report["layout"]
-    modular_trtllm = (lay["kernel"] == "flashinfer_trtllm" and design is Design.NVFP4_ORACLE
-                      and lay["dp"] > 1 and lay["ep"])
-    if not ckpt or design is None or not (
-            lay["kernel"] in ROUTER_ON_INPUT_TWICE.get(design, ()) or modular_trtllm) or \
-            not any(a.startswith("Llama4") for a in ckpt.get("architectures", [])):
+    twice = lay["kernel"] in ROUTER_ON_INPUT_TWICE.get(design, ()) or (lay["dp"] > 1 and lay[
+        "ep"] and design is Design.NVFP4_ORACLE and lay["kernel"] == "flashinfer_trtllm")
+    if not (ckpt and twice and any(a.startswith("Llama4") for a in ckpt.get("architectures", []))):
         return []
     findings = probes.get("findings") or {}
     if not findings.get("nvfp4_experts_weight_again"):

@@ -86,13 +86,38 @@ def test_published_router_weight_rows_hold(path):
     stock weights each token twice (or, under DP up to 0.13.x, on the output), far from the
     weight-once reference; the plugin is at it, on every kernel that weights again."""
     rows = json.loads(path.read_text())
-    version = path.stem.removeprefix("router-weight-vllm-")
+    version, _, kernel = path.stem.removeprefix("router-weight-vllm-").partition("-")
     assert {r["vllm_version"] for r in rows} == {version}
-    # vLLM's CUTLASS NVFP4 MoE runs under EP from 0.32.0
-    want = {"flashinfer_cutlass", "vllm_cutlass"} if version >= "0.32" else {"flashinfer_cutlass"}
+    if kernel == "trtllm":  # TRT-LLM's modular experts, which vLLM runs under DP+EP only
+        want, layouts = {"flashinfer_trtllm"}, {"dp_ep_allgather", "dp_ep_all2allv",
+                                                "dp_ep_one_sided"}
+    else:  # vLLM's CUTLASS NVFP4 MoE runs under EP from 0.32.0
+        want = {"flashinfer_cutlass", "vllm_cutlass"} if version >= "0.32" else {
+            "flashinfer_cutlass"}
+        layouts = {"single", "tp_ep", "dp_ep_allgather"}
     assert {r["backend"] for r in rows} == want
-    assert {r["layout"] for r in rows} == {"single", "tp_ep", "dp_ep_allgather"}
+    assert {r["layout"] for r in rows} == layouts
     for r in rows:
         assert r["ok"] and r["stock_error"] is None and r["plugin_error"] is None, r
         tol = pass_marks.router_weight_once(LAYOUTS[r["layout"]].tp)
         assert r["stock_rel_err"] >= 0.2 and r["plugin_rel_err"] <= tol, r
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[2] / "docs" / "data").glob(
+    "shared-expert-vllm-*.json")), ids=lambda p: p.name)
+def test_published_shared_expert_rows_hold(path):
+    """docs/data/shared-expert-vllm-*.json (SUPPORT.md, shared experts beside routed ones): the
+    plugin at the reference on every row, and stock's output bit for bit wherever stock is not
+    off (vLLM's CUTLASS under EP aside: its unzeroed-row hole shows weakly there, below the
+    mark, and the plugin zeroes the rows)."""
+    rows = json.loads(path.read_text())
+    version = path.stem.removeprefix("shared-expert-vllm-").partition("-")[0]
+    assert rows and {r["vllm_version"] for r in rows} == {version}
+    assert {r["layout"] for r in rows} == {"single", "tp_ep", "dp_ep_allgather"}
+    for r in rows:
+        assert r["ok"] and r["stock_error"] is None and r["plugin_error"] is None, r
+        assert r["plugin_rel_err"] <= pass_marks.PLUGIN_BOUND, r
+        if r["stock_affected"]:
+            assert r["stock_rel_err"] >= pass_marks.AFFECTED_FACTOR * pass_marks.PLUGIN_BOUND, r
+        elif r["backend"] != "vllm_cutlass" or r["layout"] == "single":
+            assert r["bit_identical"], r

@@ -47,9 +47,11 @@ def family_checkpoint(world, tmp_path_factory, request):  # noqa: F811
     return write
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_family_dp2_ep_plugin_matches_reference_stock_diverges(family_checkpoint, family):
-    path = family_checkpoint(family)
+def stock_differs_from_the_plugins_reference(path) -> tuple[bool, tuple]:
+    """Serve ``path`` at DP=2+EP three times: the reference (plugin on, the ideal NVFP4 kernel),
+    the plugin (emulated FlashInfer CUTLASS) and stock. The plugin must be active and give the
+    reference's tokens; returns whether stock differs from the reference (its tokens, or its
+    top logprobs by more than STOCK_MIN_GAP on a prompt), and what to show if that is wrong."""
     ref, _ = serve_greedy(path, plugin="1", kernel="reference", dp=2, ep=True,
                           extra_args=MOE_BACKEND)
     plugin, log = serve_greedy(path, plugin="1", dp=2, ep=True, extra_args=MOE_BACKEND)
@@ -57,12 +59,18 @@ def test_family_dp2_ep_plugin_matches_reference_stock_diverges(family_checkpoint
     assert ACTIVE_LINE in log and ACTIVE_LINE not in stock_log
     assert "Using 'FLASHINFER_CUTLASS' NvFp4 MoE backend" in log
     for r, p in zip(ref, plugin):
-        assert p["tokens"] == r["tokens"], (family, p, r)
+        assert p["tokens"] == r["tokens"], (path, p, r)
         assert max_logprob_gap(p, r) <= PLUGIN_LOGPROB_TOL
+    return any(s["tokens"] != r["tokens"] or max_logprob_gap(s, r) > STOCK_MIN_GAP
+               for s, r in zip(stock, ref)), (path, stock, ref)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_family_dp2_ep_plugin_matches_reference_stock_diverges(family_checkpoint, family):
     # a random tiny model: the MoE is a small part of the residual stream, so the hole need not
     # show in every prompt's top logprobs; it must in one at least
-    assert any(s["tokens"] != r["tokens"] or max_logprob_gap(s, r) > STOCK_MIN_GAP
-               for s, r in zip(stock, ref)), (family, stock, ref)
+    differs, shown = stock_differs_from_the_plugins_reference(family_checkpoint(family))
+    assert differs, shown
 
 
 @pytest.mark.parametrize("family", ("glm4_moe", "llama4_text"))
@@ -73,16 +81,6 @@ def test_family_modelopt_dp2_ep_loads_and_stock_differs_only_on_llama4(family_ch
     MoE method, whose GEMM1 scale is the whole layer's, so DP+EP has no scale hole there and
     the plugin must change nothing: stock gives the reference's tokens too. Llama-4 is the
     exception whatever the format: stock weights each token twice."""
-    path = family_checkpoint(family, "modelopt")
-    ref, _ = serve_greedy(path, plugin="1", kernel="reference", dp=2, ep=True,
-                          extra_args=MOE_BACKEND)
-    plugin, log = serve_greedy(path, plugin="1", dp=2, ep=True, extra_args=MOE_BACKEND)
-    stock, stock_log = serve_greedy(path, plugin="0", dp=2, ep=True, extra_args=MOE_BACKEND)
-    assert ACTIVE_LINE in log and ACTIVE_LINE not in stock_log
-    assert "Using 'FLASHINFER_CUTLASS' NvFp4 MoE backend" in log
-    for r, p in zip(ref, plugin):
-        assert p["tokens"] == r["tokens"], (family, p, r)
-        assert max_logprob_gap(p, r) <= PLUGIN_LOGPROB_TOL
-    stock_differs = any(s["tokens"] != r["tokens"] or max_logprob_gap(s, r) > STOCK_MIN_GAP
-                        for s, r in zip(stock, ref))
-    assert stock_differs is (family == "llama4_text"), (family, stock, ref)
+    differs, shown = stock_differs_from_the_plugins_reference(
+        family_checkpoint(family, "modelopt"))
+    assert differs is (family == "llama4_text"), shown

@@ -346,8 +346,9 @@ def router_on_input_reasons(report: dict) -> list[str]:
     probes = report.get("probes") or {}
     design: Optional[Design] = probes.get("design")
     lay = report["layout"]
-    twice = lay["kernel"] in ROUTER_ON_INPUT_TWICE.get(design, ()) or (lay["dp"] > 1 and lay[
-        "ep"] and design is Design.NVFP4_ORACLE and lay["kernel"] == "flashinfer_trtllm")
+    modular_trtllm = lay["kernel"] == "flashinfer_trtllm" and lay["dp"] > 1 and lay["ep"]
+    twice = lay["kernel"] in ROUTER_ON_INPUT_TWICE.get(design, ()) or (
+        modular_trtllm and design is Design.NVFP4_ORACLE)
     if not (ckpt and twice and any(a.startswith("Llama4") for a in ckpt.get("architectures", []))):
         return []
     findings = probes.get("findings") or {}

@@ -107,8 +107,6 @@ def with_modelopt(bf16: str, out: str) -> dict:
     return {"config": "NVFP4_DEFAULT_CFG, quantizers outside '*experts*' disabled"}
 
 
-# llmcompressor both ways people calibrate: every expert on every token (its default: one
-# input scale per layer), and each expert on its routed tokens only (scales that differ)
 def keep_experts_only(out: str) -> int:
     """Drop every tensor outside the experts (bf16 attention, embeddings, norms, routers: the
     writer's, not the quantizer's) from the written file, to keep the repository small: what
@@ -126,6 +124,8 @@ def keep_experts_only(out: str) -> int:
     return len(names) - len(kept)
 
 
+# llmcompressor both ways people calibrate: every expert on every token (its default: one
+# input scale per layer), and each expert on its routed tokens only (scales that differ)
 QUANTIZERS = {"llmcompressor": with_llmcompressor,
               "llmcompressor-routed": lambda bf16, out: with_llmcompressor(bf16, out, False),
               "modelopt": with_modelopt}

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Optional
 
 from fp4_moe_lab.checkout import ROOT
-from fp4_moe_lab.sweep import PROBE, WORLDS, releases, snapshot
+from fp4_moe_lab.sweep import PROBE, WORLDS, by_release, load, releases, snapshot, write_between
 
 TABLE = ROOT / "docs" / "data" / "release-probes.json"
 FUSED_MOE_LAYER = "vllm.model_executor.layers.fused_moe.layer"
@@ -134,12 +134,7 @@ def _cell(value) -> str:
 
 
 def publish(table: dict, doc: Path = DOC) -> None:
-    text = doc.read_text()
-    head, found, rest = text.partition(f"<!-- {MARK} -->\n")
-    if not found:
-        raise SystemExit(f"{doc}: no <!-- {MARK} --> marker to write the table under")
-    _, _, tail = rest.partition(f"<!-- /{MARK} -->")
-    doc.write_text(f"{head}<!-- {MARK} -->\n{render(table)}\n<!-- /{MARK} -->{tail}")
+    write_between(doc, MARK, render(table))
 
 
 def main(argv: Optional[list] = None) -> int:
@@ -151,9 +146,8 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--table", type=Path, default=TABLE)
     ap.add_argument("--report", action="store_true", help="only write the table into the doc")
     args = ap.parse_args(argv)
-    table = json.loads(args.table.read_text()) if args.table.exists() else {}
     if args.report:
-        publish(table)
+        publish(load(args.table))
         return 0
     for world in args.world:
         if not (world / "bin" / "python").exists():
@@ -174,9 +168,9 @@ def main(argv: Optional[list] = None) -> int:
         finally:
             shutil.rmtree(into, ignore_errors=True)
         row = {**row_of(release, readings, commit), "worlds": worlds}
-        table = json.loads(args.table.read_text()) if args.table.exists() else {}
+        table = load(args.table)  # another read may have written meanwhile
         table[release] = row
-        table = dict(sorted(table.items(), key=lambda kv: tuple(map(int, kv[0].split(".")))))
+        table = by_release(table)
         args.table.write_text(json.dumps(table, indent=1) + "\n")
         publish(table)
         said = (f"{row['design']}, {len(row['patches'])} patches" if row["read_in"]

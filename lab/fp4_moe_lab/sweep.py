@@ -333,10 +333,21 @@ def render(table: dict) -> str:
 
 def publish(table: dict, doc: Path = ROOT / "docs" / "SUPPORT.md") -> None:
     """Write :func:`render` between docs/SUPPORT.md's ``<!-- releases -->`` markers."""
-    text = doc.read_text()
-    head, _, rest = text.partition("<!-- releases -->\n")
-    _, _, tail = rest.partition("<!-- /releases -->")
-    doc.write_text(f"{head}<!-- releases -->\n{render(table)}\n<!-- /releases -->{tail}")
+    write_between(doc, "releases", render(table))
+
+
+def write_between(doc: Path, mark: str, text: str) -> None:
+    """Replace what lies between ``doc``'s ``<!-- mark -->`` and ``<!-- /mark -->`` lines."""
+    head, found, rest = doc.read_text().partition(f"<!-- {mark} -->\n")
+    if not found:
+        raise SystemExit(f"{doc}: no <!-- {mark} --> marker to write the table under")
+    _, _, tail = rest.partition(f"<!-- /{mark} -->")
+    doc.write_text(f"{head}<!-- {mark} -->\n{text}\n<!-- /{mark} -->{tail}")
+
+
+def by_release(table: dict) -> dict:
+    """The table's rows, oldest release first."""
+    return dict(sorted(table.items(), key=lambda kv: tuple(map(int, kv[0].split(".")))))
 
 
 def load(table: Path) -> dict:
@@ -388,7 +399,7 @@ def main(argv: Optional[list] = None) -> int:
                    f"{'+'.join(steps)}_measured": {k: row.get(k) for k in
                                                    ("date", "commit", "install", "error")}}
         table[release] = row
-        ordered = dict(sorted(table.items(), key=lambda kv: tuple(map(int, kv[0].split(".")))))
+        ordered = by_release(table)
         args.table.write_text(json.dumps(ordered, indent=1) + "\n")
         publish(ordered)
         parts = ", ".join(f"{step} ok {(row.get(step) or {}).get('ok')} "
